@@ -1,0 +1,1 @@
+//! The `infrastructure.cluster.x-k8s.io/v1alpha1` API.

@@ -1,0 +1,237 @@
+//! The one seam between the provider and a libvirt host.
+//!
+//! [`Hypervisor`] speaks at libvirt's own level: look objects up by name, pass
+//! XML documents in, read XML documents back, move bytes through streams. It
+//! is deliberately synchronous: libvirt's API is blocking, so callers on an
+//! async runtime run these methods through `tokio::task::spawn_blocking`
+//! (see `host::HostHandle`), never on a runtime worker.
+//!
+//! Two implementations exist: `libvirt::LibvirtHypervisor` over the `virt`
+//! crate (real hosts, `test:///default`) and `sim::SimHypervisor` over the
+//! `libvirt-sim` crate. Everything above this trait is shared, so a test on
+//! the simulator runs the code that runs in production.
+
+use std::fmt;
+
+/// A libvirt error class, with libvirt's numeric code kept alongside.
+///
+/// The variants are the classes the provider branches on; anything else is
+/// `Other`. Codes follow `virErrorNumber` in libvirt's `virterror.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// VIR_ERR_NO_DOMAIN (42)
+    NoDomain,
+    /// VIR_ERR_NO_NETWORK (43)
+    NoNetwork,
+    /// VIR_ERR_NO_STORAGE_POOL (49)
+    NoStoragePool,
+    /// VIR_ERR_NO_STORAGE_VOL (50)
+    NoStorageVol,
+    /// VIR_ERR_OPERATION_INVALID (55): e.g. starting a running domain, using an inactive pool.
+    OperationInvalid,
+    /// VIR_ERR_INVALID_ARG (8)
+    InvalidArg,
+    /// VIR_ERR_XML_ERROR (27) and VIR_ERR_XML_DETAIL (35): malformed or unacceptable XML.
+    XmlError,
+    /// VIR_ERR_OPERATION_FAILED (9): libvirt's class for "already exists" and similar.
+    OperationFailed,
+    /// VIR_ERR_DOM_EXIST (76 in older releases; a define with a clashing name/UUID).
+    DomainExists,
+    /// VIR_ERR_STORAGE_VOL_EXIST (90)
+    StorageVolExists,
+    /// VIR_ERR_NO_CONNECT (5), VIR_ERR_RPC (39), VIR_ERR_SYSTEM_ERROR (38) on a
+    /// broken connection: the caller should reconnect.
+    ConnectionLost,
+    /// Anything else.
+    Other,
+}
+
+/// An error returned by a [`Hypervisor`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HypervisorError {
+    pub kind: ErrorKind,
+    /// libvirt's numeric `virErrorNumber`, 0 when not from libvirt.
+    pub code: i32,
+    /// libvirt's message (or the simulator's comparable one).
+    pub message: String,
+}
+
+impl HypervisorError {
+    pub fn new(kind: ErrorKind, code: i32, message: impl Into<String>) -> Self {
+        Self { kind, code, message: message.into() }
+    }
+
+    /// True for the "no such object" classes, which delete paths tolerate.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::NoDomain | ErrorKind::NoNetwork | ErrorKind::NoStoragePool | ErrorKind::NoStorageVol
+        )
+    }
+}
+
+impl fmt::Display for HypervisorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (libvirt error {})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for HypervisorError {}
+
+pub type Result<T, E = HypervisorError> = std::result::Result<T, E>;
+
+/// Domain states as `virDomainGetState` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DomainState {
+    NoState,
+    Running,
+    Blocked,
+    Paused,
+    Shutdown,
+    Shutoff,
+    Crashed,
+    PmSuspended,
+}
+
+impl DomainState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DomainState::NoState => "nostate",
+            DomainState::Running => "running",
+            DomainState::Blocked => "blocked",
+            DomainState::Paused => "paused",
+            DomainState::Shutdown => "shutdown",
+            DomainState::Shutoff => "shutoff",
+            DomainState::Crashed => "crashed",
+            DomainState::PmSuspended => "pmsuspended",
+        }
+    }
+}
+
+/// `virNetworkUpdateCommand` values the provider uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkUpdateCommand {
+    /// VIR_NETWORK_UPDATE_COMMAND_MODIFY (1)
+    Modify,
+    /// VIR_NETWORK_UPDATE_COMMAND_DELETE (2)
+    Delete,
+    /// VIR_NETWORK_UPDATE_COMMAND_ADD_LAST (3)
+    AddLast,
+    /// VIR_NETWORK_UPDATE_COMMAND_ADD_FIRST (4)
+    AddFirst,
+}
+
+/// One DHCP lease as `virNetworkGetDHCPLeases` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhcpLease {
+    pub mac: String,
+    pub ip: String,
+    pub prefix: u32,
+    pub hostname: Option<String>,
+    /// Seconds since the epoch.
+    pub expiry_time: i64,
+}
+
+/// Flags for [`Hypervisor::domain_undefine`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UndefineFlags {
+    /// VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+    pub managed_save: bool,
+    /// VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+    pub snapshots_metadata: bool,
+    /// VIR_DOMAIN_UNDEFINE_NVRAM
+    pub nvram: bool,
+}
+
+impl UndefineFlags {
+    /// Everything the provider wants gone with a domain it created.
+    pub fn all() -> Self {
+        Self { managed_save: true, snapshots_metadata: true, nvram: true }
+    }
+}
+
+/// A connection to one libvirt host.
+///
+/// All methods block. Object arguments are names, as libvirt's `LookupByName`
+/// calls take them; XML in and out is libvirt's own format.
+pub trait Hypervisor: Send + Sync {
+    /// The URI this connection was opened with.
+    fn uri(&self) -> &str;
+
+    /// `virConnectGetCapabilities`: the host capabilities XML.
+    fn capabilities_xml(&self) -> Result<String>;
+
+    /// Whether a trivial call succeeds on this connection (`virConnectIsAlive`).
+    fn is_alive(&self) -> bool;
+
+    // --- networks ---------------------------------------------------------
+
+    fn network_list(&self) -> Result<Vec<String>>;
+    /// `virNetworkGetXMLDesc` (live config).
+    fn network_xml(&self, name: &str) -> Result<String>;
+    fn network_is_active(&self, name: &str) -> Result<bool>;
+    /// `virNetworkDefineXML`; returns the network name.
+    fn network_define(&self, xml: &str) -> Result<String>;
+    /// `virNetworkCreate`
+    fn network_start(&self, name: &str) -> Result<()>;
+    /// `virNetworkDestroy`
+    fn network_stop(&self, name: &str) -> Result<()>;
+    /// `virNetworkUndefine`
+    fn network_undefine(&self, name: &str) -> Result<()>;
+    /// `virNetworkUpdate` on the `ip-dhcp-host` section of the first IPv4
+    /// `<ip>` element, applied live and to the persistent config.
+    fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()>;
+    /// `virNetworkGetDHCPLeases` for all MACs.
+    fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>>;
+
+    // --- storage pools ----------------------------------------------------
+
+    fn pool_list(&self) -> Result<Vec<String>>;
+    fn pool_xml(&self, name: &str) -> Result<String>;
+    fn pool_is_active(&self, name: &str) -> Result<bool>;
+    /// `virStoragePoolDefineXML`; returns the pool name.
+    fn pool_define(&self, xml: &str) -> Result<String>;
+    /// `virStoragePoolBuild` (flags 0).
+    fn pool_build(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolCreate`
+    fn pool_start(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolDestroy`
+    fn pool_stop(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolUndefine`
+    fn pool_undefine(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolRefresh`
+    fn pool_refresh(&self, name: &str) -> Result<()>;
+
+    // --- volumes ----------------------------------------------------------
+
+    fn volume_list(&self, pool: &str) -> Result<Vec<String>>;
+    /// `virStorageVolGetXMLDesc`
+    fn volume_xml(&self, pool: &str, name: &str) -> Result<String>;
+    /// `virStorageVolCreateXML` (flags 0); returns the volume name.
+    fn volume_create(&self, pool: &str, xml: &str) -> Result<String>;
+    /// `virStorageVolUpload` through a stream, replacing the volume's content
+    /// from offset 0.
+    fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()>;
+    /// `virStorageVolDownload` through a stream: the whole volume.
+    fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>>;
+    /// `virStorageVolDelete` (flags 0).
+    fn volume_delete(&self, pool: &str, name: &str) -> Result<()>;
+
+    // --- domains ----------------------------------------------------------
+
+    /// All domains, active and inactive.
+    fn domain_list(&self) -> Result<Vec<String>>;
+    /// `virDomainDefineXML`; returns the domain name.
+    fn domain_define(&self, xml: &str) -> Result<String>;
+    /// `virDomainGetXMLDesc` (flags 0).
+    fn domain_xml(&self, name: &str) -> Result<String>;
+    fn domain_state(&self, name: &str) -> Result<DomainState>;
+    /// `virDomainCreate`
+    fn domain_start(&self, name: &str) -> Result<()>;
+    /// `virDomainDestroy`
+    fn domain_destroy(&self, name: &str) -> Result<()>;
+    /// `virDomainUndefineFlags`
+    fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()>;
+    fn domain_autostart(&self, name: &str) -> Result<bool>;
+    fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()>;
+}

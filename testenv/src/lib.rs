@@ -1,0 +1,1 @@
+//! A local control plane for tests.
