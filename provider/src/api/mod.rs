@@ -1,1 +1,45 @@
-//! The `infrastructure.cluster.x-k8s.io/v1alpha1` API.
+//! The `infrastructure.cluster.x-k8s.io/v1alpha1` API: LibvirtCluster,
+//! LibvirtMachine and their templates, plus the slices of CAPI's own
+//! `cluster.x-k8s.io/v1beta2` kinds that the reconcilers read.
+
+pub mod capi;
+mod cluster;
+pub mod conditions;
+mod machine;
+mod shared;
+mod templates;
+
+pub use cluster::{LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus};
+pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
+pub use shared::{ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta};
+pub use templates::{
+    LibvirtClusterTemplate, LibvirtClusterTemplateResource, LibvirtClusterTemplateSpec, LibvirtMachineTemplate,
+    LibvirtMachineTemplateResource, LibvirtMachineTemplateSpec, LibvirtMachineTemplateStatus, NodeInfo,
+};
+
+/// The API group of this provider's kinds.
+pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// The one served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// The label CAPI reads on each CRD to learn which of our versions speaks
+/// its v1beta2 contract.
+pub const CONTRACT_LABEL: (&str, &str) = ("cluster.x-k8s.io/v1beta2", "v1alpha1");
+
+/// Finalizer on LibvirtCluster objects.
+pub const CLUSTER_FINALIZER: &str = "libvirtcluster.infrastructure.cluster.x-k8s.io";
+/// Finalizer on LibvirtMachine objects.
+pub const MACHINE_FINALIZER: &str = "libvirtmachine.infrastructure.cluster.x-k8s.io";
+
+/// Prefix of every provider ID this provider sets.
+pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
+
+/// Every CRD this crate defines, in a stable order.
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+    use kube::CustomResourceExt;
+    vec![
+        LibvirtCluster::crd(),
+        LibvirtClusterTemplate::crd(),
+        LibvirtMachine::crd(),
+        LibvirtMachineTemplate::crd(),
+    ]
+}

@@ -1,0 +1,63 @@
+//! Condition types and reasons, as the README's conditions table lists them.
+
+/// Summary condition on both kinds; CAPI mirrors the LibvirtCluster's into
+/// the Cluster's InfrastructureReady.
+pub const READY: &str = "Ready";
+/// Both kinds: True when reconciliation is paused.
+pub const PAUSED: &str = "Paused";
+
+/// LibvirtCluster: a control plane endpoint is set.
+pub const CONTROL_PLANE_ENDPOINT_READY: &str = "ControlPlaneEndpointReady";
+/// LibvirtCluster: network and pools exist and are active.
+/// LibvirtMachine: the cluster infrastructure is provisioned.
+pub const INFRASTRUCTURE_READY: &str = "InfrastructureReady";
+/// LibvirtMachine: the domain is being created, or creation failed.
+pub const DOMAIN_PROVISIONING_READY: &str = "DomainProvisioningReady";
+/// LibvirtMachine: the domain was created.
+pub const MACHINE_CREATED: &str = "MachineCreated";
+/// LibvirtMachine: the domain is running.
+pub const DOMAIN_RUNNING: &str = "DomainRunning";
+
+/// Every condition type per kind, in the order the README lists them.
+pub const CLUSTER_CONDITIONS: &[&str] = &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, READY, PAUSED];
+pub const MACHINE_CONDITIONS: &[&str] =
+    &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING, READY, PAUSED];
+
+/// Reasons.
+pub mod reasons {
+    // Common CAPI reasons.
+    pub const READY: &str = "Ready";
+    pub const NOT_READY: &str = "NotReady";
+    pub const READY_UNKNOWN: &str = "ReadyUnknown";
+    pub const PAUSED: &str = "Paused";
+    pub const NOT_PAUSED: &str = "NotPaused";
+    pub const DELETING: &str = "Deleting";
+    pub const DELETION_COMPLETED: &str = "DeletionCompleted";
+    pub const INTERNAL_ERROR: &str = "InternalError";
+    pub const PROVISIONED: &str = "Provisioned";
+    pub const NOT_PROVISIONED: &str = "NotProvisioned";
+    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY: &str = "WaitingForClusterInfrastructureReady";
+    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
+
+    // LibvirtCluster.
+    pub const CONTROL_PLANE_ENDPOINT_SET: &str = "ControlPlaneEndpointSet";
+    pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
+    pub const INFRASTRUCTURE_AVAILABLE: &str = "InfrastructureAvailable";
+    pub const INFRASTRUCTURE_MISSING: &str = "InfrastructureMissing";
+    pub const INFRASTRUCTURE_INACTIVE: &str = "InfrastructureInactive";
+    pub const INFRASTRUCTURE_PROVISIONING_FAILED: &str = "InfrastructureProvisioningFailed";
+
+    // LibvirtMachine.
+    pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
+    pub const DOMAIN_PROVISIONING: &str = "DomainProvisioning";
+    pub const DOMAIN_PROVISIONED: &str = "DomainProvisioned";
+    pub const DOMAIN_PROVISIONING_FAILED: &str = "DomainProvisioningFailed";
+    pub const DOMAIN_CREATED: &str = "DomainCreated";
+    pub const DOMAIN_NOT_CREATED: &str = "DomainNotCreated";
+    pub const DOMAIN_RUNNING: &str = "DomainRunning";
+    pub const DOMAIN_NOT_RUNNING: &str = "DomainNotRunning";
+    pub const DOMAIN_NAME_COLLISION: &str = "DomainNameCollision";
+    pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
+    pub const INVALID_BOOTSTRAP_DATA: &str = "InvalidBootstrapData";
+    pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+}

@@ -1,0 +1,103 @@
+//! LibvirtMachine: one VM.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::shared::{Initialization, MachineAddress};
+
+/// One virtual machine: CPU, memory, disk size and the base image to boot from.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "LibvirtMachine",
+    plural = "libvirtmachines",
+    namespaced,
+    status = "LibvirtMachineStatus",
+    shortname = "lvm",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    doc = "LibvirtMachine is one virtual machine on the cluster's libvirt host.",
+    derive = "PartialEq",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']", description = "Cluster this machine belongs to"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state", description = "libvirt domain state"),
+    printcolumn(name = "IP", type_ = "string", json_path = ".status.addresses[?(@.type==\"InternalIP\")].address", description = "Address leased by the network's DHCP"),
+    printcolumn(name = "Domain", type_ = "string", json_path = ".status.domainName", description = "libvirt domain name"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
+    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", priority = 1, description = "Provider ID"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)").message("providerID can be set once and is immutable after that"))]
+pub struct LibvirtMachineSpec {
+    /// Virtual CPUs. Immutable.
+    #[serde(default = "default_vcpu")]
+    #[schemars(range(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("vcpu is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub vcpu: i32,
+    /// Memory in MiB. Immutable.
+    #[serde(default = "default_memory_mib", rename = "memoryMiB")]
+    #[schemars(range(min = 256, max = 16777216))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("memoryMiB is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub memory_mib: i32,
+    /// Size of the root disk in GiB; at least the image's virtual size. Immutable.
+    #[serde(default = "default_disk_gib", rename = "diskGiB")]
+    #[schemars(range(min = 1, max = 65536))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("diskGiB is immutable: the disk is created once; roll out a new LibvirtMachineTemplate instead"))]
+    pub disk_gib: i32,
+    /// Name of a qcow2 volume in the cluster's basePool to boot from. Immutable.
+    #[schemars(length(min = 1, max = 255), pattern(r"^[^/\s]+$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("image is immutable: the root disk is an overlay on it; roll out a new LibvirtMachineTemplate instead"))]
+    pub image: String,
+    /// Set by the provider to libvirt://<LibvirtMachine UID>; the kubelet must
+    /// report the same provider ID.
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub provider_id: Option<String>,
+}
+
+pub(crate) fn default_vcpu() -> i32 {
+    1
+}
+
+pub(crate) fn default_memory_mib() -> i32 {
+    1024
+}
+
+pub(crate) fn default_disk_gib() -> i32 {
+    20
+}
+
+/// Observed state of a LibvirtMachine.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LibvirtMachineStatus {
+    /// Contract field: `provisioned` is true once the domain exists and
+    /// spec.providerID is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+    /// Standard conditions: Ready, Paused, InfrastructureReady,
+    /// DomainProvisioningReady, MachineCreated, DomainRunning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Option<Vec<Condition>>,
+    /// Addresses of the VM: InternalIP from the DHCP lease and the Hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<MachineAddress>>,
+    /// The failure domain the machine was placed in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// Name of the libvirt domain, for `virsh -c <hostURI> dominfo <domainName>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_name: Option<String>,
+    /// The libvirt URI of the host the domain lives on.
+    #[serde(default, rename = "hostURI", skip_serializing_if = "Option::is_none")]
+    pub host_uri: Option<String>,
+    /// The domain's state as libvirt reports it (running, shutoff, paused, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The MAC address of the VM's NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_address: Option<String>,
+}
