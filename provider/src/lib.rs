@@ -10,3 +10,4 @@
 
 pub mod api;
 pub mod hypervisor;
+pub mod manifests;

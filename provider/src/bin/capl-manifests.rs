@@ -1,0 +1,94 @@
+//! Writes the generated manifests; `cargo xtask manifests` and
+//! `cargo xtask release` run it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use capl::manifests::{self, DeploymentSettings};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Generate the provider's Kubernetes manifests")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write config/ and metadata.yaml under the repository root.
+    Write {
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+    },
+    /// Write the release artifacts into a directory.
+    Release {
+        /// Release version, e.g. v0.1.0.
+        #[arg(long)]
+        version: String,
+        /// Manager image, e.g. registry.example/cluster-api-provider-libvirt:v0.1.0.
+        #[arg(long)]
+        image: String,
+        /// Repository root (for templates/).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Output directory.
+        #[arg(long, default_value = "dist")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Write { root } => write_config(&root),
+        Command::Release { version, image, root, out } => release(&version, &image, &root, &out),
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_config(root: &Path) -> Result<()> {
+    for file in manifests::config_files() {
+        write_file(&root.join(&file.path), &file.to_yaml())?;
+        println!("wrote {}", file.path);
+    }
+    write_file(&root.join("metadata.yaml"), &manifests::render_yaml(&[manifests::clusterctl_metadata()]))?;
+    println!("wrote metadata.yaml");
+    Ok(())
+}
+
+fn release(version: &str, image: &str, root: &Path, out: &Path) -> Result<()> {
+    if !version.starts_with('v') || version[1..].split('.').count() != 3 {
+        anyhow::bail!("release version {version:?} is not of the form vMAJOR.MINOR.PATCH, e.g. v0.1.0");
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let components = manifests::release_components(&DeploymentSettings::clusterctl(image));
+    write_file(&out.join("infrastructure-components.yaml"), &manifests::render_yaml(&components))?;
+    let install = manifests::release_components(&DeploymentSettings { image: image.into(), ..Default::default() });
+    write_file(&out.join("install.yaml"), &manifests::render_yaml(&install))?;
+    write_file(&out.join("metadata.yaml"), &manifests::render_yaml(&[manifests::clusterctl_metadata()]))?;
+    let templates = root.join("templates");
+    let mut copied = Vec::new();
+    for entry in std::fs::read_dir(&templates).with_context(|| format!("reading {}", templates.display()))? {
+        let path = entry?.path();
+        let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if file_name.starts_with("cluster-template") || file_name.starts_with("clusterclass-") {
+            std::fs::copy(&path, out.join(&file_name)).with_context(|| format!("copying {}", path.display()))?;
+            copied.push(file_name);
+        }
+    }
+    copied.sort();
+    println!("release {version} in {}:", out.display());
+    println!("  infrastructure-components.yaml ({} objects)", components.len());
+    println!("  install.yaml");
+    println!("  metadata.yaml");
+    for name in copied {
+        println!("  {name}");
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! The committed manifests are what the code generates, the CRDs carry what
+//! the CAPI contract requires, and a release has the shape clusterctl expects.
+
+use std::path::{Path, PathBuf};
+
+use capl::manifests;
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn committed_manifests_match_the_code() {
+    let root = repo_root();
+    let mut stale = Vec::new();
+    let mut files = manifests::config_files();
+    files.push(manifests::ManifestFile { path: "metadata.yaml".into(), documents: vec![manifests::clusterctl_metadata()] });
+    for file in files {
+        let committed = std::fs::read_to_string(root.join(&file.path)).unwrap_or_default();
+        if committed != file.to_yaml() {
+            stale.push(file.path);
+        }
+    }
+    assert!(stale.is_empty(), "stale generated files {stale:?}: run `cargo xtask manifests` and commit the result");
+}
+
+fn crd_json(kind: &str) -> Value {
+    let crd = manifests::crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap();
+    serde_json::to_value(crd).unwrap()
+}
+
+#[rstest::rstest]
+#[case("LibvirtCluster", "libvirtclusters")]
+#[case("LibvirtMachine", "libvirtmachines")]
+#[case("LibvirtClusterTemplate", "libvirtclustertemplates")]
+#[case("LibvirtMachineTemplate", "libvirtmachinetemplates")]
+fn crd_follows_the_contract(#[case] kind: &str, #[case] plural: &str) {
+    let crd = crd_json(kind);
+    assert_eq!(crd["metadata"]["name"], format!("{plural}.infrastructure.cluster.x-k8s.io"));
+    assert_eq!(crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"], "v1alpha1");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    let versions = crd["spec"]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 1);
+    assert_eq!(versions[0]["name"], "v1alpha1");
+    assert_eq!(versions[0]["served"], true);
+    assert_eq!(versions[0]["storage"], true);
+    if !kind.ends_with("Template") || kind == "LibvirtMachineTemplate" {
+        assert!(versions[0]["subresources"]["status"].is_object(), "{kind} has a status subresource");
+    }
+}
+
+fn schema<'a>(crd: &'a Value, path: &[&str]) -> &'a Value {
+    let mut node = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for key in path {
+        node = &node["properties"][key];
+    }
+    node
+}
+
+#[rstest::rstest]
+#[case("LibvirtCluster", &["status", "conditions"], "type")]
+#[case("LibvirtCluster", &["status", "failureDomains"], "name")]
+#[case("LibvirtMachine", &["status", "conditions"], "type")]
+fn lists_are_maps_keyed_as_the_contract_says(#[case] kind: &str, #[case] path: &[&str], #[case] key: &str) {
+    let crd = crd_json(kind);
+    let list = schema(&crd, path);
+    assert_eq!(list["x-kubernetes-list-type"], "map", "{kind} {path:?}");
+    assert_eq!(list["x-kubernetes-list-map-keys"], serde_json::json!([key]), "{kind} {path:?}");
+}
+
+#[test]
+fn machine_defaults_and_bounds() {
+    let crd = crd_json("LibvirtMachine");
+    for (field, default, minimum) in [("vcpu", 1, 1), ("memoryMiB", 1024, 256), ("diskGiB", 20, 1)] {
+        let node = schema(&crd, &["spec", field]);
+        assert_eq!(node["default"], default, "{field} default");
+        assert_eq!(node["minimum"].as_f64(), Some(minimum as f64), "{field} minimum");
+    }
+    let required = schema(&crd, &["spec"])["required"].as_array().unwrap();
+    assert_eq!(required, &vec![Value::from("image")]);
+}
+
+fn rules(node: &Value) -> Vec<String> {
+    node["x-kubernetes-validations"]
+        .as_array()
+        .map(|rules| rules.iter().map(|r| r["rule"].as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[rstest::rstest]
+#[case("LibvirtCluster", &["uri", "network", "basePool", "domainPool"])]
+#[case("LibvirtMachine", &["image", "diskGiB", "vcpu", "memoryMiB"])]
+fn immutable_fields_carry_a_cel_rule(#[case] kind: &str, #[case] fields: &[&str]) {
+    let crd = crd_json(kind);
+    for field in fields {
+        assert_eq!(rules(schema(&crd, &["spec", field])), vec!["self == oldSelf"], "{kind}.spec.{field}");
+    }
+}
+
+#[test]
+fn set_once_fields_carry_a_cel_rule() {
+    let cluster = crd_json("LibvirtCluster");
+    assert!(rules(schema(&cluster, &["spec"]))[0].contains("oldSelf.controlPlaneEndpoint"));
+    let machine = crd_json("LibvirtMachine");
+    assert!(rules(schema(&machine, &["spec"]))[0].contains("oldSelf.providerID"));
+}
+
+#[test]
+fn template_specs_carry_no_cel_rules_so_topology_dry_runs_pass() {
+    for kind in ["LibvirtClusterTemplate", "LibvirtMachineTemplate"] {
+        let text = serde_json::to_string(&crd_json(kind)).unwrap();
+        assert!(!text.contains("x-kubernetes-validations"), "{kind}");
+    }
+    let policy = manifests::config_files().into_iter().find(|f| f.path.contains("template_immutability")).unwrap();
+    let expression = policy.documents[0]["spec"]["validations"][0]["expression"].as_str().unwrap();
+    assert!(expression.contains("request.dryRun") && expression.contains("topology.cluster.x-k8s.io/dry-run"));
+}
+
+#[rstest::rstest]
+#[case("LibvirtCluster")]
+#[case("LibvirtMachine")]
+#[case("LibvirtClusterTemplate")]
+#[case("LibvirtMachineTemplate")]
+fn crd_schema_snapshot(#[case] kind: &str) {
+    let crd = crd_json(kind);
+    insta::assert_yaml_snapshot!(kind, crd["spec"]["versions"][0]);
+}
+
+#[test]
+fn release_has_the_shape_clusterctl_expects() {
+    let out = tempdir("release");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+        .args(["release", "--version", "v0.1.0", "--image", "example/capl:v0.1.0", "--root"])
+        .arg(repo_root())
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for artifact in ["infrastructure-components.yaml", "metadata.yaml", "cluster-template.yaml", "install.yaml"] {
+        assert!(out.join(artifact).is_file(), "{artifact} missing");
+    }
+    for artifact in ["infrastructure-components.yaml", "install.yaml"] {
+        let text = std::fs::read_to_string(out.join(artifact)).unwrap();
+        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .filter(|d: &Value| !d.is_null())
+            .collect();
+        assert_eq!(manifests::kinds(&docs).get("Namespace"), Some(&1), "{artifact}: exactly one Namespace");
+        for doc in &docs {
+            assert_eq!(
+                doc["metadata"]["labels"]["cluster.x-k8s.io/provider"], "infrastructure-libvirt",
+                "{artifact}: {} {} lacks the provider label", doc["kind"], doc["metadata"]["name"]
+            );
+        }
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1);
+        assert_eq!(containers[0]["name"], "manager");
+        assert_eq!(containers[0]["image"], "example/capl:v0.1.0");
+        let args: Vec<&str> = containers[0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.iter().any(|a| a.starts_with("--namespace=")), "{args:?}");
+        let crds = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").count();
+        assert_eq!(crds, 4);
+        if artifact == "install.yaml" {
+            assert!(!text.contains("${"), "install.yaml is applied with kubectl: no clusterctl variables");
+        }
+    }
+    let metadata: Value = serde_yaml::from_str(&std::fs::read_to_string(out.join("metadata.yaml")).unwrap()).unwrap();
+    assert_eq!(metadata["apiVersion"], "clusterctl.cluster.x-k8s.io/v1alpha3");
+    assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta2");
+    std::fs::remove_dir_all(out).unwrap();
+}
+
+#[test]
+fn release_rejects_a_malformed_version() {
+    let out = tempdir("bad-release");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+        .args(["release", "--version", "0.1", "--image", "x", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("vMAJOR.MINOR.PATCH"));
+    let _ = std::fs::remove_dir_all(out);
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("capl-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
