@@ -1,0 +1,246 @@
+//! Every YAML under templates/ and every example in the README parses, our
+//! kinds parse into our types, every reference resolves, and every clusterctl
+//! variable is documented.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use capl::api::{LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine, LibvirtMachineTemplate};
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Kinds that CAPI core and its kubeadm providers install.
+const CAPI_KINDS: &[&str] = &[
+    "Cluster",
+    "ClusterClass",
+    "Machine",
+    "MachineDeployment",
+    "MachineSet",
+    "KubeadmControlPlane",
+    "KubeadmControlPlaneTemplate",
+    "KubeadmConfig",
+    "KubeadmConfigTemplate",
+];
+
+/// clusterctl's `${VAR}` and `${VAR:=default}` forms, with sample values for
+/// the variables that have no default.
+fn substitute(text: &str) -> (String, BTreeSet<String>) {
+    let mut out = String::new();
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').expect("unterminated ${") + start;
+        let inner = &rest[start + 2..end];
+        let (name, default) = match inner.split_once(":=") {
+            Some((n, d)) => (n, Some(d)),
+            None => (inner, None),
+        };
+        names.insert(name.to_string());
+        out.push_str(&default.map(str::to_string).unwrap_or_else(|| sample_value(name)));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    (out, names)
+}
+
+fn sample_value(name: &str) -> String {
+    match name {
+        "CONTROL_PLANE_MACHINE_COUNT" | "WORKER_MACHINE_COUNT" => "1".into(),
+        "KUBERNETES_VERSION" => "v1.34.1".into(),
+        "CAPL_LIBVIRT_URI" => "qemu+tcp://libvirt.lab/system".into(),
+        "CAPL_CONTROL_PLANE_ENDPOINT_HOST" => "192.168.122.10".into(),
+        "NAMESPACE" => "default".into(),
+        _ => "sample".into(),
+    }
+}
+
+fn parse_documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("valid YAML"))
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// Parse a document of one of our kinds into its Rust type.
+fn check_our_kind(doc: &Value, origin: &str) {
+    let kind = doc["kind"].as_str().unwrap();
+    let result = match kind {
+        "LibvirtCluster" => serde_json::from_value::<LibvirtCluster>(doc.clone()).map(|_| ()),
+        "LibvirtMachine" => serde_json::from_value::<LibvirtMachine>(doc.clone()).map(|_| ()),
+        "LibvirtClusterTemplate" => serde_json::from_value::<LibvirtClusterTemplate>(doc.clone()).map(|_| ()),
+        "LibvirtMachineTemplate" => serde_json::from_value::<LibvirtMachineTemplate>(doc.clone()).map(|_| ()),
+        other => panic!("{origin}: unexpected kind {other} in our group"),
+    };
+    if let Err(err) = result {
+        panic!("{origin}: {kind} {} does not parse into our type: {err}", doc["metadata"]["name"]);
+    }
+}
+
+/// Every `{kind, name}` an object refers to through CAPI's reference fields.
+fn references(value: &Value, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                let is_ref = matches!(
+                    key.as_str(),
+                    "infrastructureRef" | "controlPlaneRef" | "configRef" | "templateRef"
+                );
+                if is_ref && child["kind"].is_string() {
+                    out.push((child["kind"].as_str().unwrap().into(), child["name"].as_str().unwrap().into()));
+                }
+                references(child, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| references(i, out)),
+        _ => {}
+    }
+}
+
+fn template_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_template_parses_and_its_references_resolve() {
+    let files = template_files();
+    assert!(files.len() >= 4, "templates/ holds the default, clusterclass, topology and example files");
+    for path in files {
+        let origin = path.file_name().unwrap().to_string_lossy().to_string();
+        let (text, _) = substitute(&std::fs::read_to_string(&path).unwrap());
+        let docs = parse_documents(&text);
+        assert!(!docs.is_empty(), "{origin} is empty");
+        let defined: BTreeSet<(String, String)> = docs
+            .iter()
+            .map(|d| (d["kind"].as_str().unwrap().to_string(), d["metadata"]["name"].as_str().unwrap().to_string()))
+            .collect();
+        let mut namespaces = BTreeSet::new();
+        for doc in &docs {
+            let api_version = doc["apiVersion"].as_str().unwrap();
+            if api_version.starts_with("infrastructure.cluster.x-k8s.io/") {
+                assert_eq!(api_version, "infrastructure.cluster.x-k8s.io/v1alpha1", "{origin}");
+                check_our_kind(doc, &origin);
+            } else if api_version != "v1" {
+                assert!(api_version.ends_with("/v1beta2"), "{origin}: CAPI objects use v1beta2, got {api_version}");
+                assert!(CAPI_KINDS.contains(&doc["kind"].as_str().unwrap()), "{origin}: unknown kind {}", doc["kind"]);
+            }
+            if let Some(ns) = doc["metadata"]["namespace"].as_str() {
+                namespaces.insert(ns.to_string());
+            }
+            let mut refs = Vec::new();
+            references(doc, &mut refs);
+            for reference in refs {
+                assert!(defined.contains(&reference), "{origin}: {} refers to {reference:?}, which the file does not define", doc["kind"]);
+            }
+        }
+        assert!(namespaces.len() <= 1, "{origin}: one namespace at most, found {namespaces:?}");
+        if origin.starts_with("clusterclass-") {
+            assert!(namespaces.is_empty(), "{origin}: ClusterClass files carry no namespace");
+        }
+    }
+}
+
+#[test]
+fn clusterclass_files_carry_no_variables_and_flavors_use_the_standard_ones() {
+    for path in template_files() {
+        let origin = path.file_name().unwrap().to_string_lossy().to_string();
+        let (_, names) = substitute(&std::fs::read_to_string(&path).unwrap());
+        if origin.starts_with("clusterclass-") || origin.starts_with("example-") {
+            assert!(names.is_empty(), "{origin} must not use clusterctl variables: {names:?}");
+        }
+        if origin.starts_with("cluster-template") {
+            for standard in ["CLUSTER_NAME", "NAMESPACE", "KUBERNETES_VERSION", "CONTROL_PLANE_MACHINE_COUNT", "WORKER_MACHINE_COUNT"] {
+                assert!(names.contains(standard), "{origin} does not use ${{{standard}}}");
+            }
+            for name in &names {
+                let standard = ["CLUSTER_NAME", "NAMESPACE", "KUBERNETES_VERSION", "CONTROL_PLANE_MACHINE_COUNT", "WORKER_MACHINE_COUNT"];
+                assert!(standard.contains(&name.as_str()) || name.starts_with("CAPL_"), "{origin}: ${{{name}}} is neither standard nor CAPL_-prefixed");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_template_variable_is_documented() {
+    let doc = std::fs::read_to_string(repo_root().join("templates/README.md")).unwrap();
+    for path in template_files() {
+        let (_, names) = substitute(&std::fs::read_to_string(&path).unwrap());
+        for name in names {
+            assert!(doc.contains(&format!("| `{name}` |")), "${{{name}}} of {} is not in templates/README.md", path.display());
+        }
+    }
+}
+
+#[test]
+fn kubeadm_configs_set_the_provider_id_the_provider_uses() {
+    for path in template_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if text.contains("kubeletExtraArgs") {
+            assert!(text.contains("value: \"libvirt://{{ ds.meta_data.instance_id }}\""), "{}", path.display());
+            let occurrences = text.matches("kubeletExtraArgs").count();
+            assert_eq!(text.matches("name: provider-id").count(), occurrences, "{}: every kubeletExtraArgs sets provider-id", path.display());
+        }
+    }
+}
+
+/// ```yaml blocks of the README that mention our API group.
+fn readme_yaml_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        match (&mut current, line.trim_start().starts_with("```")) {
+            (None, true) if line.trim_start().trim_start_matches('`').starts_with("yaml") => current = Some(String::new()),
+            (Some(block), true) => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            (Some(block), false) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            _ => {}
+        }
+    }
+    blocks.into_iter().filter(|b| b.contains("infrastructure.cluster.x-k8s.io")).collect()
+}
+
+#[test]
+fn readme_examples_parse_into_our_types() {
+    let blocks = readme_yaml_blocks();
+    assert!(!blocks.is_empty(), "the README shows at least one LibvirtCluster/LibvirtMachine example");
+    let mut kinds = BTreeSet::new();
+    for block in blocks {
+        for doc in parse_documents(&block) {
+            if doc["apiVersion"].as_str().is_some_and(|v| v.starts_with("infrastructure.cluster.x-k8s.io/")) {
+                check_our_kind(&doc, "README.md");
+                kinds.insert(doc["kind"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert!(kinds.contains("LibvirtCluster") && kinds.contains("LibvirtMachine"), "{kinds:?}");
+}
+
+#[test]
+fn the_example_machine_uses_the_readme_defaults() {
+    let (text, _) = substitute(&std::fs::read_to_string(repo_root().join("templates/example-single-machine.yaml")).unwrap());
+    let docs = parse_documents(&text);
+    let machine: LibvirtMachine =
+        serde_json::from_value(docs.iter().find(|d| d["kind"] == "LibvirtMachine").unwrap().clone()).unwrap();
+    assert_eq!((machine.spec.vcpu, machine.spec.memory_mib, machine.spec.disk_gib), (2, 2048, 20));
+    let defaulted: LibvirtMachine = serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+        "metadata": {"name": "m"}, "spec": {"image": "base.qcow2"}
+    }))
+    .unwrap();
+    assert_eq!((defaulted.spec.vcpu, defaulted.spec.memory_mib, defaulted.spec.disk_gib), (1, 1024, 20));
+}
