@@ -1,0 +1,47 @@
+//! The README's tables say what the code does.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use capl::api::conditions;
+
+fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap()
+}
+
+/// Rows of the README table whose header starts with `header`.
+fn table_rows(header: &str) -> Vec<Vec<String>> {
+    let text = readme();
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(header));
+    lines.next().unwrap_or_else(|| panic!("README has no table starting with {header:?}"));
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn conditions_table_matches_the_constants() {
+    let rows = table_rows("| Resource | Condition | Meaning |");
+    for (kind, constants) in [("LibvirtCluster", conditions::CLUSTER_CONDITIONS), ("LibvirtMachine", conditions::MACHINE_CONDITIONS)] {
+        let documented: BTreeSet<&str> = rows.iter().filter(|r| r[0] == kind).map(|r| r[1].as_str()).collect();
+        let code: BTreeSet<&str> = constants.iter().copied().collect();
+        assert_eq!(documented, code, "README conditions of {kind} differ from the code");
+    }
+    let infra = rows.iter().find(|r| r[0] == "LibvirtCluster" && r[1] == conditions::INFRASTRUCTURE_READY).unwrap();
+    for reason in [
+        conditions::reasons::INFRASTRUCTURE_MISSING,
+        conditions::reasons::INFRASTRUCTURE_INACTIVE,
+        conditions::reasons::INFRASTRUCTURE_PROVISIONING_FAILED,
+    ] {
+        assert!(infra[2].contains(reason), "README does not list reason {reason}");
+    }
+}
+
+#[test]
+fn kinds_table_lists_the_four_crds() {
+    let documented: BTreeSet<String> = table_rows("| Kind | Purpose |").into_iter().map(|r| r[0].clone()).collect();
+    let code: BTreeSet<String> = capl::api::crds().into_iter().map(|c| c.spec.names.kind).collect();
+    assert_eq!(documented, code);
+}
