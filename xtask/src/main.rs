@@ -1,10 +1,17 @@
 //! `cargo xtask <command>`: every chore of the project.
 //!
 //! Each command lives in the module named after it; `main` only parses the
-//! command line and dispatches.
+//! command line and dispatches. xtask does not depend on the provider crate,
+//! so it builds before libvirt's development headers are installed.
 
 mod control_plane;
+mod deploy;
+mod docker;
 mod libvirt_host;
+mod manifests;
+mod test;
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -18,6 +25,43 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run every test, installing and starting what they need (the README's test command).
+    Test(test::Args),
+    /// Regenerate CRDs, RBAC, the manager manifests and metadata.yaml.
+    Manifests,
+    /// Write the release artifacts (clusterctl components, metadata, templates, install.yaml).
+    Release {
+        /// Release version, e.g. v0.1.0.
+        #[arg(long)]
+        version: String,
+        /// Manager image, e.g. registry.example/cluster-api-provider-libvirt:v0.1.0.
+        #[arg(long)]
+        image: String,
+        /// Output directory.
+        #[arg(long, default_value = "dist")]
+        out: PathBuf,
+    },
+    /// Apply the CRDs to the cluster of the current kubeconfig.
+    Install,
+    /// Delete the CRDs from the cluster of the current kubeconfig.
+    Uninstall,
+    /// Deploy the controller (CRDs, RBAC, policy, Deployment) with the given image.
+    Deploy {
+        #[arg(long)]
+        image: String,
+    },
+    /// Remove what `deploy` applied.
+    Undeploy,
+    /// Build the manager image with docker.
+    DockerBuild {
+        #[arg(long)]
+        image: String,
+    },
+    /// Push the manager image with docker.
+    DockerPush {
+        #[arg(long)]
+        image: String,
+    },
     /// Build or locate kube-apiserver, etcd, kubectl and CAPI core (envtest layout).
     #[command(subcommand)]
     ControlPlane(control_plane::Command),
@@ -29,12 +73,24 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Test(args) => test::run(args),
+        Command::Manifests => manifests::write(),
+        Command::Release { version, image, out } => {
+            let out = if out.is_absolute() { out } else { repo_root().join(out) };
+            manifests::release(&version, &image, &out)
+        }
+        Command::Install => deploy::install(),
+        Command::Uninstall => deploy::uninstall(),
+        Command::Deploy { image } => deploy::deploy(&image),
+        Command::Undeploy => deploy::undeploy(),
+        Command::DockerBuild { image } => docker::build(&image),
+        Command::DockerPush { image } => docker::push(&image),
         Command::ControlPlane(cmd) => control_plane::run(cmd),
         Command::Host(cmd) => libvirt_host::run(cmd),
     }
 }
 
 /// The repository root (the parent of xtask's manifest directory).
-pub fn repo_root() -> std::path::PathBuf {
+pub fn repo_root() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
 }
