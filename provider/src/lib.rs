@@ -9,4 +9,5 @@
 //!   implementation and one over `libvirt-sim`.
 
 pub mod api;
+pub mod host;
 pub mod hypervisor;
