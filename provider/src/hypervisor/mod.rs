@@ -15,6 +15,7 @@ use std::fmt;
 
 pub mod connections;
 pub mod libvirt;
+pub mod sim;
 
 /// A libvirt error class, with libvirt's numeric code kept alongside.
 ///
