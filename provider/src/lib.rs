@@ -9,5 +9,6 @@
 //!   implementation and one over `libvirt-sim`.
 
 pub mod api;
+pub mod host;
 pub mod hypervisor;
 pub mod manifests;

@@ -1,14 +1,413 @@
-//! `cargo xtask control-plane ...`: see issue 6.
-use anyhow::Result;
+//! `cargo xtask control-plane ...`: builds the local control plane of issue 6 from Go modules.
+//!
+//! Nothing can be downloaded as a binary on our machines, but the Go module proxy is
+//! reachable, so `kube-apiserver`, `kubectl`, `etcd` and the Cluster API core manager are
+//! built from their modules with the machine's Go toolchain, at the versions pinned in
+//! `testenv/src/control_plane_versions.rs` (shared with the `testenv` crate, which runs them).
+//!
+//! The result is a directory in envtest layout (what `KUBEBUILDER_ASSETS` points to):
+//!
+//! ```text
+//! <dir>/kube-apiserver  <dir>/etcd  <dir>/kubectl  <dir>/capi-manager  <dir>/capi-crds/*.yaml
+//! <dir>/src/{kubernetes,etcd,capi}/   the generated Go modules (go.mod, go.sum, tools.go)
+//! ```
+//!
+//! `<dir>` is `$CAPL_CONTROL_PLANE_DIR`, or `~/.cache/cluster-api-provider-libvirt/control-plane/<version-key>`.
+//! The command is idempotent: what exists is not built again.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+#[path = "../../testenv/src/control_plane_versions.rs"]
+#[allow(dead_code)]
+mod versions;
+
+use versions::{
+    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CAPI_VERSION, ETCD_BIN, ETCD_VERSION, KUBE_APISERVER_BIN,
+    KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
+};
+
+/// The marker of a staging module in kubernetes' go.mod: `k8s.io/api => ./staging/src/k8s.io/api`.
+const STAGING_REPLACE_MARKER: &str = "=> ./staging/src/";
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Build (or reuse) the control-plane binaries and print their directory.
+    /// Build (or reuse) kube-apiserver, etcd, kubectl, the CAPI core manager and CAPI's CRDs,
+    /// then print their directory.
     Build,
+    /// Print the control-plane directory (without building anything).
+    Path,
 }
 
 pub fn run(cmd: Command) -> Result<()> {
     match cmd {
-        Command::Build => anyhow::bail!("control-plane build is not implemented yet"),
+        Command::Build => {
+            let dir = build()?;
+            println!("{}", dir.display());
+        }
+        Command::Path => println!("{}", control_plane_dir()?.display()),
+    }
+    Ok(())
+}
+
+fn control_plane_dir() -> Result<PathBuf> {
+    versions::control_plane_dir().map_err(anyhow::Error::msg)
+}
+
+/// Builds what is missing and returns the control-plane directory.
+fn build() -> Result<PathBuf> {
+    let dir = control_plane_dir()?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating the control-plane directory {}", dir.display()))?;
+    let sh = Shell::new()?;
+    sh.set_var("GOTOOLCHAIN", "local");
+    sh.set_var("GOWORK", "off");
+    sh.set_var("GO111MODULE", "on");
+    let go_version = cmd!(sh, "go version").quiet().read().context(
+        "the Go toolchain is needed to build the control plane: install Go 1.26 or newer \
+         (`go` must be on PATH)",
+    )?;
+    eprintln!("control plane: {} with {go_version}", dir.display());
+
+    match versions::usable_kubebuilder_assets() {
+        Some(assets) => eprintln!(
+            "control plane: using kube-apiserver and etcd from {KUBEBUILDER_ASSETS_ENV}={}; \
+             building neither",
+            assets.display()
+        ),
+        None => {
+            if missing(&dir, KUBE_APISERVER_BIN) || missing(&dir, KUBECTL_BIN) {
+                build_kubernetes(&sh, &dir)?;
+            }
+            if missing(&dir, ETCD_BIN) {
+                build_etcd(&sh, &dir)?;
+            }
+        }
+    }
+    if missing(&dir, CAPI_MANAGER_BIN) {
+        build_capi_manager(&sh, &dir)?;
+    }
+    if !dir.join(CAPI_CRDS_DIR).is_dir() {
+        copy_capi_crds(&sh, &dir)?;
+    }
+    Ok(dir)
+}
+
+fn missing(dir: &Path, binary: &str) -> bool {
+    !dir.join(binary).is_file()
+}
+
+/// `kube-apiserver` and `kubectl` from `k8s.io/kubernetes`.
+///
+/// That module is not meant to be imported: it requires its staging modules at `v0.0.0`
+/// and replaces them with `./staging/src/...`. Our module replaces each of them with the
+/// published module at [`KUBERNETES_STAGING_VERSION`]; the list is read from the go.mod
+/// of the pinned release so that it is always exactly the right one.
+fn build_kubernetes(sh: &Shell, dir: &Path) -> Result<()> {
+    let kubernetes = format!("k8s.io/kubernetes@{KUBERNETES_VERSION}");
+    let upstream_go_mod = std::fs::read_to_string(downloaded_go_mod(sh, &kubernetes)?)
+        .with_context(|| format!("reading the go.mod of {kubernetes}"))?;
+    let staging = staging_modules(&upstream_go_mod);
+    if staging.is_empty() {
+        bail!(
+            "the go.mod of {kubernetes} has no `{STAGING_REPLACE_MARKER}` replace line; \
+             the way kubernetes publishes its staging modules changed: update build_kubernetes"
+        );
+    }
+    let replaces: String = staging
+        .iter()
+        .map(|module| format!("\t{module} => {module} {KUBERNETES_STAGING_VERSION}\n"))
+        .collect();
+    let go_mod = format!(
+        "module capl.local/control-plane/kubernetes\n\ngo 1.26.0\n\n\
+         require k8s.io/kubernetes {KUBERNETES_VERSION}\n\nreplace (\n{replaces})\n"
+    );
+    let module = prepare_module(
+        sh,
+        dir,
+        "kubernetes",
+        &go_mod,
+        &[
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kubectl",
+        ],
+    )?;
+
+    // The version the binaries report (kubectl version, /version); CAPI refuses to run
+    // against a server that reports the default "v0.0.0-master".
+    let (major, minor) = major_minor(KUBERNETES_VERSION)?;
+    let mut ldflags = vec!["-s".to_owned(), "-w".to_owned()];
+    for package in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        for (var, value) in [
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+        ] {
+            ldflags.push(format!("-X {package}.{var}={value}"));
+        }
+    }
+    let ldflags = ldflags.join(" ");
+    go_build(
+        sh,
+        &module,
+        dir,
+        KUBE_APISERVER_BIN,
+        "k8s.io/kubernetes/cmd/kube-apiserver",
+        &ldflags,
+    )?;
+    go_build(
+        sh,
+        &module,
+        dir,
+        KUBECTL_BIN,
+        "k8s.io/kubernetes/cmd/kubectl",
+        &ldflags,
+    )?;
+    Ok(())
+}
+
+/// `etcd` from `go.etcd.io/etcd/server/v3`, whose root package is the etcd `main`.
+fn build_etcd(sh: &Shell, dir: &Path) -> Result<()> {
+    let go_mod = format!(
+        "module capl.local/control-plane/etcd\n\ngo 1.26.0\n\n\
+         require go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+    );
+    let module = prepare_module(sh, dir, "etcd", &go_mod, &["go.etcd.io/etcd/server/v3"])?;
+    go_build(
+        sh,
+        &module,
+        dir,
+        ETCD_BIN,
+        "go.etcd.io/etcd/server/v3",
+        "-s -w",
+    )
+}
+
+/// The CAPI core manager: package `sigs.k8s.io/cluster-api/core` (its `main.go`).
+///
+/// The root module replaces `sigs.k8s.io/cluster-api/api` with `./api`, which does not
+/// apply to a dependency, so our module requires the api module at the same version.
+fn build_capi_manager(sh: &Shell, dir: &Path) -> Result<()> {
+    let go_mod = format!(
+        "module capl.local/control-plane/capi\n\ngo 1.26.0\n\nrequire (\n\
+         \tsigs.k8s.io/cluster-api {CAPI_VERSION}\n\
+         \tsigs.k8s.io/cluster-api/api {CAPI_VERSION}\n)\n"
+    );
+    let module = prepare_module(sh, dir, "capi", &go_mod, &["sigs.k8s.io/cluster-api/core"])?;
+    let (major, minor) = major_minor(CAPI_VERSION)?;
+    let ldflags = format!(
+        "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion={CAPI_VERSION} \
+         -X sigs.k8s.io/cluster-api/version.gitMajor={major} \
+         -X sigs.k8s.io/cluster-api/version.gitMinor={minor} \
+         -X sigs.k8s.io/cluster-api/version.gitTreeState=clean"
+    );
+    go_build(
+        sh,
+        &module,
+        dir,
+        CAPI_MANAGER_BIN,
+        "sigs.k8s.io/cluster-api/core",
+        &ldflags,
+    )
+}
+
+/// Copies the core CRDs (`core/config/crd/bases` of the CAPI module) to `<dir>/capi-crds`.
+/// They are copied as published; `testenv` strips conversion webhooks when installing them.
+fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
+    let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
+    let module_dir = downloaded_field(sh, &capi, "Dir")?;
+    let bases = Path::new(&module_dir).join("core/config/crd/bases");
+    let entries = std::fs::read_dir(&bases)
+        .with_context(|| format!("listing CAPI's CRDs in {} (module {capi})", bases.display()))?;
+    let partial = dir.join(format!(".partial-{CAPI_CRDS_DIR}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    let mut copied = 0;
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "yaml") {
+            let target = partial.join(path.file_name().expect("a listed file has a name"));
+            // Files in the module cache are read-only; copy the bytes, not the mode.
+            std::fs::write(&target, std::fs::read(&path)?)
+                .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
+            copied += 1;
+        }
+    }
+    if copied == 0 {
+        bail!(
+            "no CRD YAML in {} (module {capi}): its layout changed",
+            bases.display()
+        );
+    }
+    std::fs::rename(&partial, dir.join(CAPI_CRDS_DIR))?;
+    eprintln!(
+        "control plane: copied {copied} CAPI CRDs to {}",
+        dir.join(CAPI_CRDS_DIR).display()
+    );
+    Ok(())
+}
+
+/// Writes `<dir>/src/<name>/{go.mod,tools.go}` and resolves the dependency graph (`go mod tidy`).
+/// `tools.go` imports the commands to build, behind the `tools` build tag, so that `go mod
+/// tidy` records every module they need.
+fn prepare_module(
+    sh: &Shell,
+    dir: &Path,
+    name: &str,
+    go_mod: &str,
+    commands: &[&str],
+) -> Result<PathBuf> {
+    let module = dir.join("src").join(name);
+    std::fs::create_dir_all(&module)?;
+    let imports: String = commands
+        .iter()
+        .map(|command| format!("\t_ \"{command}\"\n"))
+        .collect();
+    let tools_go = format!(
+        "//go:build tools\n\n// Package tools pins the commands built from this module.\n\
+         package tools\n\nimport (\n{imports})\n"
+    );
+    sh.write_file(module.join("tools.go"), tools_go)?;
+    // Only a changed go.mod needs a new `go mod tidy` (which rewrites it with the indirect requirements).
+    let template = module.join("go.mod.template");
+    let unchanged = std::fs::read_to_string(&template).is_ok_and(|old| old == go_mod)
+        && module.join("go.sum").is_file();
+    if !unchanged {
+        sh.write_file(module.join("go.mod"), go_mod)?;
+        let _ = std::fs::remove_file(module.join("go.sum"));
+        let _dir = sh.push_dir(&module);
+        let started = Instant::now();
+        cmd!(sh, "go mod tidy").run().with_context(|| {
+            format!(
+                "`go mod tidy` failed in {}: a module of {commands:?} could not be fetched or \
+                 resolved (the error above names it)",
+                module.display()
+            )
+        })?;
+        eprintln!(
+            "control plane: go mod tidy ({name}) took {:.0?}",
+            started.elapsed()
+        );
+        sh.write_file(&template, go_mod)?;
+    }
+    Ok(module)
+}
+
+/// `go build -o <dir>/<binary> <package>`, through a temporary name so that an interrupted
+/// build never leaves a binary that later runs would take for a complete one.
+fn go_build(
+    sh: &Shell,
+    module: &Path,
+    dir: &Path,
+    binary: &str,
+    package: &str,
+    ldflags: &str,
+) -> Result<()> {
+    let partial = dir.join(format!(".partial-{binary}"));
+    let _dir = sh.push_dir(module);
+    let started = Instant::now();
+    eprintln!("control plane: building {binary} from {package} ...");
+    cmd!(sh, "go build -ldflags {ldflags} -o {partial} {package}")
+        .run()
+        .with_context(|| {
+            format!(
+                "`go build {package}` (for {binary}) failed in {}",
+                module.display()
+            )
+        })?;
+    std::fs::rename(&partial, dir.join(binary))?;
+    eprintln!("control plane: built {binary} in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// A field of `go mod download -json <module@version>` (`Dir` or `GoMod`), downloading it if needed.
+fn downloaded_field(sh: &Shell, module_at_version: &str, field: &str) -> Result<String> {
+    // Run outside any module so that the download does not resolve a module graph.
+    let _dir = sh.push_dir(std::env::temp_dir());
+    let json = cmd!(sh, "go mod download -json {module_at_version}")
+        .quiet()
+        .read()
+        .with_context(|| format!("`go mod download {module_at_version}` failed"))?;
+    json_string_field(&json, field).with_context(|| {
+        format!("`go mod download -json {module_at_version}` printed no {field:?}: {json}")
+    })
+}
+
+fn downloaded_go_mod(sh: &Shell, module_at_version: &str) -> Result<String> {
+    downloaded_field(sh, module_at_version, "GoMod")
+}
+
+/// The value of `"field": "value"` in the flat JSON object that `go mod download -json` prints.
+fn json_string_field(json: &str, field: &str) -> Option<String> {
+    let key = format!("\"{field}\":");
+    let rest = json
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(key.as_str()))?;
+    let value = rest
+        .trim()
+        .trim_end_matches(',')
+        .strip_prefix('"')?
+        .strip_suffix('"')?;
+    Some(value.replace("\\\\", "\\"))
+}
+
+/// The module paths that kubernetes' go.mod replaces with `./staging/src/...`.
+fn staging_modules(go_mod: &str) -> Vec<String> {
+    go_mod
+        .lines()
+        .filter(|line| line.contains(STAGING_REPLACE_MARKER))
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = line.strip_prefix("replace").unwrap_or(line).trim();
+            line.split_whitespace().next().map(str::to_owned)
+        })
+        .collect()
+}
+
+/// `("1", "36")` for `v1.36.3`.
+fn major_minor(version: &str) -> Result<(&str, &str)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => Ok((major, minor)),
+        _ => bail!("version {version:?} is not of the form vMAJOR.MINOR.PATCH"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_modules_are_read_from_block_and_single_replace_lines() {
+        let go_mod = "module k8s.io/kubernetes\n\nreplace (\n\
+                      \tk8s.io/api => ./staging/src/k8s.io/api\n\
+                      \tgithub.com/x/y => github.com/x/y v1.0.0\n)\n\
+                      replace k8s.io/kubectl => ./staging/src/k8s.io/kubectl\n";
+        assert_eq!(staging_modules(go_mod), ["k8s.io/api", "k8s.io/kubectl"]);
+    }
+
+    #[test]
+    fn json_field_is_extracted() {
+        let json = "{\n\t\"Path\": \"k8s.io/kubernetes\",\n\t\"GoMod\": \"/m/k8s.io/kubernetes/@v/v1.36.3.mod\",\n}";
+        assert_eq!(
+            json_string_field(json, "GoMod").as_deref(),
+            Some("/m/k8s.io/kubernetes/@v/v1.36.3.mod")
+        );
+        assert_eq!(json_string_field(json, "Dir"), None);
+    }
+
+    #[test]
+    fn major_minor_of_a_release() {
+        assert_eq!(major_minor("v1.36.3").unwrap(), ("1", "36"));
+        assert!(major_minor("latest").is_err());
     }
 }

@@ -13,6 +13,10 @@
 
 use std::fmt;
 
+pub mod connections;
+pub mod libvirt;
+pub mod sim;
+
 /// A libvirt error class, with libvirt's numeric code kept alongside.
 ///
 /// The variants are the classes the provider branches on; anything else is

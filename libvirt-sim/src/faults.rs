@@ -1,0 +1,100 @@
+//! Fault injection: failing the Nth call of an operation, latency, guests that never ask
+//! for DHCP.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::counters::Op;
+use crate::error::Error;
+use crate::ids::Mac;
+
+#[derive(Debug, Default)]
+struct Plan {
+    /// op -> (absolute call number, error)
+    failures: HashMap<Op, Vec<(u64, Error)>>,
+    latency: HashMap<Op, Duration>,
+    silent_macs: HashSet<Mac>,
+    silent_domains: HashSet<String>,
+}
+
+/// The faults planned for one host. Get it with [`Host::faults`](crate::Host::faults).
+#[derive(Debug, Default)]
+pub struct Faults {
+    armed: AtomicBool,
+    plan: Mutex<Plan>,
+}
+
+impl Faults {
+    fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
+        self.armed.store(true, Ordering::Relaxed);
+        self.plan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the `n`th call of `op` from now (1 = the next one) fail with `error`.
+    /// `calls_so_far` is the op's counter; [`Host::fail_nth`](crate::Host::fail_nth) passes it.
+    pub(crate) fn fail_at(&self, op: Op, absolute_call: u64, error: Error) {
+        self.plan()
+            .failures
+            .entry(op)
+            .or_default()
+            .push((absolute_call, error));
+    }
+
+    /// Every call of `op` sleeps `latency` before it runs (zero removes it).
+    pub fn set_latency(&self, op: Op, latency: Duration) {
+        let mut plan = self.plan();
+        if latency.is_zero() {
+            plan.latency.remove(&op);
+        } else {
+            plan.latency.insert(op, latency);
+        }
+    }
+
+    /// The guest with this MAC never asks for a DHCP lease.
+    pub fn guest_never_asks_dhcp(&self, mac: &str) {
+        if let Some(mac) = Mac::parse(mac) {
+            self.plan().silent_macs.insert(mac);
+        }
+    }
+
+    /// No interface of the domain named `domain` ever asks for a DHCP lease.
+    pub fn domain_never_asks_dhcp(&self, domain: &str) {
+        self.plan().silent_domains.insert(domain.to_string());
+    }
+
+    /// Removes every planned fault.
+    pub fn clear(&self) {
+        *self.plan() = Plan::default();
+        self.armed.store(false, Ordering::Relaxed);
+    }
+
+    /// Applies latency, then returns the planned error for call number `call` of `op`.
+    pub(crate) fn on_call(&self, op: Op, call: u64) -> Option<Error> {
+        if !self.armed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (latency, error) = {
+            let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+            let latency = plan.latency.get(&op).copied();
+            let error = plan.failures.get_mut(&op).and_then(|list| {
+                let i = list.iter().position(|(n, _)| *n == call)?;
+                Some(list.remove(i).1)
+            });
+            (latency, error)
+        };
+        if let Some(d) = latency {
+            std::thread::sleep(d);
+        }
+        error
+    }
+
+    pub(crate) fn is_silent(&self, domain: &str, mac: Mac) -> bool {
+        if !self.armed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+        plan.silent_macs.contains(&mac) || plan.silent_domains.contains(domain)
+    }
+}

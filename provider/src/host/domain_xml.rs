@@ -1,0 +1,217 @@
+//! Domain XML: the document a LibvirtMachine's domain is defined from, the
+//! `<metadata>` marker that makes a domain ours, and reading both back.
+
+use super::xml_tree::{XmlElement, escape};
+
+/// The namespace URI of our `<metadata>` element. A domain carrying it was
+/// created by this provider; its content says for which LibvirtMachine.
+pub const METADATA_NAMESPACE: &str = "https://infrastructure.cluster.x-k8s.io/libvirt/machine/v1alpha1";
+/// The prefix written with it (libvirt keeps whatever prefix it is given).
+pub const METADATA_PREFIX: &str = "capl";
+
+/// The domain type to define: `kvm` (hardware virtualisation) or `qemu` (TCG).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DomainTypePreference {
+    /// kvm when the host capabilities offer it for the host architecture, else qemu.
+    #[default]
+    Auto,
+    Kvm,
+    Qemu,
+}
+
+impl DomainTypePreference {
+    /// Parses `auto`, `kvm` or `qemu` (the value of a setting).
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "kvm" => Ok(Self::Kvm),
+            "qemu" | "tcg" => Ok(Self::Qemu),
+            other => Err(format!("domain type \"{other}\" is not one of auto, kvm, qemu")),
+        }
+    }
+}
+
+/// The `<metadata>` marker: which LibvirtMachine a domain belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerMarker {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub cluster: String,
+}
+
+/// Everything a domain definition needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainDefinition {
+    pub name: String,
+    pub uuid: String,
+    /// `kvm` or `qemu`.
+    pub domain_type: String,
+    /// The guest architecture, e.g. `x86_64`.
+    pub arch: String,
+    pub vcpu: u32,
+    pub memory_mib: u64,
+    pub overlay_path: String,
+    pub iso_path: String,
+    pub network: String,
+    pub mac: String,
+    /// When set, the serial console is also logged to this file on the host.
+    pub console_log_path: Option<String>,
+    pub owner: OwnerMarker,
+}
+
+/// The domain XML for [`DomainDefinition`].
+///
+/// Machine type `pc` (i440fx) on x86 so the cloud-init ISO can be an IDE
+/// cdrom, which every guest kernel finds; the root disk is virtio; one virtio
+/// NIC on the network with the derived MAC; a pty serial console.
+pub fn domain_xml(d: &DomainDefinition) -> String {
+    let machine = if matches!(d.arch.as_str(), "x86_64" | "i686") { " machine='pc'" } else { "" };
+    let cpu = if d.domain_type == "kvm" { "  <cpu mode='host-passthrough'/>\n" } else { "" };
+    let log = match &d.console_log_path {
+        Some(path) => format!("\n      <log file='{}' append='on'/>", escape(path)),
+        None => String::new(),
+    };
+    format!(
+        r#"<domain type='{domain_type}'>
+  <name>{name}</name>
+  <uuid>{uuid}</uuid>
+  <metadata>
+    <{p}:machine xmlns:{p}='{ns}'>
+      <{p}:namespace>{owner_ns}</{p}:namespace>
+      <{p}:name>{owner_name}</{p}:name>
+      <{p}:uid>{owner_uid}</{p}:uid>
+      <{p}:cluster>{owner_cluster}</{p}:cluster>
+    </{p}:machine>
+  </metadata>
+  <memory unit='MiB'>{memory}</memory>
+  <currentMemory unit='MiB'>{memory}</currentMemory>
+  <vcpu placement='static'>{vcpu}</vcpu>
+  <os>
+    <type arch='{arch}'{machine}>hvm</type>
+    <boot dev='hd'/>
+  </os>
+  <features>
+    <acpi/>
+    <apic/>
+  </features>
+{cpu}  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{overlay}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='{iso}'/>
+      <target dev='hdc' bus='ide'/>
+      <readonly/>
+    </disk>
+    <interface type='network'>
+      <source network='{network}'/>
+      <mac address='{mac}'/>
+      <model type='virtio'/>
+    </interface>
+    <serial type='pty'>
+      <target port='0'/>{log}
+    </serial>
+    <console type='pty'>
+      <target type='serial' port='0'/>
+    </console>
+  </devices>
+</domain>
+"#,
+        domain_type = escape(&d.domain_type),
+        name = escape(&d.name),
+        uuid = escape(&d.uuid),
+        p = METADATA_PREFIX,
+        ns = METADATA_NAMESPACE,
+        owner_ns = escape(&d.owner.namespace),
+        owner_name = escape(&d.owner.name),
+        owner_uid = escape(&d.owner.uid),
+        owner_cluster = escape(&d.owner.cluster),
+        memory = d.memory_mib,
+        vcpu = d.vcpu,
+        arch = escape(&d.arch),
+        overlay = escape(&d.overlay_path),
+        iso = escape(&d.iso_path),
+        network = escape(&d.network),
+        mac = escape(&d.mac),
+    )
+}
+
+/// What the provider reads back from a defined domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainInfo {
+    pub name: String,
+    pub uuid: String,
+    /// Our marker, when the domain carries one.
+    pub owner: Option<OwnerMarker>,
+    /// `<source file=..>` of every disk and cdrom.
+    pub disk_paths: Vec<String>,
+    /// `<mac address=..>` of every interface, lower case.
+    pub macs: Vec<String>,
+}
+
+/// Parses `virDomainGetXMLDesc` output.
+pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
+    let root = XmlElement::parse(xml)?;
+    if root.name != "domain" {
+        return Err(format!("expected <domain>, found <{}>", root.name));
+    }
+    let owner = root
+        .child("metadata")
+        .and_then(|m| m.children.iter().find(|c| c.namespace.as_deref() == Some(METADATA_NAMESPACE)))
+        .map(|marker| OwnerMarker {
+            namespace: marker.path_text(&["namespace"]).unwrap_or_default().to_string(),
+            name: marker.path_text(&["name"]).unwrap_or_default().to_string(),
+            uid: marker.path_text(&["uid"]).unwrap_or_default().to_string(),
+            cluster: marker.path_text(&["cluster"]).unwrap_or_default().to_string(),
+        });
+    let devices = root.child("devices");
+    let disk_paths = devices
+        .into_iter()
+        .flat_map(|d| d.children_named("disk"))
+        .filter_map(|disk| disk.child("source").and_then(|s| s.attr("file")).map(str::to_string))
+        .collect();
+    let macs = devices
+        .into_iter()
+        .flat_map(|d| d.children_named("interface"))
+        .filter_map(|nic| nic.child("mac").and_then(|m| m.attr("address")).map(str::to_ascii_lowercase))
+        .collect();
+    Ok(DomainInfo {
+        name: root.path_text(&["name"]).unwrap_or_default().to_string(),
+        uuid: root.path_text(&["uuid"]).unwrap_or_default().to_ascii_lowercase(),
+        owner,
+        disk_paths,
+        macs,
+    })
+}
+
+/// The host architecture and whether the capabilities offer a kvm domain for it.
+pub fn host_kvm_support(capabilities_xml: &str) -> Result<(String, bool), String> {
+    let root = XmlElement::parse(capabilities_xml)?;
+    let arch = root.path_text(&["host", "cpu", "arch"]).unwrap_or("x86_64").to_string();
+    let kvm = root.children_named("guest").any(|guest| {
+        guest.path_text(&["os_type"]) == Some("hvm")
+            && guest.child("arch").is_some_and(|a| {
+                a.attr("name") == Some(arch.as_str())
+                    && a.children_named("domain").any(|domain| domain.attr("type") == Some("kvm"))
+            })
+    });
+    Ok((arch, kvm))
+}
+
+/// The domain type to use given the preference and the host capabilities.
+pub fn choose_domain_type(preference: DomainTypePreference, kvm_offered: bool) -> &'static str {
+    match preference {
+        DomainTypePreference::Kvm => "kvm",
+        DomainTypePreference::Qemu => "qemu",
+        DomainTypePreference::Auto if kvm_offered => "kvm",
+        DomainTypePreference::Auto => "qemu",
+    }
+}

@@ -1,0 +1,156 @@
+//! Every way a host operation fails, each message naming the object, the value
+//! and the fix, and each mapped to the condition reason the controllers report.
+
+use std::fmt;
+
+use crate::hypervisor::{ErrorKind, HypervisorError};
+
+/// The kind of libvirt object an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    Domain,
+    Volume,
+    Network,
+    StoragePool,
+    DhcpHost,
+    Host,
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Domain => "domain",
+            ObjectKind::Volume => "volume",
+            ObjectKind::Network => "network",
+            ObjectKind::StoragePool => "storage pool",
+            ObjectKind::DhcpHost => "DHCP host entry",
+            ObjectKind::Host => "host",
+        })
+    }
+}
+
+/// The condition reason a failure maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// A network, pool or base image does not exist.
+    InfrastructureMissing,
+    /// A network or pool exists but is not active.
+    InfrastructureInactive,
+    /// A libvirt call failed, or the host's state cannot be used (e.g. no free address).
+    InfrastructureProvisioningFailed,
+    /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).
+    InvalidMachineSpec,
+    /// An object with our name exists on the host but is not ours.
+    ObjectCollision,
+    /// The libvirt connection broke; the caller should reconnect and retry.
+    HostUnreachable,
+}
+
+impl FailureReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FailureReason::InfrastructureMissing => "InfrastructureMissing",
+            FailureReason::InfrastructureInactive => "InfrastructureInactive",
+            FailureReason::InfrastructureProvisioningFailed => "InfrastructureProvisioningFailed",
+            FailureReason::InvalidMachineSpec => "InvalidMachineSpec",
+            FailureReason::ObjectCollision => "ObjectCollision",
+            FailureReason::HostUnreachable => "HostUnreachable",
+        }
+    }
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "network \"{network}\" on {uri} does not exist: define it (virsh net-define) or fix the LibvirtCluster's spec.network"
+    )]
+    NetworkMissing { network: String, uri: String },
+
+    #[error("network \"{network}\" on {uri} is inactive: run virsh net-start {network}")]
+    NetworkInactive { network: String, uri: String },
+
+    #[error(
+        "storage pool \"{pool}\" on {uri} does not exist: define it (virsh pool-define-as) or fix the LibvirtCluster's basePool/domainPool"
+    )]
+    PoolMissing { pool: String, uri: String },
+
+    #[error("storage pool \"{pool}\" on {uri} is inactive: run virsh pool-start {pool}")]
+    PoolInactive { pool: String, uri: String },
+
+    #[error(
+        "base image \"{image}\" is not a volume of storage pool \"{pool}\" on {uri}: upload it (virsh vol-create-as + vol-upload, or copy it and run virsh pool-refresh {pool}) or fix the LibvirtMachine's spec.image"
+    )]
+    ImageMissing { image: String, pool: String, uri: String },
+
+    #[error(
+        "LibvirtMachine {machine}: spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): set spec.diskGiB to at least {min_gib}"
+    )]
+    DiskTooSmall { machine: String, disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
+
+    #[error(
+        "network \"{network}\" on {uri} has no IPv4 <ip> element with an address and a netmask or prefix: add one with a <dhcp> range (virsh net-edit {network})"
+    )]
+    NoIpv4 { network: String, uri: String },
+
+    #[error(
+        "network \"{network}\" on {uri} has no free address in {pool_description}: widen the DHCP range or remove unused reservations (virsh net-dumpxml {network})"
+    )]
+    NoFreeAddress { network: String, uri: String, pool_description: String },
+
+    #[error(
+        "{kind} \"{object}\" on {uri} exists but is not managed by this provider ({detail}): remove or rename it, or rename the LibvirtMachine"
+    )]
+    Collision { kind: ObjectKind, object: String, uri: String, detail: String },
+
+    #[error("{action} {kind} \"{object}\" on {uri} failed: {source}{}", fix_hint(source, uri))]
+    Libvirt { action: &'static str, kind: ObjectKind, object: String, uri: String, source: HypervisorError },
+
+    #[error(
+        "{kind} \"{object}\" on {uri}: cannot read its XML ({detail}): this libvirt returns XML the provider does not understand, please report it"
+    )]
+    UnreadableXml { kind: ObjectKind, object: String, uri: String, detail: String },
+}
+
+fn fix_hint(source: &HypervisorError, uri: &str) -> String {
+    match source.kind {
+        ErrorKind::ConnectionLost => format!(
+            ": check that libvirtd at {uri} is running and reachable; the call is retried on the next reconcile"
+        ),
+        _ => String::new(),
+    }
+}
+
+impl HostError {
+    /// The condition reason this failure is reported with.
+    pub fn reason(&self) -> FailureReason {
+        match self {
+            HostError::NetworkMissing { .. } | HostError::PoolMissing { .. } | HostError::ImageMissing { .. } => {
+                FailureReason::InfrastructureMissing
+            }
+            HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureReason::InfrastructureInactive,
+            HostError::DiskTooSmall { .. } => FailureReason::InvalidMachineSpec,
+            HostError::Collision { .. } => FailureReason::ObjectCollision,
+            HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
+                FailureReason::HostUnreachable
+            }
+            HostError::NoIpv4 { .. }
+            | HostError::NoFreeAddress { .. }
+            | HostError::Libvirt { .. }
+            | HostError::UnreadableXml { .. } => FailureReason::InfrastructureProvisioningFailed,
+        }
+    }
+
+    /// Whether retrying later can succeed without anyone changing anything
+    /// (a broken connection); all other failures need a fix by a person.
+    pub fn is_transient(&self) -> bool {
+        self.reason() == FailureReason::HostUnreachable
+    }
+}
+
+pub type HostResult<T> = Result<T, HostError>;

@@ -1,0 +1,133 @@
+//! Reading a libvirt network's XML: its first IPv4 subnet, DHCP ranges and
+//! DHCP host reservations.
+
+use std::net::Ipv4Addr;
+
+use super::xml_tree::XmlElement;
+
+/// One `<host mac=.. name=.. ip=../>` entry of a network's `<dhcp>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhcpHost {
+    pub mac: Option<String>,
+    pub name: Option<String>,
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// An inclusive address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Range {
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+/// The first IPv4 `<ip>` element of a network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv4Subnet {
+    /// The host's own address on the network (the guests' gateway).
+    pub address: Ipv4Addr,
+    pub prefix: u8,
+    /// `<dhcp><range>` entries; empty when the network sets none.
+    pub ranges: Vec<Ipv4Range>,
+    pub hosts: Vec<DhcpHost>,
+}
+
+/// What the provider reads from a network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkInfo {
+    pub name: String,
+    pub ipv4: Option<Ipv4Subnet>,
+}
+
+impl Ipv4Subnet {
+    pub fn network_address(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.address) & mask(self.prefix))
+    }
+
+    pub fn broadcast_address(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.address) | !mask(self.prefix))
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & mask(self.prefix) == u32::from(self.network_address())
+    }
+}
+
+fn mask(prefix: u8) -> u32 {
+    if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
+}
+
+/// Parses `virNetworkGetXMLDesc` output.
+pub fn parse_network(xml: &str) -> Result<NetworkInfo, String> {
+    let root = XmlElement::parse(xml)?;
+    if root.name != "network" {
+        return Err(format!("expected <network>, found <{}>", root.name));
+    }
+    let name = root.path_text(&["name"]).unwrap_or_default().to_string();
+    let ipv4 = root
+        .children_named("ip")
+        .find(|ip| matches!(ip.attr("family"), None | Some("ipv4")))
+        .map(parse_ip)
+        .transpose()?;
+    Ok(NetworkInfo { name, ipv4 })
+}
+
+fn parse_ip(ip: &XmlElement) -> Result<Ipv4Subnet, String> {
+    let address = parse_addr(ip.attr("address").ok_or("<ip> has no address attribute")?)?;
+    let prefix = match (ip.attr("prefix"), ip.attr("netmask")) {
+        (Some(prefix), _) => prefix.parse::<u8>().map_err(|_| format!("<ip prefix='{prefix}'> is not a number"))?,
+        (None, Some(netmask)) => u32::from(parse_addr(netmask)?).leading_ones() as u8,
+        (None, None) => return Err(format!("<ip address='{address}'> has neither prefix nor netmask")),
+    };
+    if prefix > 32 {
+        return Err(format!("<ip prefix='{prefix}'> is larger than 32"));
+    }
+    let mut ranges = Vec::new();
+    let mut hosts = Vec::new();
+    if let Some(dhcp) = ip.child("dhcp") {
+        for range in dhcp.children_named("range") {
+            let start = parse_addr(range.attr("start").ok_or("<range> has no start")?)?;
+            let end = parse_addr(range.attr("end").ok_or("<range> has no end")?)?;
+            ranges.push(Ipv4Range { start, end });
+        }
+        for host in dhcp.children_named("host") {
+            hosts.push(DhcpHost {
+                mac: host.attr("mac").map(str::to_ascii_lowercase),
+                name: host.attr("name").map(str::to_string),
+                ip: host.attr("ip").map(parse_addr).transpose()?,
+            });
+        }
+    }
+    Ok(Ipv4Subnet { address, prefix, ranges, hosts })
+}
+
+fn parse_addr(text: &str) -> Result<Ipv4Addr, String> {
+    text.parse().map_err(|_| format!("\"{text}\" is not an IPv4 address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_subnet_ranges_and_hosts() {
+        let xml = r#"<network><name>n</name><ip family='ipv6' address='fd00::1' prefix='64'/>
+            <ip address='192.168.122.1' netmask='255.255.255.0'><dhcp>
+            <range start='192.168.122.2' end='192.168.122.254'/>
+            <host mac='52:54:00:AA:bb:cc' name='x' ip='192.168.122.5'/></dhcp></ip></network>"#;
+        let net = parse_network(xml).unwrap();
+        let v4 = net.ipv4.unwrap();
+        assert_eq!(v4.prefix, 24);
+        assert_eq!(v4.address, Ipv4Addr::new(192, 168, 122, 1));
+        assert_eq!(v4.ranges[0].end, Ipv4Addr::new(192, 168, 122, 254));
+        assert_eq!(v4.hosts[0].mac.as_deref(), Some("52:54:00:aa:bb:cc"));
+        assert_eq!(v4.broadcast_address(), Ipv4Addr::new(192, 168, 122, 255));
+        assert!(v4.contains(Ipv4Addr::new(192, 168, 122, 200)));
+        assert!(!v4.contains(Ipv4Addr::new(192, 168, 123, 1)));
+    }
+
+    #[test]
+    fn a_network_without_ipv4_has_none() {
+        let net = parse_network("<network><name>iso</name></network>").unwrap();
+        assert_eq!(net.ipv4, None);
+    }
+}

@@ -1,0 +1,519 @@
+//! [`Hypervisor`] over the `virt` crate: real libvirt hosts and libvirt's
+//! in-process `test:///default` driver.
+//!
+//! One [`LibvirtHypervisor`] wraps one `virConnectPtr`. libvirt connections
+//! are thread-safe, so one value is shared by every caller (see
+//! `connections`, which caches one per URI and adds keepalive). Every method
+//! blocks; async callers go through `connections::HostHandle::call`.
+//!
+//! Errors keep libvirt's `virErrorNumber` and message; the
+//! [`ErrorKind`] is derived from the number (and, for transport failures,
+//! from the error domain), see [`kind_of`].
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::Once;
+
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::network::Network;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
+use virt::sys;
+
+use super::{
+    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
+    UndefineFlags,
+};
+
+/// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
+const STREAM_CHUNK: usize = 256 * 1024;
+
+/// A connection to one libvirt host through the `virt` crate.
+pub struct LibvirtHypervisor {
+    uri: String,
+    conn: Connect,
+}
+
+impl LibvirtHypervisor {
+    /// `virConnectOpen(uri)`: opens a read-write connection.
+    ///
+    /// Remote URIs authenticate non-interactively (TLS certificates, SSH
+    /// keys); see the `connections` module docs for what each transport needs.
+    pub fn connect(uri: &str) -> Result<Self> {
+        silence_default_error_printer();
+        let conn = Connect::open(Some(uri)).map_err(|e| {
+            let mut err = from_virt(e);
+            err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
+            err
+        })?;
+        Ok(Self {
+            uri: uri.to_string(),
+            conn,
+        })
+    }
+
+    /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
+    /// close the connection after `count` unanswered probes. Needs a
+    /// registered event loop (see `connections::ensure_event_loop`).
+    ///
+    /// Returns `Ok(false)` when the driver has no keepalive (local drivers
+    /// such as `test:///` or a peer that does not support it).
+    pub fn set_keepalive(&self, interval_secs: i32, count: u32) -> Result<bool> {
+        match self.conn.set_keep_alive(interval_secs, count) {
+            Ok(()) => Ok(true),
+            Err(e) if code_of(&e) == sys::VIR_ERR_NO_SUPPORT as i32 => Ok(false),
+            Err(e) => Err(from_virt(e)),
+        }
+    }
+
+    /// The underlying `virt` connection, for calls the trait does not cover.
+    pub fn connection(&self) -> &Connect {
+        &self.conn
+    }
+
+    fn network(&self, name: &str) -> Result<Network> {
+        self.conn.lookup_network_by_name(name).map_err(from_virt)
+    }
+
+    fn pool(&self, name: &str) -> Result<StoragePool> {
+        self.conn
+            .lookup_storage_pool_by_name(name)
+            .map_err(from_virt)
+    }
+
+    fn volume(&self, pool: &str, name: &str) -> Result<StorageVol> {
+        let pool = self.pool(pool)?;
+        pool.lookup_storage_vol_by_name(name).map_err(from_virt)
+    }
+
+    fn domain(&self, name: &str) -> Result<Domain> {
+        self.conn.lookup_domain_by_name(name).map_err(from_virt)
+    }
+}
+
+impl Hypervisor for LibvirtHypervisor {
+    fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn capabilities_xml(&self) -> Result<String> {
+        self.conn.capabilities().map_err(from_virt)
+    }
+
+    fn is_alive(&self) -> bool {
+        // virConnectIsAlive makes no round trip: it reports whether the
+        // client still holds an open transport. With keepalive on (see
+        // `connections`), libvirt closes the transport of a peer that stopped
+        // answering, so this turns false within interval * count seconds.
+        matches!(self.conn.is_alive(), Ok(true))
+    }
+
+    // --- networks ---------------------------------------------------------
+
+    fn network_list(&self) -> Result<Vec<String>> {
+        let nets = self.conn.list_all_networks(0).map_err(from_virt)?;
+        nets.iter().map(|n| n.name().map_err(from_virt)).collect()
+    }
+
+    fn network_xml(&self, name: &str) -> Result<String> {
+        self.network(name)?.xml_desc(0).map_err(from_virt)
+    }
+
+    fn network_is_active(&self, name: &str) -> Result<bool> {
+        self.network(name)?.is_active().map_err(from_virt)
+    }
+
+    fn network_define(&self, xml: &str) -> Result<String> {
+        self.conn
+            .define_network_xml(xml)
+            .and_then(|n| n.name())
+            .map_err(from_virt)
+    }
+
+    fn network_start(&self, name: &str) -> Result<()> {
+        self.network(name)?.create().map_err(from_virt)
+    }
+
+    fn network_stop(&self, name: &str) -> Result<()> {
+        self.network(name)?.destroy().map_err(from_virt)
+    }
+
+    fn network_undefine(&self, name: &str) -> Result<()> {
+        self.network(name)?.undefine().map_err(from_virt)
+    }
+
+    fn network_update_dhcp_host(
+        &self,
+        network: &str,
+        command: NetworkUpdateCommand,
+        host_xml: &str,
+    ) -> Result<()> {
+        let net = self.network(network)?;
+        let flags = network_update_flags(
+            net.is_active().map_err(from_virt)?,
+            net.is_persistent().map_err(from_virt)?,
+        );
+        let cmd = match command {
+            NetworkUpdateCommand::Modify => sys::VIR_NETWORK_UPDATE_COMMAND_MODIFY,
+            NetworkUpdateCommand::Delete => sys::VIR_NETWORK_UPDATE_COMMAND_DELETE,
+            NetworkUpdateCommand::AddLast => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+            NetworkUpdateCommand::AddFirst => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_FIRST,
+        };
+        net.update(
+            cmd,
+            sys::VIR_NETWORK_SECTION_IP_DHCP_HOST,
+            -1,
+            host_xml,
+            flags,
+        )
+        .map_err(from_virt)
+    }
+
+    fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
+        let net = self.network(network)?;
+        dhcp_leases(&net)
+    }
+
+    // --- storage pools ----------------------------------------------------
+
+    fn pool_list(&self) -> Result<Vec<String>> {
+        let pools = self.conn.list_all_storage_pools(0).map_err(from_virt)?;
+        pools.iter().map(|p| p.name().map_err(from_virt)).collect()
+    }
+
+    fn pool_xml(&self, name: &str) -> Result<String> {
+        self.pool(name)?.xml_desc(0).map_err(from_virt)
+    }
+
+    fn pool_is_active(&self, name: &str) -> Result<bool> {
+        self.pool(name)?.is_active().map_err(from_virt)
+    }
+
+    fn pool_define(&self, xml: &str) -> Result<String> {
+        self.conn
+            .define_storage_pool_xml(xml, 0)
+            .and_then(|p| p.name())
+            .map_err(from_virt)
+    }
+
+    fn pool_build(&self, name: &str) -> Result<()> {
+        self.pool(name)?.build(0).map_err(from_virt)
+    }
+
+    fn pool_start(&self, name: &str) -> Result<()> {
+        self.pool(name)?.create(0).map_err(from_virt)
+    }
+
+    fn pool_stop(&self, name: &str) -> Result<()> {
+        self.pool(name)?.destroy().map_err(from_virt)
+    }
+
+    fn pool_undefine(&self, name: &str) -> Result<()> {
+        self.pool(name)?.undefine().map_err(from_virt)
+    }
+
+    fn pool_refresh(&self, name: &str) -> Result<()> {
+        self.pool(name)?.refresh(0).map_err(from_virt)
+    }
+
+    // --- volumes ----------------------------------------------------------
+
+    fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
+        self.pool(pool)?.list_volumes().map_err(from_virt)
+    }
+
+    fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
+        self.volume(pool, name)?.xml_desc(0).map_err(from_virt)
+    }
+
+    fn volume_create(&self, pool: &str, xml: &str) -> Result<String> {
+        let pool = self.pool(pool)?;
+        StorageVol::create_xml(&pool, xml, 0)
+            .and_then(|v| v.name())
+            .map_err(from_virt)
+    }
+
+    fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()> {
+        let vol = self.volume(pool, name)?;
+        let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;
+        if let Err(e) = vol.upload(&stream, 0, bytes.len() as u64, 0) {
+            let _ = stream.abort();
+            return Err(from_virt(e));
+        }
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let end = (sent + STREAM_CHUNK).min(bytes.len());
+            match stream.send(&bytes[sent..end]) {
+                Ok(n) if n > 0 => sent += n as usize,
+                Ok(_) => {
+                    let _ = stream.abort();
+                    return Err(HypervisorError::new(
+                        ErrorKind::Other,
+                        0,
+                        format!(
+                            "upload to volume {name} in pool {pool}: stream accepted no bytes at offset {sent}"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    let _ = stream.abort();
+                    return Err(from_virt(e));
+                }
+            }
+        }
+        stream.finish().map_err(from_virt)
+    }
+
+    fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
+        let vol = self.volume(pool, name)?;
+        let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;
+        // length 0: up to the end of the volume.
+        if let Err(e) = vol.download(&stream, 0, 0, 0) {
+            let _ = stream.abort();
+            return Err(from_virt(e));
+        }
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; STREAM_CHUNK];
+        loop {
+            match stream.recv(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n as usize]),
+                Err(e) => {
+                    let _ = stream.abort();
+                    return Err(from_virt(e));
+                }
+            }
+        }
+        stream.finish().map_err(from_virt)?;
+        Ok(out)
+    }
+
+    fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {
+        self.volume(pool, name)?.delete(0).map_err(from_virt)
+    }
+
+    // --- domains ----------------------------------------------------------
+
+    fn domain_list(&self) -> Result<Vec<String>> {
+        let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
+        doms.iter().map(|d| d.name().map_err(from_virt)).collect()
+    }
+
+    fn domain_define(&self, xml: &str) -> Result<String> {
+        self.conn
+            .define_domain_xml(xml)
+            .and_then(|d| d.name())
+            .map_err(from_virt)
+    }
+
+    fn domain_xml(&self, name: &str) -> Result<String> {
+        self.domain(name)?.xml_desc(0).map_err(from_virt)
+    }
+
+    fn domain_state(&self, name: &str) -> Result<DomainState> {
+        use virt::domain::DomainState as V;
+        let (state, _reason) = self.domain(name)?.state().map_err(from_virt)?;
+        Ok(match state.unwrap_or(V::NoState) {
+            V::NoState => DomainState::NoState,
+            V::Running => DomainState::Running,
+            V::Blocked => DomainState::Blocked,
+            V::Paused => DomainState::Paused,
+            V::Shutdown => DomainState::Shutdown,
+            V::Shutoff => DomainState::Shutoff,
+            V::Crashed => DomainState::Crashed,
+            V::PMSuspended => DomainState::PmSuspended,
+        })
+    }
+
+    fn domain_start(&self, name: &str) -> Result<()> {
+        self.domain(name)?.create().map_err(from_virt)
+    }
+
+    fn domain_destroy(&self, name: &str) -> Result<()> {
+        self.domain(name)?.destroy().map_err(from_virt)
+    }
+
+    fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()> {
+        let mut raw = 0;
+        if flags.managed_save {
+            raw |= sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE;
+        }
+        if flags.snapshots_metadata {
+            raw |= sys::VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA;
+        }
+        if flags.nvram {
+            raw |= sys::VIR_DOMAIN_UNDEFINE_NVRAM;
+        }
+        self.domain(name)?.undefine_flags(raw).map_err(from_virt)
+    }
+
+    fn domain_autostart(&self, name: &str) -> Result<bool> {
+        self.domain(name)?.autostart().map_err(from_virt)
+    }
+
+    fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
+        self.domain(name)?
+            .set_autostart(autostart)
+            .map_err(from_virt)
+    }
+}
+
+/// The `virNetworkUpdate` flags for a network in this state.
+///
+/// libvirt rejects `AFFECT_LIVE` on an inactive network ("network is not
+/// running") and `AFFECT_CONFIG` on a transient one, so the flags follow the
+/// network: live when it runs, config when it is persistent. (An inactive,
+/// persistent network gets `CONFIG` only, which is what `AFFECT_CURRENT`
+/// would pick too, but explicitly.)
+pub fn network_update_flags(active: bool, persistent: bool) -> sys::virNetworkUpdateFlags {
+    let mut flags = sys::VIR_NETWORK_UPDATE_AFFECT_CURRENT;
+    if active {
+        flags |= sys::VIR_NETWORK_UPDATE_AFFECT_LIVE;
+    }
+    if persistent {
+        flags |= sys::VIR_NETWORK_UPDATE_AFFECT_CONFIG;
+    }
+    flags
+}
+
+unsafe extern "C" {
+    /// libvirt allocates the lease array with malloc and documents that the
+    /// caller frees the array itself with free(3).
+    fn free(ptr: *mut c_void);
+}
+
+/// `virNetworkGetDHCPLeases` (not wrapped by `virt` 0.5).
+fn dhcp_leases(net: &Network) -> Result<Vec<DhcpLease>> {
+    let mut leases: *mut sys::virNetworkDHCPLeasePtr = std::ptr::null_mut();
+    // SAFETY: `net` holds a valid network reference for the whole call; a
+    // null MAC asks for all leases; libvirt fills `leases` with `n` pointers.
+    let n = unsafe { sys::virNetworkGetDHCPLeases(net.as_ptr(), std::ptr::null(), &mut leases, 0) };
+    if n < 0 {
+        return Err(from_virt(virt::error::Error::last_error()));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        // SAFETY: i < n, each element is a valid lease until freed below.
+        unsafe {
+            let lease = *leases.add(i);
+            out.push(DhcpLease {
+                mac: c_string(((*lease).mac) as *const c_char).unwrap_or_default(),
+                ip: c_string((*lease).ipaddr as *const c_char).unwrap_or_default(),
+                prefix: (*lease).prefix,
+                hostname: c_string((*lease).hostname as *const c_char).filter(|h| !h.is_empty()),
+                expiry_time: (*lease).expirytime,
+            });
+            sys::virNetworkDHCPLeaseFree(lease);
+        }
+    }
+    if !leases.is_null() {
+        // SAFETY: the array itself was malloc'ed by libvirt; its elements are freed above.
+        unsafe { free(leases as *mut c_void) };
+    }
+    Ok(out)
+}
+
+/// # Safety
+/// `ptr` is null or a valid NUL-terminated string.
+unsafe fn c_string(ptr: *const c_char) -> Option<String> {
+    if ptr.is_null() {
+        None
+    } else {
+        Some(
+            unsafe { CStr::from_ptr(ptr) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
+/// libvirt prints every error to stderr unless an error function is set;
+/// errors are returned to callers here, so printing them too is noise.
+fn silence_default_error_printer() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(virt::error::clear_error_callback);
+}
+
+fn code_of(err: &virt::error::Error) -> i32 {
+    err.code().to_raw() as i32
+}
+
+/// Converts a `virt` error, keeping libvirt's code and message.
+pub fn from_virt(err: virt::error::Error) -> HypervisorError {
+    let code = code_of(&err);
+    let domain = err.domain().to_raw() as i32;
+    HypervisorError::new(kind_of(code, domain), code, err.message().to_string())
+}
+
+/// The [`ErrorKind`] of a libvirt error number (`virErrorNumber`) raised
+/// from error domain `domain` (`virErrorDomain`).
+///
+/// A broken transport shows up as `VIR_ERR_NO_CONNECT`, `VIR_ERR_INVALID_CONN`
+/// (a closed connection object), `VIR_ERR_RPC`, or as `VIR_ERR_SYSTEM_ERROR` /
+/// `VIR_ERR_INTERNAL_ERROR` raised by the RPC or remote layer ("client socket
+/// is closed", "Cannot write data: Broken pipe"). A `VIR_ERR_SYSTEM_ERROR`
+/// from a driver (a missing file in a pool, say) is not a lost connection.
+pub fn kind_of(code: i32, domain: i32) -> ErrorKind {
+    let transport = domain == sys::VIR_FROM_RPC as i32 || domain == sys::VIR_FROM_REMOTE as i32;
+    match code as u32 {
+        sys::VIR_ERR_NO_DOMAIN => ErrorKind::NoDomain,
+        sys::VIR_ERR_NO_NETWORK => ErrorKind::NoNetwork,
+        sys::VIR_ERR_NO_STORAGE_POOL => ErrorKind::NoStoragePool,
+        sys::VIR_ERR_NO_STORAGE_VOL => ErrorKind::NoStorageVol,
+        sys::VIR_ERR_OPERATION_INVALID => ErrorKind::OperationInvalid,
+        sys::VIR_ERR_INVALID_ARG => ErrorKind::InvalidArg,
+        sys::VIR_ERR_XML_ERROR | sys::VIR_ERR_XML_DETAIL => ErrorKind::XmlError,
+        sys::VIR_ERR_OPERATION_FAILED => ErrorKind::OperationFailed,
+        sys::VIR_ERR_DOM_EXIST => ErrorKind::DomainExists,
+        sys::VIR_ERR_STORAGE_VOL_EXIST => ErrorKind::StorageVolExists,
+        sys::VIR_ERR_NO_CONNECT | sys::VIR_ERR_INVALID_CONN | sys::VIR_ERR_RPC => {
+            ErrorKind::ConnectionLost
+        }
+        sys::VIR_ERR_SYSTEM_ERROR | sys::VIR_ERR_INTERNAL_ERROR if transport => {
+            ErrorKind::ConnectionLost
+        }
+        _ => ErrorKind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_kinds() {
+        let drv = sys::VIR_FROM_STORAGE as i32;
+        let rpc = sys::VIR_FROM_RPC as i32;
+        assert_eq!(kind_of(42, drv), ErrorKind::NoDomain);
+        assert_eq!(kind_of(43, drv), ErrorKind::NoNetwork);
+        assert_eq!(kind_of(49, drv), ErrorKind::NoStoragePool);
+        assert_eq!(kind_of(50, drv), ErrorKind::NoStorageVol);
+        assert_eq!(kind_of(55, drv), ErrorKind::OperationInvalid);
+        assert_eq!(kind_of(8, drv), ErrorKind::InvalidArg);
+        assert_eq!(kind_of(27, drv), ErrorKind::XmlError);
+        assert_eq!(kind_of(35, drv), ErrorKind::XmlError);
+        assert_eq!(kind_of(9, drv), ErrorKind::OperationFailed);
+        assert_eq!(kind_of(28, drv), ErrorKind::DomainExists);
+        assert_eq!(kind_of(90, drv), ErrorKind::StorageVolExists);
+        assert_eq!(kind_of(5, drv), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(39, rpc), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(38, rpc), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(1, rpc), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(38, drv), ErrorKind::Other);
+        assert_eq!(kind_of(1, drv), ErrorKind::Other);
+    }
+
+    #[test]
+    fn update_flags_follow_network_state() {
+        let live = sys::VIR_NETWORK_UPDATE_AFFECT_LIVE;
+        let config = sys::VIR_NETWORK_UPDATE_AFFECT_CONFIG;
+        assert_eq!(network_update_flags(true, true), live | config);
+        assert_eq!(network_update_flags(false, true), config);
+        assert_eq!(network_update_flags(true, false), live);
+        assert_eq!(
+            network_update_flags(false, false),
+            sys::VIR_NETWORK_UPDATE_AFFECT_CURRENT
+        );
+    }
+}

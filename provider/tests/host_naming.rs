@@ -1,0 +1,105 @@
+//! The names and identity table of the README, one test per row.
+
+use capl::host::MachineNames;
+use capl::host::naming::{domain_name, is_dns_label, mac_address, name_hash};
+use rstest::rstest;
+
+const UID: &str = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";
+
+#[test]
+fn domain_name_is_namespace_name_hash() {
+    let names = MachineNames::new("default", "libvirt-xd-0", UID);
+    assert_eq!(names.domain, format!("default-libvirt-xd-0-{}", name_hash("default", "libvirt-xd-0")));
+    assert!(is_dns_label(&names.domain));
+}
+
+#[test]
+fn hash_is_stable_across_releases() {
+    // Pinned (checked with `printf default/libvirt-xd-0 | sha256sum`): changing
+    // the hash would orphan every existing domain.
+    assert_eq!(name_hash("default", "libvirt-xd-0"), "a00625");
+    assert_eq!(domain_name("default", "libvirt-xd-0"), "default-libvirt-xd-0-a00625");
+    assert_eq!(mac_address("default-libvirt-xd-0-a00625"), "52:54:00:07:c6:a1");
+}
+
+#[test]
+fn hash_separates_names_that_print_alike() {
+    // "a-b" + "c" and "a" + "b-c" both read "a-b-c".
+    assert_ne!(domain_name("a-b", "c"), domain_name("a", "b-c"));
+}
+
+#[rstest]
+#[case::long_namespace(&"n".repeat(63), "worker")]
+#[case::long_name(&"default", &"w".repeat(253))]
+#[case::both_long(&"x".repeat(63), &"y".repeat(253))]
+#[case::dots_in_name("default", "worker.pool-a.0")]
+#[case::dash_at_the_cut("default", &format!("{}-{}", "a".repeat(47), "b".repeat(20)))]
+fn long_and_odd_names_stay_dns_labels(#[case] namespace: &str, #[case] name: &str) {
+    let domain = domain_name(namespace, name);
+    assert!(is_dns_label(&domain), "{domain:?} is not a DNS label");
+    assert!(domain.len() <= 63);
+    assert!(domain.ends_with(&name_hash(namespace, name)));
+}
+
+#[test]
+fn truncated_names_stay_unique() {
+    let base = "w".repeat(100);
+    assert_ne!(domain_name("default", &format!("{base}-1")), domain_name("default", &format!("{base}-2")));
+}
+
+#[test]
+fn guest_hostname_is_the_machine_name() {
+    assert_eq!(MachineNames::new("ns", "worker-0", UID).hostname(), "worker-0");
+}
+
+#[test]
+fn domain_uuid_and_instance_id_are_the_uid() {
+    let names = MachineNames::new("ns", "worker-0", UID);
+    assert_eq!(names.domain_uuid(), UID);
+    assert_eq!(names.instance_id(), UID);
+}
+
+#[test]
+fn provider_id_is_libvirt_uid() {
+    assert_eq!(MachineNames::new("ns", "worker-0", UID).provider_id(), format!("libvirt://{UID}"));
+}
+
+#[test]
+fn volumes_are_named_after_the_domain() {
+    let names = MachineNames::new("ns", "worker-0", UID);
+    assert_eq!(names.overlay_volume(), format!("{}.qcow2", names.domain));
+    assert_eq!(names.cloud_init_volume(), format!("cloudinit-{}.iso", names.domain));
+}
+
+#[rstest]
+#[case("default", "libvirt-xd-0")]
+#[case("kube-system", "cp-0")]
+#[case(&"n".repeat(63), &"m".repeat(253))]
+fn mac_has_the_qemu_prefix_and_six_octets(#[case] namespace: &str, #[case] name: &str) {
+    let mac = MachineNames::new(namespace, name, UID).mac();
+    let octets: Vec<&str> = mac.split(':').collect();
+    assert_eq!(octets.len(), 6, "{mac}");
+    assert_eq!(&octets[..3], &["52", "54", "00"]);
+    assert!(octets.iter().all(|o| o.len() == 2 && o.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())));
+}
+
+#[test]
+fn mac_is_derived_from_the_domain_name_only() {
+    let a = MachineNames::new("ns", "worker-0", UID);
+    let b = MachineNames::new("ns", "worker-0", "another-uid");
+    assert_eq!(a.mac(), b.mac());
+    assert_ne!(a.mac(), MachineNames::new("ns", "worker-1", UID).mac());
+}
+
+#[rstest]
+#[case("abc", true)]
+#[case("a-1", true)]
+#[case("-a", false)]
+#[case("a-", false)]
+#[case("A", false)]
+#[case("a.b", false)]
+#[case("", false)]
+fn dns_label_check(#[case] label: &str, #[case] valid: bool) {
+    assert_eq!(is_dns_label(label), valid);
+    assert!(!is_dns_label(&"a".repeat(64)));
+}

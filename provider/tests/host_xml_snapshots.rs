@@ -1,0 +1,87 @@
+//! Snapshots of the XML the provider writes: domain, volumes, DHCP host.
+
+use std::net::Ipv4Addr;
+
+use capl::host::MachineNames;
+use capl::host::dhcp::dhcp_host_xml;
+use capl::host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, parse_domain};
+use capl::host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
+
+fn names() -> MachineNames {
+    MachineNames::new("default", "libvirt-xd-0", "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10")
+}
+
+fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefinition {
+    let names = names();
+    DomainDefinition {
+        name: names.domain.clone(),
+        uuid: names.uid.clone(),
+        domain_type: domain_type.into(),
+        arch: "x86_64".into(),
+        vcpu: 2,
+        memory_mib: 2048,
+        overlay_path: format!("/var/lib/libvirt/capi/disks/{}", names.overlay_volume()),
+        iso_path: format!("/var/lib/libvirt/capi/disks/{}", names.cloud_init_volume()),
+        network: "libvirt-lab".into(),
+        mac: names.mac(),
+        console_log_path,
+        owner: OwnerMarker {
+            namespace: names.namespace.clone(),
+            name: names.name.clone(),
+            uid: names.uid.clone(),
+            cluster: "libvirt-xd".into(),
+        },
+    }
+}
+
+#[test]
+fn domain_xml_qemu() {
+    insta::assert_snapshot!(domain_xml(&definition("qemu", None)));
+}
+
+#[test]
+fn domain_xml_kvm_with_console_log() {
+    let log = format!("/var/log/libvirt/capl/{}.log", names().domain);
+    insta::assert_snapshot!(domain_xml(&definition("kvm", Some(log))));
+}
+
+#[test]
+fn domain_xml_reads_back_with_our_marker() {
+    let d = definition("qemu", None);
+    let info = parse_domain(&domain_xml(&d)).unwrap();
+    assert_eq!(info.name, d.name);
+    assert_eq!(info.uuid, d.uuid);
+    assert_eq!(info.owner, Some(d.owner.clone()));
+    assert_eq!(info.disk_paths, vec![d.overlay_path.clone(), d.iso_path.clone()]);
+    assert_eq!(info.macs, vec![d.mac.clone()]);
+}
+
+#[test]
+fn a_domain_without_our_namespace_has_no_owner() {
+    let xml = "<domain type='qemu'><name>x</name><metadata><m:machine xmlns:m='urn:other'><m:uid>u</m:uid></m:machine></metadata></domain>";
+    assert_eq!(parse_domain(xml).unwrap().owner, None);
+}
+
+#[test]
+fn overlay_volume_snapshot() {
+    let backing = BackingStore {
+        path: "/var/lib/libvirt/capi/base/ubuntu-noble-base.qcow2".into(),
+        format: Some("qcow2".into()),
+    };
+    let xml = overlay_volume_xml(&names().overlay_volume(), 20 * GIB, &backing);
+    let parsed = parse_volume(&xml).unwrap();
+    assert_eq!(parsed.capacity, 20 * GIB);
+    assert_eq!(parsed.backing, Some(backing));
+    insta::assert_snapshot!(xml);
+}
+
+#[test]
+fn cloud_init_volume_snapshot() {
+    insta::assert_snapshot!(iso_volume_xml(&names().cloud_init_volume(), 55296));
+}
+
+#[test]
+fn dhcp_host_snapshot() {
+    let names = names();
+    insta::assert_snapshot!(dhcp_host_xml(&names.mac(), &names.domain, Ipv4Addr::new(192, 168, 122, 57)));
+}

@@ -1,0 +1,87 @@
+//! Where the control-plane binaries and CAPI's CRDs are found.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+use crate::control_plane_versions::{
+    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN,
+    KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
+};
+
+/// The command that builds every asset.
+pub const BUILD_COMMAND: &str = "cargo xtask control-plane build";
+
+/// The located assets.
+///
+/// `kube-apiserver` and `etcd` come from `$KUBEBUILDER_ASSETS` when it holds both, otherwise
+/// from the control-plane directory (`$CAPL_CONTROL_PLANE_DIR`, else the default cache
+/// directory). The CAPI manager and CRDs always come from the control-plane directory.
+#[derive(Clone, Debug)]
+pub struct Assets {
+    pub kube_apiserver: PathBuf,
+    pub etcd: PathBuf,
+    /// The directory that holds `kube-apiserver` and `etcd` (and usually `kubectl`).
+    pub binaries_dir: PathBuf,
+    /// The control-plane directory built by `cargo xtask control-plane build`.
+    pub control_plane_dir: PathBuf,
+}
+
+impl Assets {
+    pub fn locate() -> Result<Self> {
+        let control_plane_dir = control_plane_dir().map_err(anyhow::Error::msg)?;
+        let binaries_dir = match usable_kubebuilder_assets() {
+            Some(dir) => dir,
+            None => {
+                for binary in [KUBE_APISERVER_BIN, ETCD_BIN] {
+                    if !control_plane_dir.join(binary).is_file() {
+                        bail!(
+                            "the local control plane is missing: no {binary} in {} (nor a usable \
+                             ${KUBEBUILDER_ASSETS_ENV} holding kube-apiserver and etcd); run `{BUILD_COMMAND}` \
+                             (or set ${CONTROL_PLANE_DIR_ENV} to the directory it printed)",
+                            control_plane_dir.display()
+                        );
+                    }
+                }
+                control_plane_dir.clone()
+            }
+        };
+        Ok(Self {
+            kube_apiserver: binaries_dir.join(KUBE_APISERVER_BIN),
+            etcd: binaries_dir.join(ETCD_BIN),
+            binaries_dir,
+            control_plane_dir,
+        })
+    }
+
+    /// `kubectl`, when present next to kube-apiserver or in the control-plane directory.
+    pub fn kubectl(&self) -> Option<PathBuf> {
+        [&self.binaries_dir, &self.control_plane_dir]
+            .into_iter()
+            .map(|dir| dir.join(KUBECTL_BIN))
+            .find(|p| p.is_file())
+    }
+
+    pub fn capi_manager(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CAPI_MANAGER_BIN, Path::is_file)
+    }
+
+    pub fn capi_crds_dir(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CAPI_CRDS_DIR, Path::is_dir)
+    }
+
+    fn required_in_control_plane_dir(
+        &self,
+        name: &str,
+        exists: fn(&Path) -> bool,
+    ) -> Result<PathBuf> {
+        let path = self.control_plane_dir.join(name);
+        if !exists(&path) {
+            bail!(
+                "the CAPI part of the local control plane is missing: no {} ; run `{BUILD_COMMAND}`",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+}
