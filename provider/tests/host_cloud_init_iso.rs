@@ -37,6 +37,12 @@ fn xorriso_lists_exactly_the_two_files_with_exact_names() {
     let mut files: Vec<&str> = listing.lines().filter(|l| l.starts_with("'/")).collect();
     files.sort();
     assert_eq!(files, vec!["'/meta-data'", "'/user-data'"], "xorriso said:\n{listing}");
+    // xorriso loads the image without complaint: no WARNING, SORRY, FAILURE or FATAL messages.
+    let complaints: Vec<&str> = listing
+        .lines()
+        .filter(|l| ["WARNING", "SORRY", "FAILURE", "FATAL", "MISHAP"].iter().any(|s| l.contains(&format!(": {s} :"))))
+        .collect();
+    assert!(complaints.is_empty(), "xorriso complained:\n{listing}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

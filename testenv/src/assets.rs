@@ -85,3 +85,22 @@ impl Assets {
         Ok(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_control_plane_names_the_build_command() {
+        let empty =
+            std::env::temp_dir().join(format!("capl-testenv-no-assets-{}", std::process::id()));
+        // SAFETY: the only test of this binary that touches the environment.
+        unsafe {
+            std::env::remove_var(KUBEBUILDER_ASSETS_ENV);
+            std::env::set_var(CONTROL_PLANE_DIR_ENV, &empty);
+        }
+        let error = Assets::locate().unwrap_err().to_string();
+        assert!(error.contains(BUILD_COMMAND), "{error}");
+        assert!(error.contains(&empty.display().to_string()), "{error}");
+    }
+}

@@ -21,8 +21,8 @@
 //! error naming the command that builds them: `cargo xtask control-plane build`.
 //!
 //! # Isolation of parallel tests
-//! Starting etcd plus kube-apiserver costs several seconds of CPU (see the report of issue 6
-//! for the figure measured on our 2-core machines), which is too much to pay per test. So:
+//! Starting etcd plus kube-apiserver takes 3 to 4 s on our 2-core machines (7 s when two
+//! start at once), too much to pay for every test. So:
 //! - **one API server per test binary**: [`TestEnv::shared`] starts it lazily on first use
 //!   and every test of the binary (cargo runs them on parallel threads, each with its own
 //!   tokio runtime) gets the same server; [`TestEnv::client`] builds a fresh client for the

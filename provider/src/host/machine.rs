@@ -26,13 +26,25 @@
 //! name) are ours. An entry with our MAC or our name but not both is a
 //! collision.
 //!
-//! # Libvirt calls (counted on the simulator, see tests/host_machine.rs)
+//! # Libvirt calls
 //!
-//! - create of a new machine: 16 calls (domain lookup; base image, overlay
-//!   lookup, create, read back; ISO lookup, create, upload, read back; network
-//!   XML, leases, DHCP update; capabilities, define, autostart, start).
-//! - steady state of a running machine: 3 calls (domain XML, state, leases).
-//! - delete of a running machine: 10 calls.
+//! Counted on the simulator and pinned by `libvirt_call_counts` in
+//! tests/host_machine_sim.rs: [`Hypervisor`] calls this module makes, and the
+//! operations libvirt-sim counts for them (its adapter looks the network up
+//! before a DHCP update). On a real host each by-name trait call is two RPCs,
+//! the lookup and the call itself; none opens a connection.
+//!
+//! | path                          | trait calls | operations |
+//! |-------------------------------|-------------|------------|
+//! | create of a new machine       | 16          | 17         |
+//! | steady state of a running one | 3           | 3          |
+//! | delete of a running machine   | 10          | 11         |
+//!
+//! Create: domain lookup; base image read; overlay lookup, create, read back;
+//! ISO lookup, create, upload, read back; network XML, leases, DHCP update;
+//! capabilities, define, autostart, start. Steady state: domain XML (the
+//! ownership check), state, leases. Delete: domain XML, state, destroy,
+//! undefine; overlay read, delete; ISO read, delete; network XML, DHCP update.
 //!
 //! [`METADATA_NAMESPACE`]: super::domain_xml::METADATA_NAMESPACE
 
@@ -333,11 +345,17 @@ impl<'a> MachineRun<'a> {
                 self.domain_absent = false;
                 Ok(())
             }
-            Err(e) if matches!(e.kind, ErrorKind::DomainExists | ErrorKind::OperationFailed) => Err(self.collision(
-                ObjectKind::Domain,
-                &self.names.domain,
-                format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
-            )),
+            // A domain with our UUID under another name (libvirt: "domain 'x' already exists with uuid ...").
+            Err(e)
+                if e.kind == ErrorKind::DomainExists
+                    || (e.kind == ErrorKind::OperationFailed && e.message.contains("already exists")) =>
+            {
+                Err(self.collision(
+                    ObjectKind::Domain,
+                    &self.names.domain,
+                    format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
+                ))
+            }
             Err(e) => Err(self.error("define", ObjectKind::Domain, &self.names.domain, e)),
         }
     }

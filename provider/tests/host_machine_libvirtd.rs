@@ -1,0 +1,94 @@
+//! The host scenarios on a real libvirtd: the private test daemon started by
+//! `cargo xtask host up`, whose URI is in `CAPL_TEST_LIBVIRT_URI`, with the
+//! network `capl-test-net` and the pools `capl-test-base` and `capl-test-disks`.
+//! Domains are `type='qemu'` (TCG): KVM does not work on the test machines.
+
+mod host_support;
+
+use capl::host::{InfraSpec, check_infrastructure};
+use capl::hypervisor::libvirt::LibvirtHypervisor;
+use host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
+
+const URI_VAR: &str = "CAPL_TEST_LIBVIRT_URI";
+
+fn libvirtd() -> (LibvirtHypervisor, Fixture) {
+    let uri = std::env::var(URI_VAR).unwrap_or_else(|_| {
+        panic!("{URI_VAR} is not set: start the private test libvirtd with `cargo xtask host up` and export the URI it prints")
+    });
+    let hv = LibvirtHypervisor::connect(&uri)
+        .unwrap_or_else(|e| panic!("cannot connect to {URI_VAR}={uri}: {e}: is `cargo xtask host up` running?"));
+    let fx = Fixture {
+        network: "capl-test-net".into(),
+        base_pool: "capl-test-base".into(),
+        domain_pool: "capl-test-disks".into(),
+        image: "capl-host-tests-base.qcow2".into(),
+        image_bytes: IMAGE_BYTES,
+    };
+    let infra =
+        InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    if let Err(e) = check_infrastructure(&hv, &infra) {
+        panic!("the test libvirtd at {uri} is not set up ({e}): run `cargo xtask host up`");
+    }
+    ensure_base_image(&hv, &fx);
+    (hv, fx)
+}
+
+#[test]
+fn full_cycle() {
+    let (hv, fx) = libvirtd();
+    host_support::full_cycle(&hv, &fx, "real-full");
+}
+
+#[test]
+fn stopped_machine_is_started() {
+    let (hv, fx) = libvirtd();
+    host_support::stopped_machine_is_started(&hv, &fx, "real-stopped");
+}
+
+#[test]
+fn crash_after_every_step() {
+    let (hv, fx) = libvirtd();
+    host_support::crash_after_every_step(&hv, &fx, "real-crash");
+}
+
+#[test]
+fn delete_after_partial_create() {
+    let (hv, fx) = libvirtd();
+    host_support::delete_after_partial_create(&hv, &fx, "real-partial");
+}
+
+#[test]
+fn twenty_concurrent_machines() {
+    let (hv, fx) = libvirtd();
+    host_support::twenty_concurrent_machines(&hv, &fx, "real-par");
+}
+
+#[test]
+fn foreign_domain_is_left_alone() {
+    let (hv, fx) = libvirtd();
+    host_support::foreign_domain_is_left_alone(&hv, &fx, "real-foreign");
+}
+
+#[test]
+fn foreign_volume_is_left_alone() {
+    let (hv, fx) = libvirtd();
+    host_support::foreign_volume_is_left_alone(&hv, &fx, "real-foreign-vol");
+}
+
+#[test]
+fn bad_disk_and_missing_image() {
+    let (hv, fx) = libvirtd();
+    host_support::bad_disk_and_missing_image(&hv, &fx, "real-bad");
+}
+
+#[test]
+fn endpoint_address_is_avoided() {
+    let (hv, fx) = libvirtd();
+    host_support::endpoint_address_is_avoided(&hv, &fx, "real-ep");
+}
+
+#[test]
+fn infra_missing_vs_inactive() {
+    let (hv, fx) = libvirtd();
+    host_support::infra_missing_vs_inactive(&hv, &fx, "real-infra");
+}

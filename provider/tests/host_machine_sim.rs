@@ -1,0 +1,157 @@
+//! The host scenarios on libvirt-sim, plus the libvirt call counts of a
+//! create, a steady-state check and a delete.
+
+mod host_support;
+
+use capl::host::{CreateStep, MachineAddress, delete_machine, ensure_machine, run_create_steps};
+use capl::hypervisor::Hypervisor;
+use capl::hypervisor::sim::SimHypervisor;
+use host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec};
+use libvirt_sim::Host;
+
+const NETWORK_XML: &str = "<network><name>capl-test-net</name><forward mode='nat'/><bridge name='virbr-sim'/>\
+    <ip address='192.168.150.1' netmask='255.255.255.0'><dhcp><range start='192.168.150.10' end='192.168.150.250'/></dhcp></ip></network>";
+const BASE_POOL_XML: &str =
+    "<pool type='dir'><name>capl-test-base</name><target><path>/sim/base</path></target></pool>";
+const DISK_POOL_XML: &str =
+    "<pool type='dir'><name>capl-test-disks</name><target><path>/sim/disks</path></target></pool>";
+
+/// A fresh simulated host for one test, with the fixture's network, pools and base image.
+fn sim(test: &str) -> (Host, SimHypervisor, Fixture) {
+    let uri = format!("sim:///host-{test}");
+    let host = Host::builder(&uri)
+        .network(NETWORK_XML, true)
+        .pool(BASE_POOL_XML, true)
+        .pool(DISK_POOL_XML, true)
+        .build()
+        .expect("build the simulated host");
+    let hv = SimHypervisor::connect(&uri).expect("connect to the simulated host");
+    let fx = Fixture {
+        network: "capl-test-net".into(),
+        base_pool: "capl-test-base".into(),
+        domain_pool: "capl-test-disks".into(),
+        image: "base.qcow2".into(),
+        image_bytes: IMAGE_BYTES,
+    };
+    ensure_base_image(&hv, &fx);
+    (host, hv, fx)
+}
+
+#[test]
+fn full_cycle() {
+    let (_host, hv, fx) = sim("full");
+    host_support::full_cycle(&hv, &fx, "sim-full");
+}
+
+#[test]
+fn stopped_machine_is_started() {
+    let (_host, hv, fx) = sim("stopped");
+    host_support::stopped_machine_is_started(&hv, &fx, "sim-stopped");
+}
+
+#[test]
+fn crash_after_every_step() {
+    let (_host, hv, fx) = sim("crash");
+    host_support::crash_after_every_step(&hv, &fx, "sim-crash");
+}
+
+#[test]
+fn delete_after_partial_create() {
+    let (_host, hv, fx) = sim("partial");
+    host_support::delete_after_partial_create(&hv, &fx, "sim-partial");
+}
+
+#[test]
+fn twenty_concurrent_machines() {
+    let (_host, hv, fx) = sim("parallel");
+    host_support::twenty_concurrent_machines(&hv, &fx, "sim-par");
+}
+
+#[test]
+fn foreign_domain_is_left_alone() {
+    let (_host, hv, fx) = sim("foreign");
+    host_support::foreign_domain_is_left_alone(&hv, &fx, "sim-foreign");
+}
+
+#[test]
+fn foreign_volume_is_left_alone() {
+    let (_host, hv, fx) = sim("foreign-vol");
+    host_support::foreign_volume_is_left_alone(&hv, &fx, "sim-foreign-vol");
+}
+
+#[test]
+fn bad_disk_and_missing_image() {
+    let (_host, hv, fx) = sim("bad-disk");
+    host_support::bad_disk_and_missing_image(&hv, &fx, "sim-bad");
+}
+
+#[test]
+fn endpoint_address_is_avoided() {
+    let (_host, hv, fx) = sim("endpoint");
+    host_support::endpoint_address_is_avoided(&hv, &fx, "sim-ep");
+}
+
+#[test]
+fn infra_missing_vs_inactive() {
+    let (_host, hv, fx) = sim("infra");
+    host_support::infra_missing_vs_inactive(&hv, &fx, "sim-infra");
+}
+
+/// The simulator hands out leases at once, so the steady state reports the reserved address.
+#[test]
+fn running_machine_reports_its_leased_address() {
+    let (_host, hv, fx) = sim("address");
+    let spec = spec(&fx, "sim-addr", "addr-0");
+    ensure_machine(&hv, &spec).unwrap();
+    let reserved =
+        host_support::dhcp_hosts(&hv, &fx).into_iter().find(|(mac, _, _)| *mac == spec.names().mac()).unwrap().2;
+    let report = ensure_machine(&hv, &spec).unwrap();
+    assert_eq!(
+        report.addresses,
+        vec![MachineAddress::InternalIp(reserved.parse().unwrap()), MachineAddress::Hostname(spec.name.clone())]
+    );
+    delete_machine(&hv, &spec).unwrap();
+}
+
+/// Simulator operations (each trait call is one or two libvirt RPCs: the
+/// lookup by name and the call itself, as on a real host) for the three paths.
+#[test]
+fn libvirt_call_counts() {
+    let (host, hv, fx) = sim("counts");
+    let spec = spec(&fx, "sim-counts", "count-0");
+    let counters = host.counters();
+
+    let before = counters.total_calls();
+    ensure_machine(&hv, &spec).unwrap();
+    let create = counters.total_calls() - before;
+
+    let before = counters.total_calls();
+    let opened = counters.connections_opened();
+    ensure_machine(&hv, &spec).unwrap();
+    let steady = counters.total_calls() - before;
+    assert_eq!(counters.connections_opened(), opened, "a steady-state check opened a connection");
+
+    let before = counters.total_calls();
+    delete_machine(&hv, &spec).unwrap();
+    let delete = counters.total_calls() - before;
+
+    eprintln!("simulator operations: create {create}, steady state {steady}, delete {delete}");
+    eprintln!("{:?}", counters.snapshot());
+    assert_eq!((create, steady, delete), (EXPECTED_CREATE, EXPECTED_STEADY, EXPECTED_DELETE));
+}
+
+/// Pinned so a change in the number of calls is noticed (and the docs in host/machine.rs updated).
+const EXPECTED_CREATE: u64 = 17;
+const EXPECTED_STEADY: u64 = 3;
+const EXPECTED_DELETE: u64 = 11;
+
+/// The step list is what the crash tests iterate over.
+#[test]
+fn create_steps_cover_the_readme_flow() {
+    let (_host, hv, fx) = sim("steps");
+    let spec = spec(&fx, "sim-steps", "steps-0");
+    run_create_steps(&hv, &spec, &CreateStep::ALL).unwrap();
+    host_support::assert_created_once(&hv, &fx, &spec);
+    delete_machine(&hv, &spec).unwrap();
+    let _: &dyn Hypervisor = &hv;
+}

@@ -1,0 +1,365 @@
+//! Scenarios for the host layer, generic over the backend: the same functions
+//! run against the simulator (tests/host_machine_sim.rs) and a real libvirtd
+//! (tests/host_machine_libvirtd.rs).
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use capl::host::cloud_init::{meta_data, nocloud_iso};
+use capl::host::network_xml::parse_network;
+use capl::host::{
+    CreateStep, DomainTypePreference, FailureReason, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
+    delete_machine, ensure_machine, run_create_steps,
+};
+use capl::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
+use sha2::{Digest, Sha256};
+
+/// The host objects a scenario uses.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub network: String,
+    pub base_pool: String,
+    pub domain_pool: String,
+    pub image: String,
+    /// Virtual size of the base image.
+    pub image_bytes: u64,
+}
+
+pub const IMAGE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Creates the base image (a small empty qcow2; it need not boot) when absent.
+pub fn ensure_base_image(hv: &dyn Hypervisor, fx: &Fixture) {
+    let xml = format!(
+        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity><target><format type='qcow2'/></target></volume>",
+        fx.image, fx.image_bytes
+    );
+    match hv.volume_create(&fx.base_pool, &xml) {
+        Ok(_) => {}
+        Err(e) if e.kind == ErrorKind::StorageVolExists || hv.volume_xml(&fx.base_pool, &fx.image).is_ok() => {}
+        Err(e) => panic!("cannot create base image {} in pool {}: {e}", fx.image, fx.base_pool),
+    }
+}
+
+/// A UUID-shaped UID derived from the machine's namespace and name.
+pub fn uid_for(namespace: &str, name: &str) -> String {
+    let d = Sha256::digest(format!("uid:{namespace}/{name}").as_bytes());
+    let h: String = d.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-4{}-8{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
+}
+
+/// A machine spec whose leftovers from an earlier, interrupted test run are removed first.
+pub fn fresh_spec(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
+    let s = spec(fx, namespace, name);
+    let _ = delete_machine(hv, &s);
+    s
+}
+
+pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
+    MachineSpec {
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: uid_for(namespace, name),
+        cluster_name: "host-tests".into(),
+        vcpu: 1,
+        memory_mib: 128,
+        disk_gib: 1,
+        image: fx.image.clone(),
+        user_data: format!("#cloud-config\nhostname: {name}\n").into_bytes(),
+        network: fx.network.clone(),
+        base_pool: fx.base_pool.clone(),
+        domain_pool: fx.domain_pool.clone(),
+        control_plane_host: None,
+        // KVM does not work on the test machines: always TCG.
+        domain_type: DomainTypePreference::Qemu,
+        console_log_dir: None,
+    }
+}
+
+/// Everything of these machines still on the host: domains, volumes, DHCP entries.
+pub fn leftovers(hv: &dyn Hypervisor, fx: &Fixture, specs: &[MachineSpec]) -> Vec<String> {
+    let domains: HashSet<String> = hv.domain_list().expect("list domains").into_iter().collect();
+    let volumes: HashSet<String> = hv.volume_list(&fx.domain_pool).expect("list volumes").into_iter().collect();
+    let hosts = dhcp_hosts(hv, fx);
+    let mut left = Vec::new();
+    for spec in specs {
+        let names = spec.names();
+        if domains.contains(&names.domain) {
+            left.push(format!("domain {}", names.domain));
+        }
+        for volume in [names.overlay_volume(), names.cloud_init_volume()] {
+            if volumes.contains(&volume) {
+                left.push(format!("volume {volume}"));
+            }
+        }
+        for (mac, name, ip) in &hosts {
+            if *mac == names.mac() || *name == names.domain {
+                left.push(format!("DHCP host {mac} {name} {ip}"));
+            }
+        }
+    }
+    left
+}
+
+/// The network's DHCP host entries as (mac, name, ip).
+pub fn dhcp_hosts(hv: &dyn Hypervisor, fx: &Fixture) -> Vec<(String, String, String)> {
+    let net = parse_network(&hv.network_xml(&fx.network).expect("network XML")).expect("parse network XML");
+    net.ipv4
+        .map(|v4| {
+            v4.hosts
+                .into_iter()
+                .map(|h| {
+                    (
+                        h.mac.unwrap_or_default(),
+                        h.name.unwrap_or_default(),
+                        h.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts the machine exists exactly once, with both volumes and one DHCP entry.
+pub fn assert_created_once(hv: &dyn Hypervisor, fx: &Fixture, spec: &MachineSpec) {
+    let names = spec.names();
+    let domains = hv.domain_list().unwrap();
+    assert_eq!(domains.iter().filter(|d| **d == names.domain).count(), 1, "domain {} in {domains:?}", names.domain);
+    assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Running);
+    assert!(hv.domain_autostart(&names.domain).unwrap(), "autostart of {}", names.domain);
+    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
+    for volume in [names.overlay_volume(), names.cloud_init_volume()] {
+        assert_eq!(volumes.iter().filter(|v| **v == volume).count(), 1, "{volume} in {volumes:?}");
+    }
+    let ours: Vec<_> = dhcp_hosts(hv, fx).into_iter().filter(|(mac, _, _)| *mac == names.mac()).collect();
+    assert_eq!(ours.len(), 1, "DHCP entries for {}: {ours:?}", names.mac());
+    assert_eq!(ours[0].1, names.domain);
+    // The seed in the volume is exactly the ISO we build.
+    let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    let expected = nocloud_iso(&spec.user_data, meta_data(names.instance_id(), names.hostname()).as_bytes());
+    assert!(seed.len() >= expected.len() && seed[..expected.len()] == expected[..], "seed content differs");
+    assert!(seed[expected.len()..].iter().all(|b| *b == 0));
+}
+
+fn reserved_ip(hv: &dyn Hypervisor, fx: &Fixture, names: &MachineNames) -> Ipv4Addr {
+    let entry = dhcp_hosts(hv, fx).into_iter().find(|(mac, _, _)| *mac == names.mac()).expect("our DHCP entry");
+    entry.2.parse().unwrap()
+}
+
+/// create -> running -> steady state -> delete, nothing left behind; delete again is a no-op.
+pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "full-0");
+    let names = spec.names();
+    let report = ensure_machine(hv, &spec).expect("create");
+    assert!(report.created);
+    assert_eq!(report.state, DomainState::Running);
+    assert_eq!(report.provider_id, format!("libvirt://{}", spec.uid));
+    assert_created_once(hv, fx, &spec);
+    let domain = capl::host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    assert_eq!(domain.uuid, spec.uid);
+    assert_eq!(domain.macs, vec![names.mac()]);
+
+    let again = ensure_machine(hv, &spec).expect("steady state");
+    assert!(!again.created && !again.started);
+    assert_eq!(again.state, DomainState::Running);
+    assert_eq!(again.addresses.last(), Some(&MachineAddress::Hostname(spec.name.clone())));
+
+    delete_machine(hv, &spec).expect("delete");
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    delete_machine(hv, &spec).expect("delete of a deleted machine");
+}
+
+/// A stopped machine is started again; its reserved address is kept.
+pub fn stopped_machine_is_started(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "stopped-0");
+    let names = spec.names();
+    ensure_machine(hv, &spec).expect("create");
+    let ip = reserved_ip(hv, fx, &names);
+    hv.domain_destroy(&names.domain).unwrap();
+    assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Shutoff);
+    let report = ensure_machine(hv, &spec).expect("start");
+    assert!(report.started && !report.created);
+    assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Running);
+    assert_eq!(reserved_ip(hv, fx, &names), ip);
+    delete_machine(hv, &spec).expect("delete");
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// For every k: run the first k create steps (a crash after step k), then a
+/// full create, then delete: no duplicates, no leaks.
+pub fn crash_after_every_step(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    for k in 0..=CreateStep::ALL.len() {
+        let spec = fresh_spec(hv, fx, namespace, &format!("crash-{k}"));
+        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap_or_else(|e| panic!("first {k} steps: {e}"));
+        // Running the same prefix twice (a crash during the retry) changes nothing.
+        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap_or_else(|e| panic!("first {k} steps again: {e}"));
+        ensure_machine(hv, &spec).unwrap_or_else(|e| panic!("create after a crash after step {k}: {e}"));
+        assert_created_once(hv, fx, &spec);
+        delete_machine(hv, &spec).unwrap_or_else(|e| panic!("delete after step {k}: {e}"));
+        assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "after step {k}");
+    }
+}
+
+/// A delete that stopped after each of its parts leaves a state the next delete finishes.
+pub fn delete_after_partial_create(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    for k in 0..=CreateStep::ALL.len() {
+        let spec = fresh_spec(hv, fx, namespace, &format!("partial-{k}"));
+        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap();
+        delete_machine(hv, &spec).unwrap_or_else(|e| panic!("delete after the first {k} create steps: {e}"));
+        assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "after step {k}");
+    }
+}
+
+/// 20 machines created at once on one network get 20 distinct addresses.
+///
+/// Runs every create step but the start: the addresses are chosen and
+/// reserved, and the test machine does not have to run 20 TCG guests.
+pub fn twenty_concurrent_machines(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let specs: Vec<MachineSpec> = (0..20).map(|i| fresh_spec(hv, fx, namespace, &format!("par-{i}"))).collect();
+    let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = specs.iter().map(|s| scope.spawn(move || run_create_steps(hv, s, steps))).collect();
+        for (handle, s) in handles.into_iter().zip(&specs) {
+            handle.join().expect("thread").unwrap_or_else(|e| panic!("create {}: {e}", s.name));
+        }
+    });
+    let ips: Vec<Ipv4Addr> = specs.iter().map(|s| reserved_ip(hv, fx, &s.names())).collect();
+    let distinct: HashSet<_> = ips.iter().collect();
+    assert_eq!(distinct.len(), 20, "addresses: {ips:?}");
+    let net = parse_network(&hv.network_xml(&fx.network).unwrap()).unwrap().ipv4.unwrap();
+    assert!(ips.iter().all(|ip| *ip != net.address && net.contains(*ip)), "{ips:?} vs gateway {}", net.address);
+    std::thread::scope(|scope| {
+        for s in &specs {
+            scope.spawn(move || delete_machine(hv, s).unwrap_or_else(|e| panic!("delete {}: {e}", s.name)));
+        }
+    });
+    assert_eq!(leftovers(hv, fx, &specs), Vec::<String>::new());
+}
+
+/// A domain with our name but without our marker is reported and left untouched.
+pub fn foreign_domain_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "foreign-0");
+    let names = spec.names();
+    let foreign_xml = format!(
+        "<domain type='qemu'><name>{}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type></os></domain>",
+        names.domain
+    );
+    hv.domain_define(&foreign_xml).expect("define the foreign domain");
+    let before = hv.domain_xml(&names.domain).unwrap();
+
+    let err = ensure_machine(hv, &spec).expect_err("create must refuse a foreign domain");
+    assert_collision(&err, &names.domain);
+    let err = delete_machine(hv, &spec).expect_err("delete must refuse a foreign domain");
+    assert_collision(&err, &names.domain);
+
+    assert_eq!(hv.domain_xml(&names.domain).unwrap(), before, "the foreign domain was changed");
+    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
+    assert!(!volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()));
+    assert!(dhcp_hosts(hv, fx).iter().all(|(mac, _, _)| *mac != names.mac()));
+    hv.domain_undefine(&names.domain, UndefineFlags::all()).unwrap();
+}
+
+fn assert_collision(err: &HostError, domain: &str) {
+    match err {
+        HostError::Collision { kind: ObjectKind::Domain, object, .. } => assert_eq!(object, domain),
+        other => panic!("expected a domain collision on {domain}, got {other}"),
+    }
+    assert_eq!(err.reason(), FailureReason::ObjectCollision);
+    assert!(err.to_string().contains(domain), "{err}");
+}
+
+/// A foreign volume with our root disk's name is not adopted or deleted.
+pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "foreign-vol-0");
+    let names = spec.names();
+    let xml = format!(
+        "<volume><name>{}</name><capacity unit='bytes'>1048576</capacity><target><format type='raw'/></target></volume>",
+        names.overlay_volume()
+    );
+    let _ = hv.volume_delete(&fx.domain_pool, &names.overlay_volume());
+    hv.volume_create(&fx.domain_pool, &xml).unwrap();
+    let err = ensure_machine(hv, &spec).expect_err("create must refuse a foreign volume");
+    assert!(
+        matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&names.overlay_volume())),
+        "{err}"
+    );
+    let err = delete_machine(hv, &spec).expect_err("delete must report the foreign volume");
+    assert_eq!(err.reason(), FailureReason::ObjectCollision, "{err}");
+    assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&names.overlay_volume()));
+    hv.volume_delete(&fx.domain_pool, &names.overlay_volume()).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// A disk smaller than the image, and a missing image, fail clearly before anything is created.
+pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let mut small = fresh_spec(hv, fx, namespace, "small-0");
+    small.disk_gib = 0;
+    let err = ensure_machine(hv, &small).expect_err("disk smaller than the image");
+    assert!(matches!(err, HostError::DiskTooSmall { min_gib: 1, .. }), "{err}");
+    assert_eq!(err.reason(), FailureReason::InvalidMachineSpec);
+
+    let mut missing = fresh_spec(hv, fx, namespace, "missing-0");
+    missing.image = "no-such-image.qcow2".into();
+    let err = ensure_machine(hv, &missing).expect_err("missing image");
+    assert!(matches!(&err, HostError::ImageMissing { image, .. } if image == "no-such-image.qcow2"), "{err}");
+    assert_eq!(err.reason(), FailureReason::InfrastructureMissing);
+    assert!(err.to_string().contains(&fx.base_pool), "{err}");
+    assert_eq!(leftovers(hv, fx, &[small, missing]), Vec::<String>::new());
+}
+
+/// The control-plane endpoint address is never handed out.
+pub fn endpoint_address_is_avoided(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let first = fresh_spec(hv, fx, namespace, "ep-0");
+    run_create_steps(hv, &first, &[CreateStep::DhcpReservation]).unwrap();
+    let taken = reserved_ip(hv, fx, &first.names());
+    delete_machine(hv, &first).unwrap();
+    // The address the first machine got is now free; as the endpoint, it must be skipped.
+    let mut second = fresh_spec(hv, fx, namespace, "ep-1");
+    second.control_plane_host = Some(taken.to_string());
+    run_create_steps(hv, &second, &[CreateStep::DhcpReservation]).unwrap();
+    assert_ne!(reserved_ip(hv, fx, &second.names()), taken);
+    delete_machine(hv, &second).unwrap();
+    assert_eq!(leftovers(hv, fx, &[first, second]), Vec::<String>::new());
+}
+
+/// The cluster check tells missing from inactive and names the object; it changes nothing.
+pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    use capl::host::{InfraSpec, check_infrastructure};
+    let good =
+        InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    check_infrastructure(hv, &good).expect("the fixture's network and pools are active");
+
+    let missing_net = InfraSpec { network: format!("{namespace}-no-net"), ..good.clone() };
+    let err = check_infrastructure(hv, &missing_net).unwrap_err();
+    assert!(matches!(&err, HostError::NetworkMissing { network, .. } if *network == missing_net.network), "{err}");
+    assert_eq!(err.reason(), FailureReason::InfrastructureMissing);
+
+    let missing_pool = InfraSpec { domain_pool: format!("{namespace}-no-pool"), ..good.clone() };
+    let err = check_infrastructure(hv, &missing_pool).unwrap_err();
+    assert!(matches!(&err, HostError::PoolMissing { pool, .. } if *pool == missing_pool.domain_pool), "{err}");
+
+    let pool = format!("{namespace}-inactive");
+    let pool_xml = format!("<pool type='dir'><name>{pool}</name><target><path>/tmp/{pool}</path></target></pool>");
+    hv.pool_define(&pool_xml).expect("define an inactive pool");
+    let network = format!("{namespace}-inact");
+    let network_xml = format!("<network><name>{network}</name><ip address='10.251.7.1' prefix='24'/></network>");
+    hv.network_define(&network_xml).expect("define an inactive network");
+
+    let inactive_pool = InfraSpec { base_pool: pool.clone(), ..good.clone() };
+    let err = check_infrastructure(hv, &inactive_pool).unwrap_err();
+    assert!(matches!(&err, HostError::PoolInactive { pool: p, .. } if *p == pool), "{err}");
+    assert_eq!(err.reason(), FailureReason::InfrastructureInactive);
+    assert!(err.to_string().contains(&format!("virsh pool-start {pool}")), "{err}");
+
+    let inactive_net = InfraSpec { network: network.clone(), ..good.clone() };
+    let err = check_infrastructure(hv, &inactive_net).unwrap_err();
+    assert!(matches!(&err, HostError::NetworkInactive { network: n, .. } if *n == network), "{err}");
+    assert!(err.to_string().contains(&format!("virsh net-start {network}")), "{err}");
+
+    // Nothing was started by the check.
+    assert!(!hv.pool_is_active(&pool).unwrap());
+    assert!(!hv.network_is_active(&network).unwrap());
+    hv.pool_undefine(&pool).unwrap();
+    hv.network_undefine(&network).unwrap();
+}
