@@ -9,6 +9,8 @@
 //!   implementation and one over `libvirt-sim`.
 
 pub mod api;
+pub mod controller;
 pub mod host;
 pub mod hypervisor;
 pub mod manifests;
+pub mod sim_host;

@@ -1,3 +1,215 @@
-fn main() {
-    println!("cluster-api-provider-libvirt {}", env!("CARGO_PKG_VERSION"));
+//! The manager: runs the LibvirtCluster and LibvirtMachine controllers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use capl::controller::{self, Context, Settings, metrics::Metrics};
+use capl::host::domain_xml::DomainTypePreference;
+use capl::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use clap::{Parser, ValueEnum};
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(name = "cluster-api-provider-libvirt", version, about = "Cluster API infrastructure provider for libvirt")]
+struct Flags {
+    /// Watch only this namespace; empty watches all namespaces.
+    #[arg(long, default_value = "")]
+    namespace: String,
+    /// Address of the Prometheus metrics endpoint (/metrics); "0" turns it off.
+    #[arg(long, default_value = ":8080")]
+    metrics_bind_address: String,
+    /// Address of /healthz and /readyz.
+    #[arg(long, default_value = ":8081")]
+    health_probe_bind_address: String,
+    /// Run the controllers only while holding a coordination.k8s.io Lease.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader election Lease (default: $POD_NAMESPACE, else the kubeconfig's).
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// Reconciles running at once, per controller.
+    #[arg(long, default_value_t = 10)]
+    concurrency: u16,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Which hypervisor backend to talk to: real libvirt, or an embedded simulated host (demos, tests).
+    #[arg(long, value_enum, default_value_t = Backend::Libvirt)]
+    hypervisor: Backend,
+    /// With --hypervisor sim: the URI the simulated host answers on.
+    #[arg(long, default_value = "qemu:///system")]
+    sim_uri: String,
+    /// Domain type: kvm, qemu, or auto (kvm when the host offers it).
+    #[arg(long, default_value = "auto")]
+    domain_type: String,
+    /// Also log each domain's serial console to <dir>/<domain>.log on the libvirt host.
+    #[arg(long)]
+    console_log_dir: Option<String>,
+    /// Concurrent libvirt calls per host.
+    #[arg(long, default_value_t = DEFAULT_MAX_CALLS_PER_HOST)]
+    max_calls_per_host: usize,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Backend {
+    Libvirt,
+    Sim,
+}
+
+fn parse_addr(value: &str) -> Result<Option<SocketAddr>> {
+    if value == "0" || value.is_empty() {
+        return Ok(None);
+    }
+    let full = if value.starts_with(':') { format!("0.0.0.0{value}") } else { value.to_string() };
+    Ok(Some(full.parse().with_context(|| format!("bind address {value:?} is not host:port or :port"))?))
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+#[derive(Clone)]
+struct Probe {
+    metrics: Metrics,
+    ready: watch::Receiver<bool>,
+}
+
+async fn serve(addr: SocketAddr, router: Router) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    tracing::info!(%addr, "serving");
+    axum::serve(listener, router).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let flags = Flags::parse();
+    init_logging(flags.log_format);
+    let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
+
+    let connections = match flags.hypervisor {
+        Backend::Libvirt => Arc::new(Connections::new(
+            Arc::new(capl::hypervisor::connections::LibvirtConnector::default()),
+            flags.max_calls_per_host,
+        )),
+        Backend::Sim => {
+            let host = capl::sim_host::register(&flags.sim_uri).context("building the simulated host")?;
+            tracing::info!(uri = %flags.sim_uri, network = capl::sim_host::NETWORK, "simulated libvirt host ready");
+            std::mem::forget(host); // lives as long as the process
+            Arc::new(Connections::new(Arc::new(capl::hypervisor::sim::SimConnector), flags.max_calls_per_host))
+        }
+    };
+
+    let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
+    let settings = Settings {
+        namespace: (!flags.namespace.is_empty()).then(|| flags.namespace.clone()),
+        domain_type,
+        console_log_dir: flags.console_log_dir.clone(),
+        concurrency: flags.concurrency,
+    };
+    let metrics = Metrics::default();
+    let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));
+
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let probe = Probe { metrics: metrics.clone(), ready: ready_rx };
+    if let Some(addr) = parse_addr(&flags.metrics_bind_address)? {
+        let router = Router::new()
+            .route("/metrics", get(|State(p): State<Probe>| async move { p.metrics.encode() }))
+            .with_state(probe.clone());
+        tokio::spawn(async move { serve(addr, router).await.map_err(|e| tracing::error!(%e, "metrics server")) });
+    }
+    if let Some(addr) = parse_addr(&flags.health_probe_bind_address)? {
+        let router = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                get(|State(p): State<Probe>| async move {
+                    if *p.ready.borrow() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not leading yet") }
+                }),
+            )
+            .with_state(probe);
+        tokio::spawn(async move { serve(addr, router).await.map_err(|e| tracing::error!(%e, "health server")) });
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    let shutdown = {
+        let rx = stop_rx.clone();
+        async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+
+    if flags.leader_elect {
+        let namespace = flags
+            .leader_election_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "cluster-api-provider-libvirt-leader")
+            .with_namespace(&namespace)
+            .build()
+            .await
+            .context("setting up leader election")?;
+        let (mut leading, task) = manager.watch().await;
+        tracing::info!(%namespace, "waiting for leadership");
+        let mut stop = stop_rx.clone();
+        loop {
+            if *leading.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                changed = leading.changed() => changed.context("leader election stopped")?,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            }
+        }
+        tracing::info!("leading");
+        let _ = ready_tx.send(true);
+        let lost = async move {
+            let _ = leading.wait_for(|l| !*l).await;
+        };
+        tokio::select! {
+            () = controller::run(ctx, shutdown) => {}
+            () = lost => {
+                tracing::error!("lost leadership; exiting so that another replica takes over");
+                std::process::exit(1);
+            }
+        }
+        drop(task);
+    } else {
+        let _ = ready_tx.send(true);
+        controller::run(ctx, shutdown).await;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
 }

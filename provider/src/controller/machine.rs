@@ -1,0 +1,321 @@
+//! The LibvirtMachine reconciler: gather, decide ([`super::machine_decision`]), act, report.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+
+use super::cluster::{get_optional, owner_name, paused_reason};
+use super::condition_list::{self, Status};
+use super::machine_decision::{Bootstrap, Host, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide};
+use super::{Context, Error, object_patch};
+use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
+use crate::api::conditions::{DOMAIN_PROVISIONING_READY, reasons};
+use crate::api::{Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress};
+use crate::host::error::HostError;
+use crate::host::machine::{self as host_machine, MachineReport, MachineSpec};
+use crate::hypervisor::HypervisorError;
+
+/// While the bootstrap Secret is missing, look again this often even without
+/// a watch event (Secrets of other types than CAPI's are not watched).
+const RECHECK_MISSING_SECRET: Duration = Duration::from_secs(60);
+
+/// Everything gathered from the API for one LibvirtMachine.
+struct Gathered {
+    machine: Option<Machine>,
+    cluster: Option<Cluster>,
+    libvirt_cluster: Option<LibvirtCluster>,
+}
+
+pub async fn reconcile(object: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(&object, &ctx).await;
+    ctx.metrics.reconciled("libvirtmachine", started.elapsed());
+    result
+}
+
+async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gathered, Error> {
+    let client = &ctx.client;
+    let machine = match owner_name(object, "Machine") {
+        Some(name) => get_optional(&Api::<Machine>::namespaced(client.clone(), ns), &name).await?,
+        None => None,
+    };
+    let cluster_name = object
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .cloned()
+        .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()).filter(|n| !n.is_empty()));
+    let cluster = match &cluster_name {
+        Some(name) => get_optional(&Api::<Cluster>::namespaced(client.clone(), ns), name).await?,
+        None => None,
+    };
+    let libvirt_cluster = match cluster.as_ref().and_then(|c| c.spec.infrastructure_ref.as_ref()) {
+        Some(r) if r.kind == "LibvirtCluster" => get_optional(&Api::<LibvirtCluster>::namespaced(client.clone(), ns), &r.name).await?,
+        _ => None,
+    };
+    Ok(Gathered { machine, cluster, libvirt_cluster })
+}
+
+/// The bootstrap data: `Machine.spec.bootstrap.dataSecretName` -> Secret key `value`.
+async fn bootstrap_data(ctx: &Context, ns: &str, machine: &Machine) -> Result<(Bootstrap, Vec<u8>), Error> {
+    let Some(name) = machine.spec.bootstrap.data_secret_name.clone() else {
+        return Ok((Bootstrap::NotSet, Vec::new()));
+    };
+    let Some(secret) = get_optional(&Api::<Secret>::namespaced(ctx.client.clone(), ns), &name).await? else {
+        return Ok((Bootstrap::SecretMissing(name), Vec::new()));
+    };
+    let data = secret.data.unwrap_or_default();
+    match data.get("value") {
+        Some(value) if !value.0.is_empty() => {
+            if let Some(format) = data.get("format").map(|f| String::from_utf8_lossy(&f.0).to_string())
+                && format != "cloud-config"
+            {
+                return Ok((
+                    Bootstrap::Invalid(format!(
+                        "bootstrap Secret {ns}/{name} has format {format:?}; this provider seeds cloud-init NoCloud and needs format \"cloud-config\": use a bootstrap provider configured for cloud-init"
+                    )),
+                    Vec::new(),
+                ));
+            }
+            Ok((Bootstrap::Ready, value.0.clone()))
+        }
+        _ => Ok((
+            Bootstrap::Invalid(format!(
+                "bootstrap Secret {ns}/{name} has no non-empty key \"value\": put the cloud-init user-data under data.value (CAPI bootstrap providers do this)"
+            )),
+            Vec::new(),
+        )),
+    }
+}
+
+fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Cluster>, ctx: &Context, user_data: Vec<u8>) -> MachineSpec {
+    let endpoint = lc
+        .spec
+        .control_plane_endpoint
+        .clone()
+        .or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
+    MachineSpec {
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+        uid: object.uid().unwrap_or_default(),
+        cluster_name: cluster.map(|c| c.name_any()).unwrap_or_default(),
+        vcpu: object.spec.vcpu.max(1) as u32,
+        memory_mib: object.spec.memory_mib.max(1) as u64,
+        disk_gib: object.spec.disk_gib.max(1) as u64,
+        image: object.spec.image.clone(),
+        user_data,
+        network: lc.spec.network.clone(),
+        base_pool: lc.spec.base_pool.clone(),
+        domain_pool: lc.spec.domain_pool.clone(),
+        control_plane_host: endpoint.map(|e| e.host).filter(|h| !h.is_empty()),
+        domain_type: ctx.settings.domain_type,
+        console_log_dir: ctx.settings.console_log_dir.clone(),
+    }
+}
+
+/// The host's answer, folded into the snapshot's terms.
+fn host_view(result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>, object: &LibvirtMachine, uri: &str) -> Host {
+    match result {
+        Ok(Ok(None)) => Host::Absent,
+        Ok(Ok(Some(report))) => Host::Present {
+            state: report.state,
+            has_address: report.addresses.iter().any(|a| matches!(a, host_machine::MachineAddress::InternalIp(_))),
+        },
+        Ok(Err(err)) => Host::Failed {
+            reason: err.reason().as_str(),
+            message: format!("LibvirtMachine {}: {err}", object.name_any()),
+            transient: err.is_transient(),
+        },
+        Err(err) => Host::Failed {
+            reason: reasons::HOST_UNREACHABLE,
+            message: format!(
+                "LibvirtMachine {}: cannot reach libvirt at {uri}: {err}: check the LibvirtCluster's spec.uri and that libvirtd there accepts connections",
+                object.name_any()
+            ),
+            transient: true,
+        },
+    }
+}
+
+async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Action, Error> {
+    let ns = object.namespace().ok_or_else(|| Error::NoNamespace(object.name_any()))?;
+    let api: Api<LibvirtMachine> = Api::namespaced(ctx.client.clone(), &ns);
+    let g = gather(object, ctx, &ns).await?;
+    let uid = object.uid().unwrap_or_default();
+
+    let mut snapshot = MachineSnapshot {
+        deleting: object.meta().deletion_timestamp.is_some(),
+        has_finalizer: object.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
+        paused: paused_reason(object, g.cluster.as_ref()),
+        owner_machine: g.machine.as_ref().map(|m| m.name_any()),
+        cluster: g.cluster.as_ref().map(|c| {
+            let provisioned = c.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.infrastructure_provisioned);
+            (c.name_any(), provisioned == Some(true))
+        }),
+        libvirt_cluster_found: g.libvirt_cluster.is_some(),
+        bootstrap: Bootstrap::NotSet,
+        host: Host::NotObserved,
+    };
+    let mut report: Option<MachineReport> = None;
+    let mut user_data = Vec::new();
+
+    let plan = loop {
+        let plan = decide(&snapshot);
+        let lc = g.libvirt_cluster.as_ref();
+        match plan.action {
+            MachineAction::Nothing => break plan,
+            MachineAction::AddFinalizer => {
+                object_patch::add_finalizer(&api, object, MACHINE_FINALIZER).await?;
+                snapshot.has_finalizer = true;
+            }
+            MachineAction::RemoveFinalizer => {
+                ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
+                object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
+                return Ok(Action::await_change());
+            }
+            MachineAction::ObserveHost => {
+                let lc = lc.expect("decide observes only with a LibvirtCluster");
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
+                let result = timed(ctx, "observe", ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::observe_machine(h, &spec)))).await;
+                snapshot.host = host_view(&result, object, &lc.spec.uri);
+                if let Ok(Ok(found)) = result {
+                    report = found;
+                }
+                if snapshot.host == Host::Absent
+                    && let Some(machine) = &g.machine
+                {
+                    let (bootstrap, data) = bootstrap_data(ctx, &ns, machine).await?;
+                    snapshot.bootstrap = bootstrap;
+                    user_data = data;
+                }
+            }
+            MachineAction::Create | MachineAction::Start => {
+                let lc = lc.expect("decide creates only with a LibvirtCluster");
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, std::mem::take(&mut user_data));
+                let operation = if plan.action == MachineAction::Create { "create" } else { "start" };
+                let result = timed(ctx, operation, ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::ensure_machine(h, &spec).map(Some)))).await;
+                snapshot.host = host_view(&result, object, &lc.spec.uri);
+                match result {
+                    Ok(Ok(Some(r))) => {
+                        let (reason, note) = if r.created {
+                            ("DomainCreated", format!("created and started domain {} on {}", r.domain, lc.spec.uri))
+                        } else {
+                            ("DomainStarted", format!("started domain {} on {}", r.domain, lc.spec.uri))
+                        };
+                        ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note).await;
+                        report = Some(r);
+                    }
+                    _ => {
+                        // A failed step is decided again below and reported as a condition.
+                    }
+                }
+                if let Host::Failed { .. } = snapshot.host {
+                    // Do not loop on a failed create: report it.
+                    break decide(&snapshot);
+                }
+            }
+            MachineAction::Delete => {
+                let lc = lc.expect("decide deletes only with a LibvirtCluster");
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
+                let result = timed(ctx, "delete", ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::delete_machine(h, &spec).map(|()| None)))).await;
+                match result {
+                    Ok(Ok(_)) => {
+                        ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", "removed the domain, its volumes and its DHCP reservation").await;
+                        ctx.lease_found(&uid);
+                        object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
+                        return Ok(Action::await_change());
+                    }
+                    failed => {
+                        snapshot.host = host_view(&failed, object, &lc.spec.uri);
+                        break decide(&snapshot);
+                    }
+                }
+            }
+        }
+    };
+
+    report_status(object, ctx, &api, &g, &plan, report.as_ref()).await?;
+    let waiting_for_secret = matches!(snapshot.bootstrap, Bootstrap::SecretMissing(_)) && snapshot.host == Host::Absent;
+    let requeue = match plan.requeue {
+        Requeue::Never if waiting_for_secret => Some(RECHECK_MISSING_SECRET),
+        Requeue::Never => {
+            ctx.lease_found(&uid);
+            None
+        }
+        Requeue::WaitingForAddress => Some(ctx.lease_backoff(&uid)),
+        Requeue::After(after) => Some(after),
+    };
+    Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+async fn timed<T>(ctx: &Context, operation: &str, f: impl std::future::Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = f.await;
+    ctx.metrics.host_operation(operation, started.elapsed());
+    out
+}
+
+async fn report_status(
+    object: &LibvirtMachine,
+    ctx: &Context,
+    api: &Api<LibvirtMachine>,
+    g: &Gathered,
+    plan: &MachinePlan,
+    host: Option<&MachineReport>,
+) -> Result<(), Error> {
+    if plan.conditions.is_empty() {
+        return Ok(());
+    }
+    let name = object.name_any();
+    let old = object.status.clone().unwrap_or_default();
+    let already = old.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
+    let mut status = LibvirtMachineStatus {
+        initialization: (plan.provisioned || already).then(|| Initialization { provisioned: Some(true) }),
+        failure_domain: g.machine.as_ref().and_then(|m| m.spec.failure_domain.clone()).or(old.failure_domain.clone()),
+        ..old.clone()
+    };
+    let mut conditions = old.conditions.clone().unwrap_or_default();
+    condition_list::apply(&mut conditions, &plan.conditions, object.meta().generation, Timestamp::now());
+    status.conditions = Some(conditions);
+    if let Some(report) = host {
+        status.domain_name = Some(report.domain.clone());
+        status.state = Some(report.state.as_str().to_string());
+        status.addresses = Some(
+            report
+                .addresses
+                .iter()
+                .map(|a| match a {
+                    host_machine::MachineAddress::InternalIp(ip) => MachineAddress::internal_ip(ip.to_string()),
+                    host_machine::MachineAddress::Hostname(h) => MachineAddress::hostname(h.clone()),
+                })
+                .collect(),
+        );
+        status.mac_address = Some(crate::host::naming::mac_address(&report.domain));
+    }
+    if let Some(lc) = &g.libvirt_cluster {
+        status.host_uri = Some(lc.spec.uri.clone());
+    }
+
+    // providerID first: CAPI reads it once provisioned is true.
+    if plan.provisioned && object.spec.provider_id.is_none() {
+        let provider_id = format!("{}{}", crate::api::PROVIDER_ID_PREFIX, object.uid().unwrap_or_default());
+        object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
+    }
+    if Some(&status) != object.status.as_ref() {
+        object_patch::patch_status(api, &name, &status).await?;
+    }
+    // One Warning event per new failure message.
+    if let Some(update) = plan.conditions.iter().find(|u| u.type_ == DOMAIN_PROVISIONING_READY && u.status == Status::False) {
+        let is_failure = !matches!(update.reason, reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING);
+        let was = old.conditions.as_ref().and_then(|c| c.iter().find(|c| c.type_ == update.type_));
+        if is_failure && was.is_none_or(|c| c.message != update.message) {
+            ctx.metrics.reconcile_error("libvirtmachine", update.reason);
+            ctx.event(object, EventType::Warning, update.reason, "Provision", &update.message).await;
+        }
+    }
+    Ok(())
+}

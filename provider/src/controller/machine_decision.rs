@@ -1,0 +1,379 @@
+//! What the LibvirtMachine reconciler does next: a pure function of a
+//! snapshot of the Kubernetes objects and the host, table-tested below.
+
+use std::time::Duration;
+
+use super::condition_list::{ConditionUpdate, summary};
+use crate::api::conditions::{
+    DOMAIN_PROVISIONING_READY, DOMAIN_RUNNING, INFRASTRUCTURE_READY, MACHINE_CREATED, PAUSED, READY, reasons,
+};
+use crate::hypervisor::DomainState;
+
+/// The bootstrap data, as far as the reconciler could find it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// `Machine.spec.bootstrap.dataSecretName` is not set yet.
+    NotSet,
+    /// The named Secret does not exist (yet).
+    SecretMissing(String),
+    /// The Secret exists but cannot be used; the message says why and how to fix it.
+    Invalid(String),
+    /// The Secret's `value` is at hand.
+    Ready,
+}
+
+/// What the reconciler knows about the machine's domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Host {
+    /// Not looked at yet in this reconcile.
+    NotObserved,
+    /// No domain of ours exists.
+    Absent,
+    /// Our domain exists.
+    Present { state: DomainState, has_address: bool },
+    /// The host could not be read or changed.
+    Failed { reason: &'static str, message: String, transient: bool },
+}
+
+/// The facts one reconcile decides on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSnapshot {
+    pub deleting: bool,
+    pub has_finalizer: bool,
+    /// Why reconciliation is paused, when it is.
+    pub paused: Option<String>,
+    /// The owner Machine's name, once CAPI set the owner reference and the Machine exists.
+    pub owner_machine: Option<String>,
+    /// The Cluster's name and whether its infrastructure is provisioned, once found.
+    pub cluster: Option<(String, bool)>,
+    /// Whether the LibvirtCluster (which says which host to use) was found.
+    pub libvirt_cluster_found: bool,
+    pub bootstrap: Bootstrap,
+    pub host: Host,
+}
+
+/// The one next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineAction {
+    /// Report and stop.
+    Nothing,
+    AddFinalizer,
+    /// Read the domain's state from the host, then decide again.
+    ObserveHost,
+    /// Create the disk, the seed ISO, the DHCP reservation and the domain, and start it.
+    Create,
+    /// Start the stopped domain.
+    Start,
+    /// Remove everything from the host, then the finalizer.
+    Delete,
+    /// Drop the finalizer without touching the host (nothing left to find there).
+    RemoveFinalizer,
+}
+
+/// When to look again, besides watch events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only on a watch event.
+    Never,
+    /// The guest has no DHCP lease yet: back off between looks.
+    WaitingForAddress,
+    After(Duration),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachinePlan {
+    pub action: MachineAction,
+    /// Condition updates; empty means "leave status alone".
+    pub conditions: Vec<ConditionUpdate>,
+    /// Set `status.initialization.provisioned` and `spec.providerID`.
+    pub provisioned: bool,
+    pub requeue: Requeue,
+}
+
+/// How long to wait before retrying a host failure that a person must fix.
+pub const RETRY_AFTER_PERMANENT_FAILURE: Duration = Duration::from_secs(300);
+/// How long to wait before retrying a broken connection.
+pub const RETRY_AFTER_TRANSIENT_FAILURE: Duration = Duration::from_secs(20);
+/// How often to look at a domain in a state we do not act on (paused, ...).
+pub const RECHECK_ODD_STATE: Duration = Duration::from_secs(60);
+
+/// The condition types the Ready summary is made of.
+pub const SUMMARIZED: &[&str] = &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING];
+
+fn plan(action: MachineAction, conditions: Vec<ConditionUpdate>) -> MachinePlan {
+    MachinePlan { action, conditions, provisioned: false, requeue: Requeue::Never }
+}
+
+fn with_summary(mut conditions: Vec<ConditionUpdate>) -> Vec<ConditionUpdate> {
+    conditions.push(summary(&conditions, SUMMARIZED));
+    conditions.push(ConditionUpdate::false_(PAUSED, reasons::NOT_PAUSED, ""));
+    conditions
+}
+
+fn waiting(message: &str, reason: &'static str) -> Vec<ConditionUpdate> {
+    vec![
+        ConditionUpdate::unknown(DOMAIN_PROVISIONING_READY, reason, message),
+        ConditionUpdate::unknown(MACHINE_CREATED, reason, message),
+        ConditionUpdate::unknown(DOMAIN_RUNNING, reason, message),
+    ]
+}
+
+pub fn decide(s: &MachineSnapshot) -> MachinePlan {
+    // Paused comes first, deletion included: clusterctl move pauses a cluster
+    // and then deletes the moved objects from the source cluster; the VMs
+    // they describe live on and belong to the target cluster now.
+    if let Some(why) = &s.paused {
+        return plan(MachineAction::Nothing, vec![ConditionUpdate::true_(PAUSED, reasons::PAUSED, why.clone())]);
+    }
+    if s.deleting {
+        return decide_deletion(s);
+    }
+    let Some(_machine) = &s.owner_machine else {
+        let message = "waiting for CAPI to set the owner Machine";
+        let mut conditions = waiting(message, reasons::WAITING_FOR_OWNER);
+        conditions.insert(0, ConditionUpdate::unknown(INFRASTRUCTURE_READY, reasons::WAITING_FOR_OWNER, message));
+        return plan(MachineAction::Nothing, with_summary(conditions));
+    };
+    if !s.has_finalizer {
+        return plan(MachineAction::AddFinalizer, Vec::new());
+    }
+    let infrastructure = match &s.cluster {
+        None => Some("waiting for the owner Machine's Cluster to exist".to_string()),
+        Some((name, false)) => Some(format!("waiting for Cluster {name} to have its infrastructure provisioned")),
+        Some((name, true)) if !s.libvirt_cluster_found => Some(format!("waiting for the LibvirtCluster of Cluster {name}")),
+        Some(_) => None,
+    };
+    if let Some(message) = infrastructure {
+        let mut conditions = waiting(&message, reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY);
+        conditions.insert(
+            0,
+            ConditionUpdate::false_(INFRASTRUCTURE_READY, reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY, message),
+        );
+        return plan(MachineAction::Nothing, with_summary(conditions));
+    }
+    let infra_ready = ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::PROVISIONED, "");
+    match &s.host {
+        Host::NotObserved => plan(MachineAction::ObserveHost, Vec::new()),
+        Host::Failed { reason, message, transient } => {
+            let conditions = vec![
+                infra_ready,
+                ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reason, message.clone()),
+                ConditionUpdate::unknown(MACHINE_CREATED, reason, message.clone()),
+                ConditionUpdate::unknown(DOMAIN_RUNNING, reason, message.clone()),
+            ];
+            let retry = if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE };
+            MachinePlan { requeue: Requeue::After(retry), ..plan(MachineAction::Nothing, with_summary(conditions)) }
+        }
+        Host::Absent => decide_creation(s, infra_ready),
+        Host::Present { state, has_address } => decide_running(*state, *has_address, infra_ready),
+    }
+}
+
+fn decide_creation(s: &MachineSnapshot, infra_ready: ConditionUpdate) -> MachinePlan {
+    let not_created = ConditionUpdate::false_(MACHINE_CREATED, reasons::DOMAIN_NOT_CREATED, "the domain does not exist yet");
+    let not_running = ConditionUpdate::false_(DOMAIN_RUNNING, reasons::DOMAIN_NOT_RUNNING, "the domain does not exist yet");
+    let (action, provisioning) = match &s.bootstrap {
+        Bootstrap::NotSet => (
+            MachineAction::Nothing,
+            ConditionUpdate::false_(
+                DOMAIN_PROVISIONING_READY,
+                reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                "waiting for the Machine's spec.bootstrap.dataSecretName",
+            ),
+        ),
+        Bootstrap::SecretMissing(name) => (
+            MachineAction::Nothing,
+            ConditionUpdate::false_(
+                DOMAIN_PROVISIONING_READY,
+                reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                format!("waiting for bootstrap data Secret {name}"),
+            ),
+        ),
+        Bootstrap::Invalid(message) => (
+            MachineAction::Nothing,
+            ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reasons::INVALID_BOOTSTRAP_DATA, message.clone()),
+        ),
+        Bootstrap::Ready => (
+            MachineAction::Create,
+            ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reasons::DOMAIN_PROVISIONING, "creating the domain"),
+        ),
+    };
+    plan(action, with_summary(vec![infra_ready, provisioning, not_created, not_running]))
+}
+
+fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionUpdate) -> MachinePlan {
+    let provisioned = ConditionUpdate::true_(DOMAIN_PROVISIONING_READY, reasons::DOMAIN_PROVISIONED, "");
+    let created = ConditionUpdate::true_(MACHINE_CREATED, reasons::DOMAIN_CREATED, "");
+    let (action, running, requeue) = match state {
+        DomainState::Running | DomainState::Blocked => {
+            let requeue = if has_address { Requeue::Never } else { Requeue::WaitingForAddress };
+            let message = if has_address { "" } else { "waiting for the guest's DHCP lease" };
+            (MachineAction::Nothing, ConditionUpdate::true_(DOMAIN_RUNNING, reasons::DOMAIN_RUNNING, message), requeue)
+        }
+        DomainState::Shutoff | DomainState::Crashed => (
+            MachineAction::Start,
+            ConditionUpdate::false_(
+                DOMAIN_RUNNING,
+                reasons::DOMAIN_NOT_RUNNING,
+                format!("the domain is {}; starting it", state.as_str()),
+            ),
+            Requeue::Never,
+        ),
+        other => (
+            MachineAction::Nothing,
+            ConditionUpdate::false_(
+                DOMAIN_RUNNING,
+                reasons::DOMAIN_NOT_RUNNING,
+                format!("the domain is {}; resume it on the host (virsh resume) if that was not intended", other.as_str()),
+            ),
+            Requeue::After(RECHECK_ODD_STATE),
+        ),
+    };
+    MachinePlan {
+        action,
+        conditions: with_summary(vec![infra_ready, provisioned, created, running]),
+        provisioned: true,
+        requeue,
+    }
+}
+
+fn decide_deletion(s: &MachineSnapshot) -> MachinePlan {
+    let deleting = |message: &str| ConditionUpdate::false_(READY, reasons::DELETING, message);
+    if !s.has_finalizer {
+        return plan(MachineAction::Nothing, Vec::new());
+    }
+    if !s.libvirt_cluster_found {
+        return plan(
+            MachineAction::RemoveFinalizer,
+            vec![deleting("the LibvirtCluster is gone, so the host is unknown; nothing on a host was removed")],
+        );
+    }
+    match &s.host {
+        Host::Failed { reason, message, transient } => {
+            let retry = if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE };
+            MachinePlan {
+                requeue: Requeue::After(retry),
+                ..plan(
+                    MachineAction::Nothing,
+                    vec![
+                        deleting(message),
+                        ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reason, message.clone()),
+                    ],
+                )
+            }
+        }
+        _ => plan(MachineAction::Delete, vec![deleting("removing the domain, its volumes and its DHCP reservation")]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+    use crate::api::conditions::reasons as r;
+    use crate::controller::condition_list::Status;
+
+    fn ready_machine() -> MachineSnapshot {
+        MachineSnapshot {
+            deleting: false,
+            has_finalizer: true,
+            paused: None,
+            owner_machine: Some("m".into()),
+            cluster: Some(("c".into(), true)),
+            libvirt_cluster_found: true,
+            bootstrap: Bootstrap::Ready,
+            host: Host::NotObserved,
+        }
+    }
+
+    fn condition(p: &MachinePlan, type_: &str) -> (Status, &'static str) {
+        let c = p.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("{type_} not set in {p:?}"));
+        (c.status, c.reason)
+    }
+
+    fn failed(transient: bool) -> Host {
+        Host::Failed { reason: "InfrastructureMissing", message: "base image gone".into(), transient }
+    }
+
+    #[rstest]
+    #[case::waits_for_owner(|s: &mut MachineSnapshot| s.owner_machine = None, MachineAction::Nothing, INFRASTRUCTURE_READY, Status::Unknown, r::WAITING_FOR_OWNER)]
+    #[case::adds_finalizer(|s: &mut MachineSnapshot| s.has_finalizer = false, MachineAction::AddFinalizer, "", Status::Unknown, "")]
+    #[case::waits_for_cluster(|s: &mut MachineSnapshot| s.cluster = None, MachineAction::Nothing, INFRASTRUCTURE_READY, Status::False, r::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY)]
+    #[case::waits_for_infrastructure(|s: &mut MachineSnapshot| s.cluster = Some(("c".into(), false)), MachineAction::Nothing, INFRASTRUCTURE_READY, Status::False, r::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY)]
+    #[case::waits_for_libvirt_cluster(|s: &mut MachineSnapshot| s.libvirt_cluster_found = false, MachineAction::Nothing, INFRASTRUCTURE_READY, Status::False, r::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY)]
+    #[case::observes_the_host_first(|_: &mut MachineSnapshot| {}, MachineAction::ObserveHost, "", Status::Unknown, "")]
+    #[case::waits_for_data_secret_name(|s: &mut MachineSnapshot| { s.host = Host::Absent; s.bootstrap = Bootstrap::NotSet }, MachineAction::Nothing, DOMAIN_PROVISIONING_READY, Status::False, r::WAITING_FOR_BOOTSTRAP_DATA)]
+    #[case::waits_for_secret(|s: &mut MachineSnapshot| { s.host = Host::Absent; s.bootstrap = Bootstrap::SecretMissing("b".into()) }, MachineAction::Nothing, DOMAIN_PROVISIONING_READY, Status::False, r::WAITING_FOR_BOOTSTRAP_DATA)]
+    #[case::secret_without_value(|s: &mut MachineSnapshot| { s.host = Host::Absent; s.bootstrap = Bootstrap::Invalid("no value".into()) }, MachineAction::Nothing, DOMAIN_PROVISIONING_READY, Status::False, r::INVALID_BOOTSTRAP_DATA)]
+    #[case::creates(|s: &mut MachineSnapshot| s.host = Host::Absent, MachineAction::Create, DOMAIN_PROVISIONING_READY, Status::False, r::DOMAIN_PROVISIONING)]
+    #[case::starts_a_stopped_domain(|s: &mut MachineSnapshot| s.host = Host::Present { state: DomainState::Shutoff, has_address: false }, MachineAction::Start, DOMAIN_RUNNING, Status::False, r::DOMAIN_NOT_RUNNING)]
+    #[case::starts_a_crashed_domain(|s: &mut MachineSnapshot| s.host = Host::Present { state: DomainState::Crashed, has_address: false }, MachineAction::Start, DOMAIN_RUNNING, Status::False, r::DOMAIN_NOT_RUNNING)]
+    #[case::leaves_a_paused_domain(|s: &mut MachineSnapshot| s.host = Host::Present { state: DomainState::Paused, has_address: true }, MachineAction::Nothing, DOMAIN_RUNNING, Status::False, r::DOMAIN_NOT_RUNNING)]
+    #[case::running(|s: &mut MachineSnapshot| s.host = Host::Present { state: DomainState::Running, has_address: true }, MachineAction::Nothing, READY, Status::True, r::READY)]
+    #[case::host_failure(|s: &mut MachineSnapshot| s.host = failed(false), MachineAction::Nothing, DOMAIN_PROVISIONING_READY, Status::False, "InfrastructureMissing")]
+    #[case::bootstrap_is_not_needed_once_created(|s: &mut MachineSnapshot| { s.bootstrap = Bootstrap::SecretMissing("b".into()); s.host = Host::Present { state: DomainState::Running, has_address: true } }, MachineAction::Nothing, MACHINE_CREATED, Status::True, r::DOMAIN_CREATED)]
+    #[case::paused(|s: &mut MachineSnapshot| s.paused = Some("Cluster c is paused".into()), MachineAction::Nothing, PAUSED, Status::True, r::PAUSED)]
+    #[case::paused_even_when_deletable(|s: &mut MachineSnapshot| { s.paused = Some("annotation".into()); s.host = Host::Absent }, MachineAction::Nothing, PAUSED, Status::True, r::PAUSED)]
+    fn decides(
+        #[case] change: fn(&mut MachineSnapshot),
+        #[case] action: MachineAction,
+        #[case] type_: &str,
+        #[case] status: Status,
+        #[case] reason: &str,
+    ) {
+        let mut s = ready_machine();
+        change(&mut s);
+        let p = decide(&s);
+        assert_eq!(p.action, action, "{p:?}");
+        if !type_.is_empty() {
+            assert_eq!(condition(&p, type_), (status, reason));
+        } else {
+            assert!(p.conditions.is_empty(), "intermediate steps report nothing: {p:?}");
+        }
+    }
+
+    #[rstest]
+    #[case::before_anything(Host::NotObserved, true, MachineAction::Delete)]
+    #[case::while_absent(Host::Absent, true, MachineAction::Delete)]
+    #[case::while_running(Host::Present { state: DomainState::Running, has_address: true }, true, MachineAction::Delete)]
+    #[case::after_a_failure(failed(true), true, MachineAction::Nothing)]
+    #[case::without_libvirt_cluster(Host::NotObserved, false, MachineAction::RemoveFinalizer)]
+    fn deletes_in_every_phase(#[case] host: Host, #[case] libvirt_cluster_found: bool, #[case] action: MachineAction) {
+        for owner in [None, Some("m".to_string())] {
+            let s = MachineSnapshot { deleting: true, host: host.clone(), libvirt_cluster_found, owner_machine: owner, ..ready_machine() };
+            let p = decide(&s);
+            assert_eq!(p.action, action);
+            assert_eq!(condition(&p, READY), (Status::False, r::DELETING));
+        }
+        let gone = MachineSnapshot { deleting: true, has_finalizer: false, ..ready_machine() };
+        assert_eq!(decide(&gone).action, MachineAction::Nothing);
+    }
+
+    #[test]
+    fn a_paused_machine_is_not_deleted_from_the_host() {
+        let s = MachineSnapshot { deleting: true, paused: Some("p".into()), ..ready_machine() };
+        assert_eq!(decide(&s).action, MachineAction::Nothing);
+        let s = MachineSnapshot { deleting: true, paused: None, ..ready_machine() };
+        assert_eq!(decide(&s).action, MachineAction::Delete);
+    }
+
+    #[test]
+    fn provisioned_once_the_domain_exists_and_backs_off_for_the_lease() {
+        let s = MachineSnapshot { host: Host::Present { state: DomainState::Running, has_address: false }, ..ready_machine() };
+        let p = decide(&s);
+        assert!(p.provisioned);
+        assert_eq!(p.requeue, Requeue::WaitingForAddress);
+        let absent = decide(&MachineSnapshot { host: Host::Absent, ..ready_machine() });
+        assert!(!absent.provisioned);
+    }
+
+    #[rstest]
+    #[case(true, RETRY_AFTER_TRANSIENT_FAILURE)]
+    #[case(false, RETRY_AFTER_PERMANENT_FAILURE)]
+    fn failures_are_retried_without_a_tight_loop(#[case] transient: bool, #[case] after: Duration) {
+        let p = decide(&MachineSnapshot { host: failed(transient), ..ready_machine() });
+        assert_eq!(p.requeue, Requeue::After(after));
+        assert_eq!(condition(&p, READY).0, Status::False);
+    }
+}

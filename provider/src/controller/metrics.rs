@@ -1,0 +1,82 @@
+//! Prometheus metrics of the manager, served on `--metrics-bind-address`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    controller: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: String,
+}
+
+/// The manager's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    reconciles: Family<ControllerLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    durations: Family<ControllerLabels, Histogram>,
+    host_operations: Family<OperationLabels, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("capl");
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let durations = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        let host_operations = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        });
+        registry.register("reconciles", "Reconciles run, by controller", reconciles.clone());
+        registry.register("reconcile_errors", "Reconciles that failed or reported a failure, by controller and reason", errors.clone());
+        registry.register("reconcile_duration_seconds", "Reconcile duration, by controller", durations.clone());
+        registry.register(
+            "libvirt_operation_duration_seconds",
+            "Duration of host operations (each a sequence of libvirt calls), by operation",
+            host_operations.clone(),
+        );
+        Self { registry: Arc::new(registry), reconciles, errors, durations, host_operations }
+    }
+}
+
+impl Metrics {
+    pub fn reconciled(&self, controller: &str, took: Duration) {
+        let labels = ControllerLabels { controller: controller.into() };
+        self.reconciles.get_or_create(&labels).inc();
+        self.durations.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_error(&self, controller: &str, reason: &str) {
+        self.errors.get_or_create(&ErrorLabels { controller: controller.into(), reason: reason.into() }).inc();
+    }
+
+    pub fn host_operation(&self, operation: &str, took: Duration) {
+        self.host_operations.get_or_create(&OperationLabels { operation: operation.into() }).observe(took.as_secs_f64());
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

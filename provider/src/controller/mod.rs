@@ -1,0 +1,188 @@
+//! The LibvirtCluster and LibvirtMachine reconcilers.
+//!
+//! Each reconcile runs four phases: **gather** (read the Kubernetes objects
+//! into a snapshot), **decide** (a pure function of the snapshot returning the
+//! next action and the conditions; see [`cluster_decision`] and
+//! [`machine_decision`]), **act** (one host or API call per step, each
+//! idempotent; after a step the snapshot is updated and decided again) and
+//! **report** (conditions, status, events, requeue).
+
+pub mod cluster;
+pub mod cluster_decision;
+pub mod condition_list;
+pub mod machine;
+pub mod machine_decision;
+pub mod metrics;
+mod object_patch;
+mod watch_mapping;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{Controller, WatchStreamExt, controller::Action, reflector, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::api::capi::{Cluster, Machine};
+use crate::api::{LibvirtCluster, LibvirtMachine};
+use crate::host::domain_xml::DomainTypePreference;
+use crate::hypervisor::connections::Connections;
+
+/// Name the controller reports events and field managers under.
+pub const CONTROLLER_NAME: &str = "cluster-api-provider-libvirt";
+
+/// Knobs of the manager that reach the reconcilers.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Watch only this namespace; `None` watches all.
+    pub namespace: Option<String>,
+    /// kvm, qemu, or auto (kvm when the host offers it).
+    pub domain_type: DomainTypePreference,
+    /// When set, each domain's serial console is also logged to `<dir>/<domain>.log` on the host.
+    pub console_log_dir: Option<String>,
+    /// Reconciles running at once, per controller.
+    pub concurrency: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { namespace: None, domain_type: DomainTypePreference::Auto, console_log_dir: None, concurrency: 10 }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub connections: Arc<Connections>,
+    pub recorder: Recorder,
+    pub settings: Settings,
+    pub metrics: metrics::Metrics,
+    /// Looks at a running domain without a lease so far, per LibvirtMachine UID.
+    lease_waits: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, connections: Arc<Connections>, settings: Settings, metrics: metrics::Metrics) -> Self {
+        let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Self { client, connections, recorder, settings, metrics, lease_waits: Mutex::new(HashMap::new()) }
+    }
+
+    /// Backoff while a guest has no lease yet: 2, 4, 8, ... up to 60 seconds.
+    fn lease_backoff(&self, uid: &str) -> Duration {
+        let mut waits = self.lease_waits.lock().expect("lease backoff lock");
+        let n = waits.entry(uid.to_string()).or_insert(0);
+        *n = (*n + 1).min(6);
+        Duration::from_secs((1u64 << *n).min(60))
+    }
+
+    fn lease_found(&self, uid: &str) {
+        self.lease_waits.lock().expect("lease backoff lock").remove(uid);
+    }
+
+    /// Publishes an event on `object`; failures to publish are logged, not fatal.
+    async fn event<K: Resource<DynamicType = ()>>(&self, object: &K, type_: EventType, reason: &str, action: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: (!note.is_empty()).then(|| note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(%err, object = %object.meta().name.clone().unwrap_or_default(), "cannot publish event");
+        }
+    }
+}
+
+/// Errors that end a reconcile early; they are retried with a backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0} has no namespace: the kinds are namespaced, this is a bug")]
+    NoNamespace(String),
+}
+
+impl Error {
+    /// A low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(_)) => "api_status",
+            Error::Kube(_) => "api_transport",
+            Error::NoNamespace(_) => "no_namespace",
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn error_policy<K: ResourceExt>(object: Arc<K>, error: &Error, ctx: Arc<Context>, controller: &'static str) -> Action {
+    tracing::warn!(controller, object = %object.name_any(), %error, "reconcile failed; retrying");
+    ctx.metrics.reconcile_error(controller, error.metric_label());
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// Runs both controllers until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static) {
+    let client = ctx.client.clone();
+    let ns = ctx.settings.namespace.clone();
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
+
+    let clusters: Api<LibvirtCluster> = api(&client, &ns);
+    let capi_clusters: Api<Cluster> = api(&client, &ns);
+    let cluster_controller = Controller::new(clusters, watcher::Config::default()).with_config(config.clone());
+    let cluster_store = cluster_controller.store();
+    let cluster_controller = cluster_controller
+        .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(cluster::reconcile, |o, e, c| error_policy(o, e, c, "libvirtcluster"), ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(%err, "libvirtcluster controller event");
+            }
+        });
+
+    // The LibvirtMachine controller maps Machines, Clusters, LibvirtClusters and
+    // bootstrap Secrets to the LibvirtMachines they concern. A reflector keeps
+    // the Machines at hand for the Secret mapping.
+    let (machine_reader, machine_writer) = reflector::store::<Machine>();
+    let machine_stream = reflector::reflector(machine_writer, watcher(api::<Machine>(&client, &ns), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let machines: Api<LibvirtMachine> = api(&client, &ns);
+    let machine_controller = Controller::new(machines, watcher::Config::default()).with_config(config);
+    let libvirt_machines = machine_controller.store();
+    let for_cluster = libvirt_machines.clone();
+    let for_libvirt_cluster = libvirt_machines.clone();
+    let machine_controller = machine_controller
+        .watches_stream(machine_stream, watch_mapping::libvirt_machine_of_machine)
+        .watches(capi_clusters, watcher::Config::default(), move |c| watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c))
+        .watches(api::<LibvirtCluster>(&client, &ns), watcher::Config::default(), move |lc| {
+            watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc)
+        })
+        .watches(api::<Secret>(&client, &ns), watcher::Config::default().fields(watch_mapping::BOOTSTRAP_SECRET_FIELDS), {
+            let machines = machine_reader.clone();
+            move |s| watch_mapping::libvirt_machines_of_secret(&machines, &s)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(machine::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachine"), ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(%err, "libvirtmachine controller event");
+            }
+        });
+    let _ = cluster_store;
+    tokio::join!(cluster_controller, machine_controller);
+}

@@ -1,0 +1,36 @@
+//! The simulated host behind `--hypervisor sim`: what an admin would have
+//! prepared, so that the README's examples work against it unchanged.
+
+use libvirt_sim::Host;
+
+/// Network, pools and base image names of the simulated host; they match the
+/// README's usage example.
+pub const NETWORK: &str = "libvirt-lab";
+pub const BASE_POOL: &str = "capi-base-images";
+pub const DOMAIN_POOL: &str = "capi-vm-disks";
+pub const BASE_IMAGE: &str = "ubuntu-noble-base.qcow2";
+
+/// Builds and registers a simulated host under `uri`, with a NAT network
+/// `libvirt-lab` (192.168.122.0/24, DHCP .100-.199), the two pools, and a
+/// 2 GiB qcow2 base image. Guests get their DHCP lease one second after start.
+pub fn register(uri: &str) -> Result<Host, libvirt_sim::Error> {
+    let network = format!(
+        "<network><name>{NETWORK}</name><forward mode='nat'/><bridge name='virbr-lab'/>\
+         <ip address='192.168.122.1' netmask='255.255.255.0'><dhcp><range start='192.168.122.100' end='192.168.122.199'/></dhcp></ip></network>"
+    );
+    let pool = |name: &str| {
+        format!("<pool type='dir'><name>{name}</name><target><path>/var/lib/libvirt/capi/{name}</path></target></pool>")
+    };
+    let host = Host::builder(uri)
+        .network(&network, true)
+        .pool(&pool(BASE_POOL), true)
+        .pool(&pool(DOMAIN_POOL), true)
+        .dhcp_delay(std::time::Duration::from_secs(1))
+        .build()?;
+    let conn = libvirt_sim::connect(uri)?;
+    conn.storage_vol_create_xml(
+        BASE_POOL,
+        &format!("<volume><name>{BASE_IMAGE}</name><capacity unit='GiB'>2</capacity><target><format type='qcow2'/></target></volume>"),
+    )?;
+    Ok(host)
+}
