@@ -870,16 +870,14 @@ impl Connection {
     }
 
     fn start_locked(&self, state: &mut State, name: &str) -> Result<()> {
-        let def = state
+        let domain = state
             .domains
             .get(name)
-            .ok_or_else(|| Error::no_domain(name))?
-            .def
-            .clone();
-        if state.domains[name].state.is_active() {
+            .ok_or_else(|| Error::no_domain(name))?;
+        if domain.state.is_active() {
             return Err(Error::invalid("domain is already running"));
         }
-        Self::check_resources(state, &def)?;
+        Self::check_resources(state, &domain.def)?;
         let id = state.next_domain_id;
         let now = self.host.now();
         domain_mut(state, name)?.start(id, now)?;

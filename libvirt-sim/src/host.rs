@@ -1,7 +1,8 @@
 //! A simulated libvirt host: its objects, clock, faults and counters, registered under a URI
 //! so that [`connect`](crate::connect) finds it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -104,6 +105,10 @@ impl HostInner {
             .into_iter()
             .partition(|p| p.due <= now);
         state.pending_dhcp = waiting;
+        // Per network: addresses taken (leased or reserved) and a scan cursor, built once per batch.
+        let mut scans: HashMap<String, (HashSet<Ipv4Addr>, u32)> = HashMap::new();
+        let mut leased: HashMap<String, HashSet<Mac>> = HashMap::new();
+        let mut retry = Vec::new();
         for request in due {
             if self.faults.is_silent(&request.domain, request.mac) {
                 continue;
@@ -111,7 +116,10 @@ impl HostInner {
             let Some(net) = state.networks.get_mut(&request.network) else {
                 continue;
             };
-            if !net.active || net.leases.iter().any(|l| l.mac == request.mac) {
+            let macs = leased
+                .entry(request.network.clone())
+                .or_insert_with(|| net.leases.iter().map(|l| l.mac).collect());
+            if !net.active || !macs.insert(request.mac) {
                 continue;
             }
             let Some(ip_def) = net.def.ip.as_ref() else {
@@ -122,12 +130,29 @@ impl HostInner {
             let ip = match reserved.as_ref().and_then(|h| h.ip) {
                 Some(ip) => Some(ip),
                 None => {
-                    let leases = &net.leases;
-                    net.def
-                        .free_address(request.mac, &|ip| leases.iter().any(|l| l.ip == ip))
+                    let (taken, cursor) =
+                        scans.entry(request.network.clone()).or_insert_with(|| {
+                            let taken = net
+                                .leases
+                                .iter()
+                                .map(|l| l.ip)
+                                .chain(net.def.reserved_ips())
+                                .collect();
+                            (taken, 0)
+                        });
+                    let ip = net.def.free_address(taken, cursor);
+                    if let Some(ip) = ip {
+                        taken.insert(ip);
+                    }
+                    ip
                 }
             };
-            let Some(ip) = ip else { continue };
+            let Some(ip) = ip else {
+                // The range is full: the guest keeps asking.
+                macs.remove(&request.mac);
+                retry.push(request);
+                continue;
+            };
             let hostname = reserved
                 .and_then(|h| h.name)
                 .or_else(|| Some(request.domain.clone()));
@@ -139,6 +164,7 @@ impl HostInner {
                 expiry_time: expiry,
             });
         }
+        state.pending_dhcp.extend(retry);
     }
 
     /// What happens to a domain's DHCP when it starts: one request per network interface.

@@ -1,6 +1,7 @@
 //! Virtual networks: the definition (parsed from and formatted to libvirt's network XML),
 //! DHCP host reservations with `virNetworkUpdate`'s semantics, and leases.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
@@ -445,21 +446,28 @@ impl NetworkDef {
         Ok(())
     }
 
-    /// The first address of the DHCP ranges that is neither reserved nor in `taken`.
+    /// Every IP some reservation holds (a guest without that reservation cannot get it).
+    pub(crate) fn reserved_ips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.ip
+            .iter()
+            .flat_map(|ip| ip.hosts.iter().filter_map(|h| h.ip))
+    }
+
+    /// The first address of the DHCP ranges, at or after `cursor`, not in `taken`
+    /// (which holds leased and reserved addresses). Advances `cursor` past it, so a
+    /// batch of requests scans the ranges once.
     pub(crate) fn free_address(
         &self,
-        mac: Mac,
-        taken: &dyn Fn(Ipv4Addr) -> bool,
+        taken: &HashSet<Ipv4Addr>,
+        cursor: &mut u32,
     ) -> Option<Ipv4Addr> {
         let ip = self.ip.as_ref()?;
         for range in &ip.ranges {
-            for n in u32::from(range.start)..=u32::from(range.end) {
+            let start = u32::from(range.start).max(*cursor);
+            for n in start..=u32::from(range.end) {
                 let candidate = Ipv4Addr::from(n);
-                let reserved = ip
-                    .hosts
-                    .iter()
-                    .any(|h| h.ip == Some(candidate) && h.mac != Some(mac));
-                if !reserved && !taken(candidate) && candidate != ip.address {
+                if !taken.contains(&candidate) && candidate != ip.address {
+                    *cursor = n.saturating_add(1);
                     return Some(candidate);
                 }
             }
@@ -604,18 +612,23 @@ mod tests {
     }
 
     #[test]
-    fn free_address_skips_reserved_and_taken() {
+    fn free_address_skips_taken_and_moves_on() {
         let mut def = NetworkDef::parse(NET).unwrap();
         def.update_dhcp_host(
             UpdateCommand::AddLast,
             "<host mac='52:54:00:00:00:01' ip='10.77.0.100'/>",
         )
         .unwrap();
-        let other = Mac::parse("52:54:00:00:00:09").unwrap();
-        let taken = |ip: Ipv4Addr| ip == Ipv4Addr::new(10, 77, 0, 101);
+        let mut taken: HashSet<Ipv4Addr> = def.reserved_ips().collect();
+        taken.insert(Ipv4Addr::new(10, 77, 0, 101));
+        let mut cursor = 0;
         assert_eq!(
-            def.free_address(other, &taken),
+            def.free_address(&taken, &mut cursor),
             Some(Ipv4Addr::new(10, 77, 0, 102))
+        );
+        assert_eq!(
+            def.free_address(&taken, &mut cursor),
+            Some(Ipv4Addr::new(10, 77, 0, 103))
         );
     }
 }

@@ -113,6 +113,28 @@ fn leases_can_outlive_their_domain_and_the_range_can_run_out() {
 }
 
 #[test]
+fn a_guest_without_an_address_keeps_asking() {
+    let host = Host::builder("sim:///behaviour-full")
+        .network(NET, true)
+        .build()
+        .unwrap();
+    let conn = connect(host.uri()).unwrap();
+    for i in 1..=4 {
+        conn.domain_define_xml(&domain(&format!("d{i}"), &format!("52:54:00:00:01:0{i}")))
+            .unwrap();
+        conn.domain_create(&format!("d{i}")).unwrap();
+    }
+    assert_eq!(leases(&conn).len(), 3);
+    conn.domain_destroy("d1").unwrap();
+    let got = leases(&conn);
+    assert!(
+        got.iter()
+            .any(|l| l.0 == "52:54:00:00:01:04" && l.1 == "10.7.0.100"),
+        "the waiting guest gets the freed address: {got:?}"
+    );
+}
+
+#[test]
 fn a_silent_guest_never_gets_a_lease() {
     let host = Host::builder("sim:///behaviour-silent")
         .network(NET, true)

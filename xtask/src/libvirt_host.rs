@@ -1,14 +1,907 @@
 //! `cargo xtask host ...`: the private libvirtd for tests and the demo.
-use anyhow::Result;
+//!
+//! - `deps`: installs libvirt, QEMU, dnsmasq and the guest-image tools from the
+//!   distribution's packages (on Debian from `<codename>-backports`, which it
+//!   adds as a deb822 source when missing). Nothing is run when every package
+//!   is already installed.
+//! - `up`: starts a libvirtd of our own that leaves a system libvirt alone,
+//!   defines and starts the NAT network `capl-test-net` and the dir pools
+//!   `capl-test-base` and `capl-test-disks`, and prints the URI.
+//! - `down`: destroys running domains and the network (so the bridge, dnsmasq
+//!   and the firewall rules go away), stops the daemons and removes the
+//!   private state.
+//! - `status`: what is running.
+//!
+//! # How the daemon is kept private
+//!
+//! A root libvirtd reads `/etc/libvirt/qemu.conf` and keeps its state in
+//! `/run/libvirt`, `/var/lib/libvirt`, `/var/cache/libvirt` and
+//! `/var/log/libvirt`; no option moves the driver directories. So `virtlogd`
+//! and `libvirtd` run in a private mount namespace (`unshare --mount
+//! --propagation private`) in which directories of ours are bind-mounted over
+//! those five: the system's files are untouched and invisible to it, and its
+//! sockets appear outside at [`RUN_DIR`]`/run/libvirt-sock`. Clients use
+//! `qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock`.
+//!
+//! The private `qemu.conf` sets `user = "root"` and `group = "root"`: on
+//! machines where `/dev/kvm` exists but cannot run guests, the default
+//! `libvirt-qemu` user makes libvirtd re-probe QEMU on every call (see
+//! `shared/libvirt-on-these-machines.md`), and every call takes ~50 s.
+//!
+//! What the namespace does not isolate: the network namespace. The bridge
+//! [`BRIDGE`], the subnet [`SUBNET_PREFIX`]`.0/24` and libvirt's iptables rules
+//! are the host's; both were chosen not to clash with libvirt's `virbr0` /
+//! 192.168.122.0/24.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+/// Runtime files: sockets, pid files, the URI file.
+pub const RUN_DIR: &str = "/run/capl-libvirt";
+/// Persistent files of the private daemon: its config, its state, the pools.
+pub const STATE_DIR: &str = "/var/lib/capl-libvirt";
+/// The file `up` writes the URI to (read by `cargo xtask test`).
+pub const URI_FILE: &str = "/run/capl-libvirt/uri";
+/// The environment variable tests read the URI from.
+pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
+
+pub const NETWORK: &str = "capl-test-net";
+pub const BRIDGE: &str = "capltest0";
+/// The network is `<SUBNET_PREFIX>.0/24`, gateway `.1`, DHCP range `.2`-`.99`.
+pub const SUBNET_PREFIX: &str = "10.251.0";
+pub const BASE_POOL: &str = "capl-test-base";
+pub const DISK_POOL: &str = "capl-test-disks";
+
+/// A domain define slower than this means the daemon re-probes QEMU on every
+/// call (the trap above): `up` fails instead of handing out a crawling host.
+const SLOW_DEFINE: Duration = Duration::from_secs(10);
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Install libvirt, QEMU and dnsmasq from Debian's packages.
+    /// Install libvirt, QEMU, dnsmasq and the guest-image tools (as root).
     Deps,
+    /// Start (or reuse) the private libvirtd with its network and pools; print the URI.
+    Up,
+    /// Destroy domains and the network, stop the private libvirtd, remove its state.
+    Down,
+    /// Show whether the private libvirtd runs, and what it holds.
+    Status,
 }
 
 pub fn run(cmd: Command) -> Result<()> {
     match cmd {
-        Command::Deps => anyhow::bail!("host deps is not implemented yet"),
+        Command::Deps => deps(),
+        Command::Up => {
+            let uri = up()?;
+            println!("export {URI_ENV}='{uri}'");
+            Ok(())
+        }
+        Command::Down => down(),
+        Command::Status => status(),
+    }
+}
+
+// --- packages -----------------------------------------------------------------
+
+/// One package to install, with why it is needed and its Ubuntu name when
+/// that differs (`None`: same name).
+struct Package {
+    debian: &'static str,
+    ubuntu: Option<&'static str>,
+    why: &'static str,
+}
+
+const fn pkg(debian: &'static str, why: &'static str) -> Package {
+    Package {
+        debian,
+        ubuntu: None,
+        why,
+    }
+}
+
+/// Everything the host side of the project needs, in one place.
+const PACKAGES: &[Package] = &[
+    pkg("libvirt-daemon", "libvirtd"),
+    pkg("libvirt-daemon-driver-qemu", "libvirtd's QEMU driver"),
+    pkg(
+        "libvirt-daemon-driver-network",
+        "libvirtd's network driver (NAT network, dnsmasq)",
+    ),
+    pkg(
+        "libvirt-daemon-driver-storage",
+        "libvirtd's storage driver (dir pools)",
+    ),
+    pkg("libvirt-clients", "virsh"),
+    pkg(
+        "libvirt-dev",
+        "libvirt's headers and libvirt.so for the virt crate",
+    ),
+    pkg("qemu-system-x86", "QEMU"),
+    pkg("qemu-utils", "qemu-img"),
+    pkg(
+        "ipxe-qemu",
+        "QEMU's NIC option ROMs (a virtio NIC does not start without them)",
+    ),
+    pkg("dnsmasq-base", "DHCP and DNS on the NAT network"),
+    pkg("iptables", "libvirt's NAT firewall rules"),
+    pkg(
+        "pkg-config",
+        "locating libvirt when building the virt crate",
+    ),
+    pkg("xorriso", "reading cloud-init ISOs back in tests"),
+    Package {
+        debian: "linux-image-cloud-amd64",
+        ubuntu: Some("linux-image-virtual"),
+        why: "the test guest's kernel",
+    },
+    pkg("busybox-static", "the test guest's userland"),
+    pkg("syslinux", "booting the test guest's disk"),
+    pkg(
+        "mtools",
+        "writing the test guest's FAT disk without loop devices",
+    ),
+    pkg("dosfstools", "mkfs.vfat for the test guest's disk"),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Distro {
+    /// Debian with its codename (`bookworm`).
+    Debian(String),
+    Ubuntu,
+}
+
+fn distro() -> Result<Distro> {
+    let text = fs::read_to_string("/etc/os-release")
+        .context("reading /etc/os-release to find the distribution")?;
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    match field("ID").as_str() {
+        "debian" => {
+            let codename = field("VERSION_CODENAME");
+            if codename.is_empty() {
+                bail!(
+                    "/etc/os-release has no VERSION_CODENAME: cannot name the Debian backports suite"
+                );
+            }
+            Ok(Distro::Debian(codename))
+        }
+        "ubuntu" => Ok(Distro::Ubuntu),
+        other => bail!(
+            "host deps supports Debian and Ubuntu (apt); /etc/os-release says ID={other:?}. \
+             Install the equivalents of: {}",
+            PACKAGES
+                .iter()
+                .map(|p| p.debian)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    }
+}
+
+fn package_names(distro: &Distro) -> Vec<&'static str> {
+    PACKAGES
+        .iter()
+        .map(|p| match distro {
+            Distro::Ubuntu => p.ubuntu.unwrap_or(p.debian),
+            Distro::Debian(_) => p.debian,
+        })
+        .collect()
+}
+
+/// `cargo xtask host deps`.
+pub fn deps() -> Result<()> {
+    let started = Instant::now();
+    let distro = distro()?;
+    let names = package_names(&distro);
+    let sh = Shell::new()?;
+    let missing = missing_packages(&sh, &names)?;
+    if missing.is_empty() {
+        eprintln!(
+            "host deps: all {} packages installed ({:.2?})",
+            names.len(),
+            started.elapsed()
+        );
+        return Ok(());
+    }
+    require_root("host deps", "it installs packages with apt-get")?;
+    for name in &missing {
+        let why = PACKAGES
+            .iter()
+            .find(|p| p.debian == *name || p.ubuntu == Some(name))
+            .map_or("", |p| p.why);
+        eprintln!("host deps: missing {name} ({why})");
+    }
+    sh.set_var("DEBIAN_FRONTEND", "noninteractive");
+    let lock = ["-o", "DPkg::Lock::Timeout=600"];
+    match &distro {
+        Distro::Debian(codename) => {
+            let suite = format!("{codename}-backports");
+            ensure_backports_source(codename)?;
+            let to_install = &missing;
+            cmd!(sh, "apt-get {lock...} update")
+                .run()
+                .context("apt-get update failed")?;
+            cmd!(
+                sh,
+                "apt-get {lock...} install -y --no-install-recommends -t {suite} {to_install...}"
+            )
+            .run()
+            .with_context(|| format!("installing {} from {suite} failed", missing.join(" ")))?;
+        }
+        Distro::Ubuntu => {
+            cmd!(sh, "apt-get {lock...} update")
+                .run()
+                .context("apt-get update failed")?;
+            // Ubuntu folds some of Debian's split libvirt packages into
+            // libvirt-daemon: install what the archive has.
+            let mut available = Vec::new();
+            for name in &missing {
+                let policy = cmd!(sh, "apt-cache policy {name}")
+                    .quiet()
+                    .read()
+                    .unwrap_or_default();
+                if policy.contains("Candidate:") && !policy.contains("Candidate: (none)") {
+                    available.push(*name);
+                } else {
+                    eprintln!(
+                        "host deps: {name} is not in this Ubuntu archive; assuming libvirt-daemon covers it"
+                    );
+                }
+            }
+            let to_install = &available;
+            cmd!(
+                sh,
+                "apt-get {lock...} install -y --no-install-recommends {to_install...}"
+            )
+            .run()
+            .with_context(|| format!("installing {} failed", available.join(" ")))?;
+        }
+    }
+    let still = missing_packages(&sh, &names)?;
+    if matches!(distro, Distro::Debian(_)) && !still.is_empty() {
+        bail!(
+            "after apt-get install these packages are still not installed: {}",
+            still.join(" ")
+        );
+    }
+    eprintln!("host deps: done in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+/// The packages of `names` that dpkg does not report as installed.
+fn missing_packages<'a>(sh: &Shell, names: &[&'a str]) -> Result<Vec<&'a str>> {
+    // dpkg-query exits non-zero when some name is unknown; its stdout still
+    // lists the known ones.
+    let format = "-f=${Package}\t${Status}\n";
+    let out = cmd!(sh, "dpkg-query -W {format} {names...}")
+        .quiet()
+        .ignore_status()
+        .ignore_stderr()
+        .read()
+        .context("running dpkg-query (is this a Debian-based system?)")?;
+    let installed: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(_, status)| status.ends_with(" installed") && status.starts_with("install "))
+        .map(|(name, _)| name.split(':').next().unwrap_or(name))
+        .collect();
+    Ok(names
+        .iter()
+        .copied()
+        .filter(|n| !installed.contains(n))
+        .collect())
+}
+
+/// Adds `<codename>-backports` as a deb822 source with the mirror and keyring
+/// of the main suite, unless some apt source already lists that suite.
+fn ensure_backports_source(codename: &str) -> Result<()> {
+    let suite = format!("{codename}-backports");
+    if apt_sources_mention(&suite)? {
+        return Ok(());
+    }
+    let (uris, signed_by) = main_suite_source(codename)?;
+    let path = PathBuf::from(format!("/etc/apt/sources.list.d/{suite}.sources"));
+    let body = format!(
+        "# Added by `cargo xtask host deps` (cluster-api-provider-libvirt): newer libvirt and QEMU.\n\
+         Types: deb\nURIs: {uris}\nSuites: {suite}\nComponents: main\nSigned-By: {signed_by}\n"
+    );
+    fs::write(&path, body).with_context(|| format!("writing the apt source {}", path.display()))?;
+    eprintln!("host deps: added {suite} as {}", path.display());
+    Ok(())
+}
+
+fn apt_sources_mention(suite: &str) -> Result<bool> {
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        for entry in dir.flatten() {
+            let path = entry.path();
+            if matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("list" | "sources")
+            ) {
+                files.push(path);
+            }
+        }
+    }
+    Ok(files
+        .iter()
+        .filter_map(|f| fs::read_to_string(f).ok())
+        .any(|text| {
+            text.lines()
+                .map(|l| l.split('#').next().unwrap_or(""))
+                .any(|l| l.split_whitespace().any(|word| word == suite))
+        }))
+}
+
+const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+/// The `URIs` and `Signed-By` of the deb822 stanza that carries the main
+/// suite (`Suites: bookworm ...`), falling back to Debian's defaults.
+fn main_suite_source(codename: &str) -> Result<(String, String)> {
+    let mut found = None;
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        for entry in dir.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("sources") {
+                continue;
+            }
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            if let Some(source) = deb822_main_stanza(&text, codename) {
+                found = Some(source);
+                break;
+            }
+        }
+    }
+    Ok(found.unwrap_or_else(|| (DEBIAN_MIRROR.to_string(), DEBIAN_KEYRING.to_string())))
+}
+
+/// In one deb822 file, the stanza whose `Suites` include `codename`:
+/// its `URIs` and its `Signed-By` when that is a keyring path.
+fn deb822_main_stanza(text: &str, codename: &str) -> Option<(String, String)> {
+    for stanza in text.split("\n\n") {
+        let field = |key: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(':')))
+                .map(str::trim)
+        };
+        let suites = field("Suites").unwrap_or("");
+        if !suites.split_whitespace().any(|s| s == codename) {
+            continue;
+        }
+        let uris = field("URIs")?.split_whitespace().next()?.to_string();
+        let signed_by = field("Signed-By")
+            .filter(|v| v.starts_with('/'))
+            .map(str::to_string)
+            .unwrap_or_else(|| DEBIAN_KEYRING.to_string());
+        return Some((uris, signed_by));
+    }
+    None
+}
+
+// --- the private daemon -------------------------------------------------------
+
+/// The private daemon's directories, outside the namespace.
+struct Layout {
+    run: PathBuf,
+    etc: PathBuf,
+    lib: PathBuf,
+    cache: PathBuf,
+    log: PathBuf,
+    pools: PathBuf,
+}
+
+fn layout() -> Layout {
+    let state = Path::new(STATE_DIR);
+    Layout {
+        run: Path::new(RUN_DIR).join("run"),
+        etc: state.join("etc"),
+        lib: state.join("lib"),
+        cache: state.join("cache"),
+        log: state.join("log"),
+        pools: state.join("pools"),
+    }
+}
+
+impl Layout {
+    /// (our directory, the system path it hides inside the namespace)
+    fn binds(&self) -> [(&Path, &str); 5] {
+        [
+            (&self.etc, "/etc/libvirt"),
+            (&self.run, "/run/libvirt"),
+            (&self.lib, "/var/lib/libvirt"),
+            (&self.cache, "/var/cache/libvirt"),
+            (&self.log, "/var/log/libvirt"),
+        ]
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.run.join("libvirt-sock")
+    }
+
+    fn libvirtd_pid_file(&self) -> PathBuf {
+        self.run.join("libvirtd.pid")
+    }
+
+    fn virtlogd_pid_file(&self) -> PathBuf {
+        self.run.join("virtlogd.pid")
+    }
+}
+
+/// The URI of the private daemon.
+pub fn uri() -> String {
+    format!("qemu+unix:///system?socket={}", layout().socket().display())
+}
+
+const LIBVIRTD_CONF: &str = r#"# Private libvirtd of cluster-api-provider-libvirt's tests (cargo xtask host up).
+# Only root may use the sockets; no polkit.
+unix_sock_group = "root"
+unix_sock_ro_perms = "0700"
+unix_sock_rw_perms = "0700"
+unix_sock_admin_perms = "0700"
+auth_unix_ro = "none"
+auth_unix_rw = "none"
+log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
+"#;
+
+const QEMU_CONF: &str = r#"# Private QEMU driver config (cargo xtask host up).
+# root: with the default libvirt-qemu user, libvirtd re-probes QEMU on every
+# call on machines whose /dev/kvm exists but cannot run guests (~50 s a call).
+user = "root"
+group = "root"
+# No AppArmor/SELinux labelling and no per-VM mount namespace: the daemon
+# already runs in a mount namespace of its own.
+security_driver = "none"
+namespaces = [ ]
+"#;
+
+const VIRTLOGD_CONF: &str = r#"log_outputs = "3:file:/var/log/libvirt/virtlogd.log"
+"#;
+
+fn network_xml() -> String {
+    let p = SUBNET_PREFIX;
+    format!(
+        "<network>\n  <name>{NETWORK}</name>\n  <forward mode='nat'/>\n  \
+         <bridge name='{BRIDGE}' stp='on' delay='0'/>\n  \
+         <ip address='{p}.1' netmask='255.255.255.0'>\n    <dhcp>\n      \
+         <range start='{p}.2' end='{p}.99'/>\n    </dhcp>\n  </ip>\n</network>\n"
+    )
+}
+
+fn pool_xml(name: &str, path: &Path) -> String {
+    format!(
+        "<pool type='dir'>\n  <name>{name}</name>\n  <target>\n    <path>{}</path>\n  </target>\n</pool>\n",
+        path.display()
+    )
+}
+
+/// The probe domain `up` defines and undefines to prove calls are fast.
+const PROBE_DOMAIN: &str = "capl-host-probe";
+
+fn probe_domain_xml() -> String {
+    format!(
+        "<domain type='qemu'><name>{PROBE_DOMAIN}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type></os></domain>\n"
+    )
+}
+
+/// `cargo xtask host up`: returns the URI.
+pub fn up() -> Result<String> {
+    require_root(
+        "host up",
+        "it starts a root libvirtd in a private mount namespace",
+    )?;
+    require_binaries()?;
+    let started = Instant::now();
+    let sh = Shell::new()?;
+    let lay = layout();
+    let uri = uri();
+    if daemon_responds(&sh, &uri) {
+        eprintln!(
+            "host up: reusing the private libvirtd at {}",
+            lay.socket().display()
+        );
+    } else {
+        start_daemon(&sh, &lay)?;
+        wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
+        eprintln!(
+            "host up: private libvirtd started ({:.1?})",
+            started.elapsed()
+        );
+    }
+    ensure_network(&sh, &uri, &lay)?;
+    ensure_pool(&sh, &uri, &lay, BASE_POOL)?;
+    ensure_pool(&sh, &uri, &lay, DISK_POOL)?;
+    check_latency(&sh, &uri, &lay)?;
+    fs::write(URI_FILE, format!("{uri}\n")).with_context(|| format!("writing {URI_FILE}"))?;
+    eprintln!(
+        "host up: ready in {:.1?}; the URI is also in {URI_FILE}",
+        started.elapsed()
+    );
+    Ok(uri)
+}
+
+fn require_root(what: &str, why: &str) -> Result<()> {
+    let uid = fs::metadata("/proc/self")
+        .context("reading /proc/self to find the user id")?
+        .uid();
+    if uid != 0 {
+        bail!("`cargo xtask {what}` must run as root ({why}); run it as root or with sudo -E");
+    }
+    Ok(())
+}
+
+fn require_binaries() -> Result<()> {
+    let needed = [
+        "libvirtd",
+        "virtlogd",
+        "virsh",
+        "unshare",
+        "mount",
+        "dnsmasq",
+        "qemu-system-x86_64",
+        "qemu-img",
+    ];
+    let path = std::env::var("PATH").unwrap_or_default();
+    let dirs: Vec<&str> = path.split(':').chain(["/usr/sbin", "/sbin"]).collect();
+    let missing: Vec<&str> = needed
+        .iter()
+        .copied()
+        .filter(|b| !dirs.iter().any(|d| Path::new(d).join(b).is_file()))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} not found: run `cargo xtask host deps` (as root) first",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn daemon_responds(sh: &Shell, uri: &str) -> bool {
+    layout().socket().exists()
+        && cmd!(sh, "virsh -q -c {uri} version")
+            .quiet()
+            .ignore_stdout()
+            .ignore_stderr()
+            .run()
+            .is_ok()
+}
+
+fn wait_until_responding(sh: &Shell, uri: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if daemon_responds(sh, uri) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the private libvirtd did not answer on {} within {limit:?}; see {}/libvirtd.log",
+                layout().socket().display(),
+                layout().log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Writes the private config and starts virtlogd and libvirtd in a new
+/// private mount namespace. Leftovers of a crashed daemon are stopped first.
+fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
+    stop_daemons(lay)?;
+    for (ours, system) in lay.binds() {
+        fs::create_dir_all(ours).with_context(|| format!("creating {}", ours.display()))?;
+        // The mount point must exist; on a machine without a system libvirt
+        // /run/libvirt does not (an empty directory is harmless).
+        fs::create_dir_all(system).with_context(|| format!("creating the mount point {system}"))?;
+    }
+    fs::create_dir_all(&lay.pools).with_context(|| format!("creating {}", lay.pools.display()))?;
+    for (name, body) in [
+        ("libvirtd.conf", LIBVIRTD_CONF),
+        ("qemu.conf", QEMU_CONF),
+        ("virtlogd.conf", VIRTLOGD_CONF),
+    ] {
+        let path = lay.etc.join(name);
+        fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut script = String::from("set -e\n");
+    for (ours, system) in lay.binds() {
+        script.push_str(&format!("mount --bind '{}' '{system}'\n", ours.display()));
+    }
+    // Inside the namespace the run directory is /run/libvirt.
+    script.push_str("virtlogd -d -f /etc/libvirt/virtlogd.conf -p /run/libvirt/virtlogd.pid\n");
+    script.push_str("libvirtd -d -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid\n");
+    cmd!(sh, "unshare --mount --propagation private sh -c {script}")
+        .quiet()
+        .run()
+        .context("starting virtlogd and libvirtd in a private mount namespace failed")?;
+    Ok(())
+}
+
+fn virsh(sh: &Shell, uri: &str, args: &[&str]) -> Result<String> {
+    cmd!(sh, "virsh -q -c {uri} {args...}")
+        .quiet()
+        .read()
+        .with_context(|| format!("virsh -c {uri} {} failed", args.join(" ")))
+}
+
+fn virsh_ok(sh: &Shell, uri: &str, args: &[&str]) -> bool {
+    cmd!(sh, "virsh -q -c {uri} {args...}")
+        .quiet()
+        .ignore_stdout()
+        .ignore_stderr()
+        .run()
+        .is_ok()
+}
+
+/// `virsh <kind>-info <name>`: `None` when the object does not exist, else
+/// whether it is active.
+fn object_active(sh: &Shell, uri: &str, info: &str, name: &str) -> Option<bool> {
+    let out = cmd!(sh, "virsh -q -c {uri} {info} {name}")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .ok()?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Active:") || l.starts_with("State:"))?;
+    Some(line.contains("yes") || line.contains("running"))
+}
+
+fn ensure_network(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
+    if object_active(sh, uri, "net-info", NETWORK).is_none() {
+        let file = lay.etc.join(format!("{NETWORK}.xml"));
+        fs::write(&file, network_xml()).with_context(|| format!("writing {}", file.display()))?;
+        let file = file.display().to_string();
+        virsh(sh, uri, &["net-define", &file])?;
+        virsh(sh, uri, &["net-autostart", NETWORK])?;
+    }
+    if object_active(sh, uri, "net-info", NETWORK) != Some(true) {
+        virsh(sh, uri, &["net-start", NETWORK]).with_context(|| {
+            format!(
+                "network {NETWORK} (bridge {BRIDGE}, {SUBNET_PREFIX}.0/24) did not start: \
+                 is the bridge name or subnet used by something else? (ip addr)"
+            )
+        })?;
+    }
+    eprintln!(
+        "host up: network {NETWORK} active (bridge {BRIDGE}, {SUBNET_PREFIX}.0/24, DHCP .2-.99)"
+    );
+    Ok(())
+}
+
+fn ensure_pool(sh: &Shell, uri: &str, lay: &Layout, name: &str) -> Result<()> {
+    let dir = lay.pools.join(name.trim_start_matches("capl-test-"));
+    if object_active(sh, uri, "pool-info", name).is_none() {
+        let file = lay.etc.join(format!("{name}.xml"));
+        fs::write(&file, pool_xml(name, &dir))
+            .with_context(|| format!("writing {}", file.display()))?;
+        let file = file.display().to_string();
+        virsh(sh, uri, &["pool-define", &file])?;
+        virsh(sh, uri, &["pool-build", name])?;
+        virsh(sh, uri, &["pool-autostart", name])?;
+    }
+    if object_active(sh, uri, "pool-info", name) != Some(true) {
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        virsh(sh, uri, &["pool-start", name])?;
+    }
+    eprintln!("host up: pool {name} active at {}", dir.display());
+    Ok(())
+}
+
+/// Times a trivial call and a define/undefine; fails when the daemon shows
+/// the re-probing trap.
+fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
+    let t = Instant::now();
+    virsh(sh, uri, &["version"])?;
+    let version = t.elapsed();
+    if virsh_ok(sh, uri, &["dominfo", PROBE_DOMAIN]) {
+        virsh(sh, uri, &["undefine", PROBE_DOMAIN])?;
+    }
+    let file = lay.etc.join(format!("{PROBE_DOMAIN}.xml"));
+    fs::write(&file, probe_domain_xml()).with_context(|| format!("writing {}", file.display()))?;
+    let file = file.display().to_string();
+    let t = Instant::now();
+    virsh(sh, uri, &["define", &file])?;
+    let define = t.elapsed();
+    virsh(sh, uri, &["undefine", PROBE_DOMAIN])?;
+    eprintln!(
+        "host up: virsh version {version:.0?}, define {define:.0?} (each includes connecting)"
+    );
+    if define > SLOW_DEFINE {
+        bail!(
+            "a domain define took {define:.1?}: libvirtd is re-probing QEMU on every call. \
+             Check that {}/qemu.conf has user = \"root\" and group = \"root\", then \
+             `cargo xtask host down && cargo xtask host up`",
+            lay.etc.display()
+        );
+    }
+    Ok(())
+}
+
+// --- stop and status ------------------------------------------------------------
+
+/// The pid in `file` if that process is alive and is `name`.
+fn live_pid(file: &Path, name: &str) -> Option<u32> {
+    let pid: u32 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == name).then_some(pid)
+}
+
+/// Stops libvirtd, then virtlogd (SIGTERM, then SIGKILL after 20 s).
+fn stop_daemons(lay: &Layout) -> Result<()> {
+    let sh = Shell::new()?;
+    for (file, name) in [
+        (lay.libvirtd_pid_file(), "libvirtd"),
+        (lay.virtlogd_pid_file(), "virtlogd"),
+    ] {
+        let Some(pid) = live_pid(&file, name) else {
+            continue;
+        };
+        let pid_arg = pid.to_string();
+        cmd!(sh, "kill -TERM {pid_arg}")
+            .quiet()
+            .run()
+            .with_context(|| format!("stopping {name} (pid {pid})"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while live_pid(&file, name).is_some() {
+            if Instant::now() > deadline {
+                cmd!(sh, "kill -KILL {pid_arg}")
+                    .quiet()
+                    .ignore_status()
+                    .run()?;
+                std::thread::sleep(Duration::from_millis(200));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = fs::remove_file(&file);
+    }
+    Ok(())
+}
+
+/// `cargo xtask host down`.
+pub fn down() -> Result<()> {
+    require_root("host down", "it stops a root libvirtd")?;
+    let lay = layout();
+    if !Path::new(STATE_DIR).exists() && !Path::new(RUN_DIR).exists() {
+        eprintln!("host down: nothing to do ({STATE_DIR} and {RUN_DIR} do not exist)");
+        return Ok(());
+    }
+    let sh = Shell::new()?;
+    let uri = uri();
+    if !daemon_responds(&sh, &uri) && lay.etc.join("libvirtd.conf").exists() {
+        // A crashed daemon may have left the bridge, dnsmasq and firewall
+        // rules behind: a restarted one picks them up and can remove them.
+        eprintln!("host down: restarting the private libvirtd to clean up after it");
+        start_daemon(&sh, &lay)?;
+        wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
+    }
+    if daemon_responds(&sh, &uri) {
+        for dom in virsh(
+            &sh,
+            &uri,
+            &["list", "--name", "--state-running", "--state-paused"],
+        )?
+        .lines()
+        {
+            let dom = dom.trim();
+            if !dom.is_empty() {
+                virsh(&sh, &uri, &["destroy", dom])?;
+                eprintln!("host down: destroyed domain {dom}");
+            }
+        }
+        for net in virsh(&sh, &uri, &["net-list", "--name"])?.lines() {
+            let net = net.trim();
+            if !net.is_empty() {
+                virsh(&sh, &uri, &["net-destroy", net])?;
+                eprintln!("host down: destroyed network {net}");
+            }
+        }
+    }
+    stop_daemons(&lay)?;
+    for dir in [RUN_DIR, STATE_DIR] {
+        if Path::new(dir).exists() {
+            fs::remove_dir_all(dir).with_context(|| format!("removing {dir}"))?;
+        }
+    }
+    eprintln!("host down: private libvirtd stopped, {RUN_DIR} and {STATE_DIR} removed");
+    Ok(())
+}
+
+/// `cargo xtask host status`.
+pub fn status() -> Result<()> {
+    let lay = layout();
+    let sh = Shell::new()?;
+    let uri = uri();
+    for (file, name) in [
+        (lay.libvirtd_pid_file(), "libvirtd"),
+        (lay.virtlogd_pid_file(), "virtlogd"),
+    ] {
+        match live_pid(&file, name) {
+            Some(pid) => println!("{name}: running (pid {pid})"),
+            None => println!("{name}: not running"),
+        }
+    }
+    if !daemon_responds(&sh, &uri) {
+        println!("uri: {uri} (not answering; run `cargo xtask host up`)");
+        return Ok(());
+    }
+    println!("uri: {uri}");
+    println!("export {URI_ENV}='{uri}'");
+    for (what, args) in [
+        ("networks", &["net-list", "--all"][..]),
+        ("pools", &["pool-list", "--all"][..]),
+        ("domains", &["list", "--all"][..]),
+    ] {
+        println!("{what}:\n{}", virsh(&sh, &uri, args)?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn main_stanza_of_debian_sources() {
+        let text = "Types: deb\n# snapshot\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n\
+                    Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
+                    Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n\
+                    Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+        assert_eq!(
+            deb822_main_stanza(text, "bookworm"),
+            Some((
+                "http://mirror.example/debian".into(),
+                "/usr/share/keyrings/debian-archive-keyring.gpg".into()
+            ))
+        );
+        assert_eq!(deb822_main_stanza(text, "trixie"), None);
+    }
+
+    #[test]
+    fn inline_keys_fall_back_to_the_archive_keyring() {
+        let text =
+            "Types: deb\nURIs: http://m/debian\nSuites: bookworm\nSigned-By:\n -----BEGIN PGP\n";
+        assert_eq!(
+            deb822_main_stanza(text, "bookworm").unwrap().1,
+            DEBIAN_KEYRING
+        );
+    }
+
+    #[test]
+    fn ubuntu_names_replace_debian_only_packages() {
+        let ubuntu = package_names(&Distro::Ubuntu);
+        assert!(
+            ubuntu.contains(&"linux-image-virtual") && !ubuntu.contains(&"linux-image-cloud-amd64")
+        );
+        let debian = package_names(&Distro::Debian("bookworm".into()));
+        assert!(debian.contains(&"linux-image-cloud-amd64"));
+        assert_eq!(ubuntu.len(), debian.len());
+    }
+
+    #[test]
+    fn network_and_uri_use_the_private_names() {
+        let xml = network_xml();
+        assert!(
+            xml.contains("<bridge name='capltest0'")
+                && xml.contains("<range start='10.251.0.2' end='10.251.0.99'/>")
+        );
+        assert_eq!(
+            uri(),
+            "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock"
+        );
     }
 }

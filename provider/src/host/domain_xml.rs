@@ -215,3 +215,30 @@ pub fn choose_domain_type(preference: DomainTypePreference, kvm_offered: bool) -
         DomainTypePreference::Auto => "qemu",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: &str = "<capabilities><host><cpu><arch>x86_64</arch></cpu></host>
+        <guest><os_type>hvm</os_type><arch name='i686'><domain type='qemu'/><domain type='kvm'/></arch></guest>
+        <guest><os_type>hvm</os_type><arch name='x86_64'><domain type='qemu'/>KVM_HERE</arch></guest></capabilities>";
+
+    #[test]
+    fn kvm_is_offered_only_when_listed_for_the_host_arch() {
+        let with = CAPS.replace("KVM_HERE", "<domain type='kvm'/>");
+        assert_eq!(host_kvm_support(&with).unwrap(), ("x86_64".to_string(), true));
+        let without = CAPS.replace("KVM_HERE", "");
+        assert_eq!(host_kvm_support(&without).unwrap(), ("x86_64".to_string(), false));
+    }
+
+    #[test]
+    fn domain_type_follows_preference_then_capabilities() {
+        assert_eq!(choose_domain_type(DomainTypePreference::Auto, true), "kvm");
+        assert_eq!(choose_domain_type(DomainTypePreference::Auto, false), "qemu");
+        assert_eq!(choose_domain_type(DomainTypePreference::Qemu, true), "qemu");
+        assert_eq!(choose_domain_type(DomainTypePreference::Kvm, false), "kvm");
+        assert_eq!(DomainTypePreference::parse("QEMU").unwrap(), DomainTypePreference::Qemu);
+        assert!(DomainTypePreference::parse("xen").is_err());
+    }
+}

@@ -104,7 +104,7 @@ pub enum HostError {
     NoFreeAddress { network: String, uri: String, pool_description: String },
 
     #[error(
-        "{kind} \"{object}\" on {uri} exists but is not managed by this provider ({detail}): remove or rename it, or rename the LibvirtMachine"
+        "{kind} \"{object}\" on {uri} exists but does not belong to this LibvirtMachine ({detail}): remove or rename it, or rename the LibvirtMachine"
     )]
     Collision { kind: ObjectKind, object: String, uri: String, detail: String },
 

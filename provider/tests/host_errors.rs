@@ -1,0 +1,69 @@
+//! Every host error names the object, the value and the fix, and maps to a condition reason.
+
+use capl::host::{HostError, ObjectKind};
+use capl::hypervisor::{ErrorKind, HypervisorError};
+
+fn uri() -> String {
+    "qemu+tcp://lab/system".into()
+}
+
+fn all_errors() -> Vec<HostError> {
+    vec![
+        HostError::NetworkMissing { network: "libvirt-lab".into(), uri: uri() },
+        HostError::NetworkInactive { network: "libvirt-lab".into(), uri: uri() },
+        HostError::PoolMissing { pool: "capi-vm-disks".into(), uri: uri() },
+        HostError::PoolInactive { pool: "capi-vm-disks".into(), uri: uri() },
+        HostError::ImageMissing { image: "noble.qcow2".into(), pool: "capi-base-images".into(), uri: uri() },
+        HostError::DiskTooSmall {
+            machine: "default/worker-0".into(),
+            disk_gib: 2,
+            image: "noble.qcow2".into(),
+            image_bytes: 3_758_096_384,
+            min_gib: 4,
+        },
+        HostError::NoIpv4 { network: "isolated".into(), uri: uri() },
+        HostError::NoFreeAddress {
+            network: "libvirt-lab".into(),
+            uri: uri(),
+            pool_description: "192.168.122.2-192.168.122.9".into(),
+        },
+        HostError::Collision {
+            kind: ObjectKind::Domain,
+            object: "default-worker-0-1a2b3c".into(),
+            uri: uri(),
+            detail: "it carries no cluster-api-provider-libvirt metadata".into(),
+        },
+        HostError::Libvirt {
+            action: "define",
+            kind: ObjectKind::Domain,
+            object: "default-worker-0-1a2b3c".into(),
+            uri: uri(),
+            source: HypervisorError::new(ErrorKind::XmlError, 27, "XML error: bad memory"),
+        },
+        HostError::Libvirt {
+            action: "read",
+            kind: ObjectKind::Domain,
+            object: "default-worker-0-1a2b3c".into(),
+            uri: uri(),
+            source: HypervisorError::new(ErrorKind::ConnectionLost, 39, "client socket is closed"),
+        },
+        HostError::UnreadableXml {
+            kind: ObjectKind::Network,
+            object: "libvirt-lab".into(),
+            uri: uri(),
+            detail: "<ip> has no address attribute".into(),
+        },
+    ]
+}
+
+#[test]
+fn messages_and_reasons() {
+    let rendered: Vec<String> = all_errors().iter().map(|e| format!("[{}] {e}", e.reason())).collect();
+    insta::assert_yaml_snapshot!(rendered);
+}
+
+#[test]
+fn only_a_lost_connection_is_transient() {
+    let transient: Vec<bool> = all_errors().iter().map(HostError::is_transient).collect();
+    assert_eq!(transient.iter().filter(|t| **t).count(), 1);
+}
