@@ -4,6 +4,7 @@
 //! command line and dispatches. xtask does not depend on the provider crate,
 //! so it builds before libvirt's development headers are installed.
 
+mod bench_sim;
 mod control_plane;
 mod deploy;
 mod docker;
@@ -68,6 +69,8 @@ enum Command {
     /// Install, start and stop the private libvirtd used by tests and the demo.
     #[command(subcommand)]
     Host(libvirt_host::Command),
+    /// Define and start 10,000 domains on one simulated host; print time and peak memory.
+    BenchSim(bench_sim::Args),
 }
 
 fn main() -> Result<()> {
@@ -87,6 +90,7 @@ fn main() -> Result<()> {
         Command::DockerPush { image } => docker::push(&image),
         Command::ControlPlane(cmd) => control_plane::run(cmd),
         Command::Host(cmd) => libvirt_host::run(cmd),
+        Command::BenchSim(args) => bench_sim::run(args),
     }
 }
 
