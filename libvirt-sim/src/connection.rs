@@ -117,8 +117,8 @@ fn network_mut<'a>(state: &'a mut State, name: &str) -> Result<&'a mut Network> 
 }
 
 impl Connection {
-    /// Counts the call, checks the connection, applies planned faults, then locks the host.
-    fn call(&self, op: Op) -> Result<MutexGuard<'_, State>> {
+    /// Counts the call, checks the connection and applies planned faults.
+    fn begin(&self, op: Op) -> Result<()> {
         let n = self.host.counters.record(op);
         if !self.is_alive() {
             return Err(Error::connection_closed());
@@ -126,6 +126,12 @@ impl Connection {
         if let Some(err) = self.host.faults.on_call(op, n) {
             return Err(err);
         }
+        Ok(())
+    }
+
+    /// [`begin`](Self::begin), then locks the host.
+    fn call(&self, op: Op) -> Result<MutexGuard<'_, State>> {
+        self.begin(op)?;
         Ok(self.host.lock())
     }
 
@@ -287,15 +293,17 @@ impl Connection {
 
     /// `virNetworkDefineXML`: a persistent, inactive network (or a new config for an existing one).
     pub fn network_define_xml(&self, xml: &str) -> Result<String> {
+        self.begin(Op::NetworkDefine)?;
         let def = NetworkDef::parse(xml)?;
-        let mut state = self.call(Op::NetworkDefine)?;
+        let mut state = self.host.lock();
         Self::add_network(&mut state, def, true, false)
     }
 
     /// `virNetworkCreateXML`: a transient, running network.
     pub fn network_create_xml(&self, xml: &str) -> Result<String> {
+        self.begin(Op::NetworkCreate)?;
         let def = NetworkDef::parse(xml)?;
-        let mut state = self.call(Op::NetworkCreate)?;
+        let mut state = self.host.lock();
         Self::add_network(&mut state, def, false, true)
     }
 
@@ -448,8 +456,9 @@ impl Connection {
 
     /// `virStoragePoolDefineXML`.
     pub fn storage_pool_define_xml(&self, xml: &str) -> Result<String> {
+        self.begin(Op::PoolDefine)?;
         let def = PoolDef::parse(xml)?;
-        let mut state = self.call(Op::PoolDefine)?;
+        let mut state = self.host.lock();
         if let Some(existing) = state.pools.get_mut(&def.name) {
             if existing.def.uuid != def.uuid {
                 return Err(Error::new(
@@ -601,15 +610,9 @@ impl Connection {
     pub fn storage_vol_lookup_by_path(&self, path: &str) -> Result<(String, String)> {
         let state = self.call(Op::VolumeLookup)?;
         state
-            .pools
-            .values()
-            .filter(|p| p.active)
-            .find_map(|p| {
-                p.volumes
-                    .values()
-                    .find(|v| v.path == path)
-                    .map(|v| (p.def.name.clone(), v.name.clone()))
-            })
+            .volume_by_path(path)
+            .filter(|(p, _)| p.active)
+            .map(|(p, v)| (p.def.name.clone(), v.name.clone()))
             .ok_or_else(|| {
                 Error::new(
                     ErrorCode::NoStorageVol,
@@ -626,9 +629,11 @@ impl Connection {
 
     /// `virStorageVolCreateXML`: a backing store must be a path the host has.
     pub fn storage_vol_create_xml(&self, pool: &str, xml: &str) -> Result<String> {
-        let mut state = self.call(Op::VolumeCreate)?;
+        self.begin(Op::VolumeCreate)?;
+        let spec = VolumeSpec::parse(xml);
+        let mut state = self.host.lock();
         let target_dir = active_pool(&mut state, pool)?.def.target_path.clone();
-        let spec = VolumeSpec::parse(xml)?;
+        let spec = spec?;
         let mut capacity = spec.capacity;
         if let Some(backing) = &spec.backing {
             if spec.format == "raw" {
@@ -637,11 +642,7 @@ impl Connection {
                     "backing storage not supported for raw volumes",
                 ));
             }
-            let found = state
-                .pools
-                .values()
-                .flat_map(|p| p.volumes.values())
-                .find(|v| v.path == backing.path);
+            let found = state.volume_by_path(&backing.path).map(|(_, v)| v);
             match found {
                 Some(b) => capacity = capacity.or(Some(b.capacity)),
                 None => {
@@ -794,8 +795,9 @@ impl Connection {
 
     /// `virDomainDefineXML`: a persistent domain (or a new config for an existing one).
     pub fn domain_define_xml(&self, xml: &str) -> Result<String> {
+        self.begin(Op::DomainDefine)?;
         let def = DomainDef::parse(xml)?;
-        let mut state = self.call(Op::DomainDefine)?;
+        let mut state = self.host.lock();
         if self.check_new_domain(&state, &def)?.is_some() {
             let d = domain_mut(&mut state, &def.name)?;
             d.def = def.clone();
@@ -846,14 +848,8 @@ impl Connection {
                     }
                 }
                 crate::domain::DiskSource::File(path) => {
-                    let in_pool_dir = state.pools.values().any(|p| {
-                        path.rsplit_once('/')
-                            .is_some_and(|(dir, _)| dir == p.def.target_path)
-                    });
-                    let exists = state
-                        .pools
-                        .values()
-                        .any(|p| p.volumes.values().any(|v| &v.path == path));
+                    let in_pool_dir = state.pool_by_dir(path).is_some();
+                    let exists = state.volume_by_path(path).is_some();
                     if in_pool_dir && !exists {
                         return Err(Error::with_message(
                             ErrorCode::SystemError,
@@ -888,8 +884,9 @@ impl Connection {
 
     /// `virDomainCreateXML`: a transient domain, started.
     pub fn domain_create_xml(&self, xml: &str) -> Result<String> {
+        self.begin(Op::DomainCreateXml)?;
         let def = DomainDef::parse(xml)?;
-        let mut state = self.call(Op::DomainCreateXml)?;
+        let mut state = self.host.lock();
         if self.check_new_domain(&state, &def)?.is_some() {
             return Err(Error::invalid(format!(
                 "domain '{}' is already defined",

@@ -205,6 +205,21 @@ impl HostInner {
     }
 }
 
+impl State {
+    /// The pool whose target directory holds `path` directly.
+    pub fn pool_by_dir(&self, path: &str) -> Option<&Pool> {
+        let (dir, _) = path.rsplit_once('/')?;
+        self.pools.values().find(|p| p.def.target_path == dir)
+    }
+
+    /// The volume at `path` (volumes live at `<pool target>/<name>`), with its pool.
+    pub fn volume_by_path(&self, path: &str) -> Option<(&Pool, &crate::storage::Volume)> {
+        let (_, name) = path.rsplit_once('/')?;
+        let pool = self.pool_by_dir(path)?;
+        pool.volumes.get(name).map(|v| (pool, v))
+    }
+}
+
 fn registry() -> &'static Mutex<HashMap<String, Host>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Host>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
