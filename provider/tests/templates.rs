@@ -3,14 +3,13 @@
 //! variable is documented.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use capl::api::{LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine, LibvirtMachineTemplate};
 use serde_json::Value;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+#[path = "support/clusterctl_template.rs"]
+mod clusterctl_template;
+use clusterctl_template::{parse_documents, repo_root, substitute, template_files};
 
 /// Kinds that CAPI core and its kubeadm providers install.
 const CAPI_KINDS: &[&str] = &[
@@ -24,46 +23,6 @@ const CAPI_KINDS: &[&str] = &[
     "KubeadmConfig",
     "KubeadmConfigTemplate",
 ];
-
-/// clusterctl's `${VAR}` and `${VAR:=default}` forms, with sample values for
-/// the variables that have no default.
-fn substitute(text: &str) -> (String, BTreeSet<String>) {
-    let mut out = String::new();
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find('}').expect("unterminated ${") + start;
-        let inner = &rest[start + 2..end];
-        let (name, default) = match inner.split_once(":=") {
-            Some((n, d)) => (n, Some(d)),
-            None => (inner, None),
-        };
-        names.insert(name.to_string());
-        out.push_str(&default.map(str::to_string).unwrap_or_else(|| sample_value(name)));
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    (out, names)
-}
-
-fn sample_value(name: &str) -> String {
-    match name {
-        "CONTROL_PLANE_MACHINE_COUNT" | "WORKER_MACHINE_COUNT" => "1".into(),
-        "KUBERNETES_VERSION" => "v1.34.1".into(),
-        "CAPL_LIBVIRT_URI" => "qemu+tcp://libvirt.lab/system".into(),
-        "CAPL_CONTROL_PLANE_ENDPOINT_HOST" => "192.168.122.10".into(),
-        "NAMESPACE" => "default".into(),
-        _ => "sample".into(),
-    }
-}
-
-fn parse_documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("valid YAML"))
-        .filter(|d| !d.is_null())
-        .collect()
-}
 
 /// Parse a document of one of our kinds into its Rust type.
 fn check_our_kind(doc: &Value, origin: &str) {
@@ -98,16 +57,6 @@ fn references(value: &Value, out: &mut Vec<(String, String)>) {
         Value::Array(items) => items.iter().for_each(|i| references(i, out)),
         _ => {}
     }
-}
-
-fn template_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("templates"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
 }
 
 #[test]

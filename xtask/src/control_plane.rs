@@ -90,7 +90,13 @@ fn build() -> Result<PathBuf> {
     if missing(&dir, CAPI_MANAGER_BIN) {
         build_capi_manager(&sh, &dir)?;
     }
-    if !dir.join(CAPI_CRDS_DIR).is_dir() {
+    // The kubeadm bootstrap and control plane CRDs came later; a cache without
+    // them is copied again.
+    if !dir
+        .join(CAPI_CRDS_DIR)
+        .join(KUBEADM_CONTROL_PLANE_CRD)
+        .is_file()
+    {
         copy_capi_crds(&sh, &dir)?;
     }
     Ok(dir)
@@ -220,18 +226,37 @@ fn build_capi_manager(sh: &Shell, dir: &Path) -> Result<()> {
 
 /// Copies the core CRDs (`core/config/crd/bases` of the CAPI module) to `<dir>/capi-crds`.
 /// They are copied as published; `testenv` strips conversion webhooks when installing them.
+/// A CRD of the kubeadm control plane provider, present in a complete copy.
+const KUBEADM_CONTROL_PLANE_CRD: &str = "controlplane.cluster.x-k8s.io_kubeadmcontrolplanes.yaml";
+
+/// Where the CRDs live in the CAPI module: core, and the kubeadm bootstrap and
+/// control plane providers (the templates use KubeadmControlPlane and
+/// KubeadmConfigTemplate, and tests validate them against the real schemas).
+const CAPI_CRD_BASES: &[&str] = &[
+    "core/config/crd/bases",
+    "bootstrap/kubeadm/config/crd/bases",
+    "controlplane/kubeadm/config/crd/bases",
+];
+
 fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
     let module_dir = downloaded_field(sh, &capi, "Dir")?;
-    let bases = Path::new(&module_dir).join("core/config/crd/bases");
-    let entries = std::fs::read_dir(&bases)
-        .with_context(|| format!("listing CAPI's CRDs in {} (module {capi})", bases.display()))?;
     let partial = dir.join(format!(".partial-{CAPI_CRDS_DIR}"));
     if partial.exists() {
         std::fs::remove_dir_all(&partial)?;
     }
     std::fs::create_dir_all(&partial)?;
     let mut copied = 0;
+    let mut entries = Vec::new();
+    for base in CAPI_CRD_BASES {
+        let bases = Path::new(&module_dir).join(base);
+        for entry in std::fs::read_dir(&bases).with_context(|| {
+            format!("listing CAPI's CRDs in {} (module {capi})", bases.display())
+        })? {
+            entries.push(entry);
+        }
+    }
+    let bases = Path::new(&module_dir).join(CAPI_CRD_BASES[0]);
     for entry in entries {
         let path = entry?.path();
         if path.extension().is_some_and(|ext| ext == "yaml") {
@@ -248,7 +273,11 @@ fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
             bases.display()
         );
     }
-    std::fs::rename(&partial, dir.join(CAPI_CRDS_DIR))?;
+    let target = dir.join(CAPI_CRDS_DIR);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, target)?;
     eprintln!(
         "control plane: copied {copied} CAPI CRDs to {}",
         dir.join(CAPI_CRDS_DIR).display()
