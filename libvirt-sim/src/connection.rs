@@ -920,10 +920,10 @@ impl Connection {
 
     fn after_stop(&self, state: &mut State, name: &str) {
         self.host.forget_dhcp(state, name);
-        if state.domains.get(name).is_some_and(|d| !d.persistent) {
-            if let Some(d) = state.domains.remove(name) {
-                state.domain_uuids.remove(&d.def.uuid);
-            }
+        if state.domains.get(name).is_some_and(|d| !d.persistent)
+            && let Some(d) = state.domains.remove(name)
+        {
+            state.domain_uuids.remove(&d.def.uuid);
         }
     }
 

@@ -225,8 +225,8 @@ impl DomainDef {
             })
             .collect();
         let mut raw_devices = children_raw(xml, &["domain", "devices"]);
-        let mut iface_index = 0;
-        for dev in raw_devices.iter_mut().filter(|d| d.name == "interface") {
+        let raw_interfaces = raw_devices.iter_mut().filter(|d| d.name == "interface");
+        for (iface_index, dev) in raw_interfaces.enumerate() {
             let had_mac = devices
                 .interface
                 .get(iface_index)
@@ -234,7 +234,6 @@ impl DomainDef {
             if let (false, Some(iface)) = (had_mac, interfaces.get(iface_index)) {
                 dev.raw = inject_mac(&dev.raw, iface.mac);
             }
-            iface_index += 1;
         }
         let metadata = children_raw(xml, &["domain", "metadata"])
             .into_iter()
