@@ -8,6 +8,7 @@ mod bench_sim;
 mod control_plane;
 mod deploy;
 mod docker;
+mod guest_image;
 mod libvirt_host;
 mod manifests;
 mod test;
@@ -71,6 +72,8 @@ enum Command {
     Host(libvirt_host::Command),
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
     BenchSim(bench_sim::Args),
+    /// Build (or reuse) the tiny test guest image the e2e tests and the demo boot; print its path.
+    GuestImage(guest_image::Args),
 }
 
 fn main() -> Result<()> {
@@ -91,6 +94,7 @@ fn main() -> Result<()> {
         Command::ControlPlane(cmd) => control_plane::run(cmd),
         Command::Host(cmd) => libvirt_host::run(cmd),
         Command::BenchSim(args) => bench_sim::run(args),
+        Command::GuestImage(args) => guest_image::run(args),
     }
 }
 
