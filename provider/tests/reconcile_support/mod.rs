@@ -1,0 +1,637 @@
+//! The reconciler tests' world: the real kube-apiserver of `testenv` with
+//! CAPI's and our CRDs, one namespace per test, one simulated libvirt host per
+//! test (registered under a unique URI), and the real controllers running
+//! in-process against both, scoped to the test's namespace.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
+use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl::controller::metrics::Metrics;
+use capl::controller::{self, Context, Settings};
+use capl::host::DomainTypePreference;
+use capl::host::network_xml::parse_network;
+use capl::hypervisor::Hypervisor;
+use capl::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use capl::hypervisor::sim::{SimConnector, SimHypervisor};
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use testenv::TestEnv;
+use tokio::sync::OnceCell;
+
+pub use capl::sim_host::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, NETWORK};
+
+/// How long any wait may take on a loaded 2-core machine before the test fails.
+pub const WAIT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(250);
+const FIELD_MANAGER: &str = "reconcile-tests";
+/// The control-plane endpoint the fixtures use.
+pub const ENDPOINT_HOST: &str = "192.168.122.10";
+pub const ENDPOINT_PORT: i32 = 6443;
+
+/// One test's world.
+pub struct World {
+    pub env: &'static TestEnv,
+    pub client: Client,
+    pub ns: String,
+    /// The simulated libvirt host of this test.
+    pub host: libvirt_sim::Host,
+    pub uri: String,
+}
+
+static CRDS: OnceCell<()> = OnceCell::const_new();
+
+impl World {
+    /// A fresh namespace and simulated host. The CAPI and project CRDs are
+    /// installed once per test process. Fails (never skips) when the local
+    /// control plane is missing; testenv's error names the build command.
+    pub async fn new(prefix: &str) -> Self {
+        let env = TestEnv::shared().await.unwrap_or_else(|e| {
+            panic!("the reconciler tests need the local kube-apiserver and etcd: {e:#}")
+        });
+        CRDS.get_or_init(|| async {
+            env.install_capi_crds()
+                .await
+                .unwrap_or_else(|e| panic!("installing CAPI's CRDs: {e:#}"));
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd/bases");
+            env.install_crds_from_dir(&dir).await.unwrap_or_else(|e| {
+                panic!(
+                    "installing the project's CRDs from {}: {e:#} (run `cargo xtask manifests`)",
+                    dir.display()
+                )
+            });
+        })
+        .await;
+        let ns = env
+            .unique_namespace(prefix)
+            .await
+            .unwrap_or_else(|e| panic!("creating a namespace: {e:#}"));
+        // The CRD admits qemu:// and test:// URIs only; the simulator answers any string.
+        let uri = format!("qemu+tcp://sim-{ns}/system");
+        let host = capl::sim_host::register(&uri)
+            .unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
+        Self {
+            env,
+            client: env.client(),
+            ns,
+            host,
+            uri,
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A fresh connection cache over the simulator (what a new manager process would have).
+    pub fn connections(&self) -> Arc<Connections> {
+        Arc::new(Connections::new(
+            Arc::new(SimConnector),
+            DEFAULT_MAX_CALLS_PER_HOST,
+        ))
+    }
+
+    /// Starts the controllers for this namespace with a fresh connection cache.
+    pub fn start_manager(&self) -> Manager {
+        Manager::start(self.client.clone(), &self.ns, self.connections())
+    }
+
+    /// A connection to the simulated host for looking at it (it counts on the host's counters).
+    pub fn inspect(&self) -> SimHypervisor {
+        SimHypervisor::connect(&self.uri)
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.uri))
+    }
+
+    /// Server-side applies `object` (complete, with apiVersion and kind) and returns it as stored.
+    pub async fn apply<K>(&self, object: Value) -> K
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("object has metadata.name")
+            .to_string();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.api::<K>()
+            .patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .unwrap_or_else(|e| panic!("applying {} {name}: {e}\n{object:#}", K::kind(&())))
+    }
+
+    /// Merge-patches the status subresource of `name`.
+    pub async fn patch_status<K>(&self, name: &str, status: Value) -> K
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        self.api::<K>()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("patching the status of {} {name}: {e}", K::kind(&())))
+    }
+
+    /// Merge-patches `name` (spec, metadata).
+    pub async fn merge<K>(&self, name: &str, patch: Value) -> K
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        self.api::<K>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap_or_else(|e| panic!("patching {} {name}: {e}", K::kind(&())))
+    }
+
+    pub async fn delete<K>(&self, name: &str)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        self.api::<K>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting {} {name}: {e}", K::kind(&())));
+    }
+
+    /// Polls `name` until `ready` holds; on timeout fails with `what` and the object last seen.
+    pub async fn wait_for<K>(&self, name: &str, what: &str, ready: impl Fn(&K) -> bool) -> K
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + serde::Serialize,
+    {
+        let api = self.api::<K>();
+        let started = Instant::now();
+        let mut last: Option<K>;
+        loop {
+            match api.get_opt(name).await {
+                Ok(Some(object)) => {
+                    if ready(&object) {
+                        return object;
+                    }
+                    last = Some(object);
+                }
+                Ok(None) => last = None,
+                Err(e) => panic!("reading {} {name}: {e}", K::kind(&())),
+            }
+            if started.elapsed() > WAIT {
+                let seen = last
+                    .map(|o| serde_json::to_string_pretty(&o).unwrap())
+                    .unwrap_or_else(|| "(absent)".into());
+                panic!(
+                    "{} {}/{name}: timed out waiting for {what}; last seen:\n{seen}",
+                    K::kind(&()),
+                    self.ns
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Polls until `name` no longer exists.
+    pub async fn wait_gone<K>(&self, name: &str)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + serde::Serialize,
+    {
+        let api = self.api::<K>();
+        let started = Instant::now();
+        while let Some(object) = api
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+        {
+            if started.elapsed() > WAIT {
+                panic!(
+                    "{} {}/{name} was not removed:\n{}",
+                    K::kind(&()),
+                    self.ns,
+                    serde_json::to_string_pretty(&object).unwrap()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Polls the simulated host until `ready` holds.
+    pub async fn wait_host(&self, what: &str, ready: impl Fn(&SimHypervisor) -> bool) {
+        let hv = self.inspect();
+        let started = Instant::now();
+        while !ready(&hv) {
+            if started.elapsed() > WAIT {
+                panic!(
+                    "host {}: timed out waiting for {what}; host holds {:?}",
+                    self.uri,
+                    self.host_objects()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The events regarding object `name`: (type, reason, note).
+    pub async fn events(&self, name: &str) -> Vec<(String, String, String)> {
+        let events: Api<Event> = self.api();
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing events in {}: {e}", self.ns))
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Polls until an event regarding `name` with `reason` and `note` exists.
+    pub async fn wait_event(&self, name: &str, type_: &str, reason: &str, note: &str) {
+        let started = Instant::now();
+        loop {
+            let events = self.events(name).await;
+            if events
+                .iter()
+                .any(|(t, r, n)| t == type_ && r == reason && n == note)
+            {
+                return;
+            }
+            if started.elapsed() > WAIT {
+                panic!("no {type_} event {reason} {note:?} regarding {name}; events: {events:#?}");
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// What the host holds: domains, volumes of the domain pool, DHCP hosts of the network.
+    pub fn host_objects(&self) -> HostObjects {
+        let hv = self.inspect();
+        let mut domains = hv.domain_list().expect("list domains");
+        domains.sort();
+        let mut volumes = hv.volume_list(DOMAIN_POOL).expect("list volumes");
+        volumes.sort();
+        let network = parse_network(&hv.network_xml(NETWORK).expect("network XML"))
+            .expect("parse network XML");
+        let mut dhcp_hosts: Vec<String> = network
+            .ipv4
+            .map(|v4| {
+                v4.hosts
+                    .into_iter()
+                    .map(|h| {
+                        format!(
+                            "{} {}",
+                            h.mac.unwrap_or_default(),
+                            h.name.unwrap_or_default()
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        dhcp_hosts.sort();
+        HostObjects {
+            domains,
+            volumes,
+            dhcp_hosts,
+        }
+    }
+
+    /// The calls made on the simulated host so far, by operation (zero counts left out).
+    pub fn calls(&self) -> BTreeMap<String, u64> {
+        self.host
+            .counters()
+            .snapshot()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(op, n)| (format!("{op:?}"), n))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostObjects {
+    pub domains: Vec<String>,
+    pub volumes: Vec<String>,
+    pub dhcp_hosts: Vec<String>,
+}
+
+/// `after - before`, per operation, zero differences left out.
+pub fn call_delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(op, n)| {
+            let d = n - before.get(op).copied().unwrap_or(0);
+            (d > 0).then(|| (op.clone(), d))
+        })
+        .collect()
+}
+
+/// The controllers of one "manager process", scoped to one namespace.
+pub struct Manager {
+    task: tokio::task::JoinHandle<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub ctx: Arc<Context>,
+    pub connections: Arc<Connections>,
+    pub metrics: Metrics,
+}
+
+impl Manager {
+    pub fn start(client: Client, ns: &str, connections: Arc<Connections>) -> Self {
+        let settings = Settings {
+            namespace: Some(ns.to_string()),
+            // The simulator offers no KVM, as on these machines.
+            domain_type: DomainTypePreference::Qemu,
+            console_log_dir: None,
+            concurrency: 4,
+        };
+        let metrics = Metrics::default();
+        let ctx = Arc::new(Context::new(
+            client,
+            connections.clone(),
+            settings,
+            metrics.clone(),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = stopped.map(|_| ()).shared();
+        let task = tokio::spawn(controller::run(ctx.clone(), shutdown));
+        Self {
+            task,
+            stop: Some(stop),
+            ctx,
+            connections,
+            metrics,
+        }
+    }
+
+    /// Reconciles run so far by `controller` ("libvirtcluster" or "libvirtmachine").
+    pub fn reconciles(&self, controller: &str) -> u64 {
+        let wanted = format!("capl_reconciles_total{{controller=\"{controller}\"}} ");
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&wanted)
+                    .map(|n| n.trim().parse::<u64>().expect("a counter value"))
+            })
+            .unwrap_or(0)
+    }
+
+    /// Kills the manager the hard way: the task is dropped wherever it is.
+    pub async fn kill(mut self) {
+        self.stop.take();
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The named condition of a condition list.
+pub fn condition<'a>(conditions: &'a Option<Vec<Condition>>, type_: &str) -> Option<&'a Condition> {
+    conditions.as_ref()?.iter().find(|c| c.type_ == type_)
+}
+
+pub fn cluster_conditions(lc: &LibvirtCluster) -> &Option<Vec<Condition>> {
+    static NONE: Option<Vec<Condition>> = None;
+    lc.status.as_ref().map(|s| &s.conditions).unwrap_or(&NONE)
+}
+
+pub fn machine_conditions(lm: &LibvirtMachine) -> &Option<Vec<Condition>> {
+    static NONE: Option<Vec<Condition>> = None;
+    lm.status.as_ref().map(|s| &s.conditions).unwrap_or(&NONE)
+}
+
+/// Whether condition `type_` has `status` (and `reason`, when given).
+pub fn has(
+    conditions: &Option<Vec<Condition>>,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> bool {
+    condition(conditions, type_)
+        .is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+}
+
+// --- the objects, complete as CAPI would write them (its webhooks are not installed) ---
+
+/// A v1beta2 Cluster whose infrastructure is LibvirtCluster `lc`.
+pub fn cluster_json(name: &str, lc: &str, endpoint: bool) -> Value {
+    let mut cluster = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Cluster",
+        "metadata": { "name": name },
+        "spec": {
+            "clusterNetwork": { "pods": { "cidrBlocks": ["10.244.0.0/16"] }, "services": { "cidrBlocks": ["10.96.0.0/12"] } },
+            "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "LibvirtCluster", "name": lc },
+        },
+    });
+    if endpoint {
+        cluster["spec"]["controlPlaneEndpoint"] =
+            json!({ "host": ENDPOINT_HOST, "port": ENDPOINT_PORT });
+    }
+    cluster
+}
+
+fn owner(kind: &str, name: &str, uid: &str) -> Value {
+    json!([{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind, "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true }])
+}
+
+/// A LibvirtCluster on host `uri`, owned by Cluster `cluster` (uid) as CAPI would set it.
+pub fn libvirt_cluster_json(name: &str, uri: &str, cluster: Option<(&str, &str)>) -> Value {
+    let mut lc = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtCluster",
+        "metadata": { "name": name },
+        "spec": { "uri": uri, "network": NETWORK, "basePool": BASE_POOL, "domainPool": DOMAIN_POOL },
+    });
+    if let Some((cluster, uid)) = cluster {
+        lc["metadata"]["ownerReferences"] = owner("Cluster", cluster, uid);
+        lc["metadata"]["labels"] = json!({ CLUSTER_NAME_LABEL: cluster });
+    }
+    lc
+}
+
+/// A Machine of `cluster` whose infrastructure is LibvirtMachine `lm`.
+pub fn machine_json(name: &str, cluster: &str, lm: &str, data_secret: Option<&str>) -> Value {
+    let mut bootstrap = json!({ "configRef": { "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name } });
+    if let Some(secret) = data_secret {
+        bootstrap["dataSecretName"] = json!(secret);
+    }
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": { "name": name, "labels": { CLUSTER_NAME_LABEL: cluster } },
+        "spec": {
+            "clusterName": cluster,
+            "bootstrap": bootstrap,
+            "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "LibvirtMachine", "name": lm },
+            "version": "v1.33.0",
+        },
+    })
+}
+
+/// A LibvirtMachine of `cluster`, owned by Machine `machine` (name, uid) as CAPI would set it.
+pub fn libvirt_machine_json(name: &str, cluster: &str, machine: Option<(&str, &str)>) -> Value {
+    let mut lm = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtMachine",
+        "metadata": { "name": name, "labels": { CLUSTER_NAME_LABEL: cluster } },
+        "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": BASE_IMAGE },
+    });
+    if let Some((machine, uid)) = machine {
+        lm["metadata"]["ownerReferences"] = owner("Machine", machine, uid);
+    }
+    lm
+}
+
+/// A bootstrap data Secret as CAPI's bootstrap providers write it.
+pub async fn create_bootstrap_secret(
+    w: &World,
+    name: &str,
+    data: BTreeMap<String, String>,
+) -> Secret {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        string_data: Some(data),
+        ..Default::default()
+    };
+    w.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("creating Secret {name}: {e}"))
+}
+
+pub fn cloud_config(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "value".to_string(),
+            format!("#cloud-config\nhostname: {name}\n"),
+        ),
+        ("format".to_string(), "cloud-config".to_string()),
+    ])
+}
+
+/// The objects of a cluster as CAPI leaves them once its infrastructure is
+/// provisioned: Cluster (infrastructureProvisioned through /status) and
+/// LibvirtCluster. Returns the Cluster's UID.
+pub async fn provisioned_cluster(w: &World, cluster: &str) -> String {
+    let lc_name = format!("{cluster}-lc");
+    let c: Cluster = w.apply(cluster_json(cluster, &lc_name, true)).await;
+    let uid = c.uid().expect("a stored Cluster has a UID");
+    let _: LibvirtCluster = w
+        .apply(libvirt_cluster_json(
+            &lc_name,
+            &w.uri,
+            Some((cluster, &uid)),
+        ))
+        .await;
+    let _: Cluster = w
+        .patch_status(
+            cluster,
+            json!({ "initialization": { "infrastructureProvisioned": true } }),
+        )
+        .await;
+    uid
+}
+
+/// Machine + LibvirtMachine (owned by it) of `cluster`, with bootstrap Secret
+/// `<name>-bootstrap` when `data_secret` says so (it is not created here).
+pub async fn machine_pair(
+    w: &World,
+    cluster: &str,
+    name: &str,
+    data_secret: Option<&str>,
+) -> (Machine, LibvirtMachine) {
+    let m: Machine = w
+        .apply(machine_json(name, cluster, name, data_secret))
+        .await;
+    let uid = m.uid().expect("a stored Machine has a UID");
+    let lm: LibvirtMachine = w
+        .apply(libvirt_machine_json(name, cluster, Some((name, &uid))))
+        .await;
+    (m, lm)
+}
+
+/// Everything CAPI would have written for one machine, Secret included.
+pub async fn ready_machine_objects(w: &World, cluster: &str, name: &str) -> LibvirtMachine {
+    let secret = format!("{name}-bootstrap");
+    create_bootstrap_secret(w, &secret, cloud_config(name)).await;
+    machine_pair(w, cluster, name, Some(&secret)).await.1
+}
+
+/// The domain name the provider gives `name` in the test's namespace.
+pub fn domain_of(w: &World, name: &str) -> String {
+    capl::host::naming::domain_name(&w.ns, name)
+}
+
+/// Whether a LibvirtMachine is fully provisioned as a user would check it.
+pub fn machine_ready(lm: &LibvirtMachine) -> bool {
+    let c = machine_conditions(lm);
+    let addressed = lm
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"));
+    addressed
+        && lm.spec.provider_id.is_some()
+        && lm
+            .status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned)
+            == Some(true)
+        && has(c, "Ready", "True", None)
+}
+
+pub fn name_of(object: &impl ResourceExt) -> String {
+    object.name_any()
+}
