@@ -737,7 +737,12 @@ fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
 fn live_pid(file: &Path, name: &str) -> Option<u32> {
     let pid: u32 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == name).then_some(pid)
+    // /proc/<pid>/stat is "pid (comm) state ...": a zombie (Z) has exited.
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.trim_start().chars().next());
+    (comm.trim() == name && state != Some(Some('Z'))).then_some(pid)
 }
 
 /// Stops libvirtd, then virtlogd (SIGTERM, then SIGKILL after 20 s).
@@ -789,29 +794,44 @@ pub fn down() -> Result<()> {
         start_daemon(&sh, &lay)?;
         wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
     }
+    let mut failures = Vec::new();
     if daemon_responds(&sh, &uri) {
-        for dom in virsh(
+        let running = virsh(
             &sh,
             &uri,
             &["list", "--name", "--state-running", "--state-paused"],
-        )?
-        .lines()
-        {
-            let dom = dom.trim();
-            if !dom.is_empty() {
-                virsh(&sh, &uri, &["destroy", dom])?;
-                eprintln!("host down: destroyed domain {dom}");
+        )?;
+        for dom in running.lines().map(str::trim).filter(|d| !d.is_empty()) {
+            // A test may stop its domain at the same moment: only a domain
+            // that is still running afterwards is a failure.
+            match virsh(&sh, &uri, &["destroy", dom]) {
+                Ok(_) => eprintln!("host down: destroyed domain {dom}"),
+                Err(e) if domain_running(&sh, &uri, dom) => failures.push(format!("{e:#}")),
+                Err(_) => {}
             }
         }
-        for net in virsh(&sh, &uri, &["net-list", "--name"])?.lines() {
-            let net = net.trim();
-            if !net.is_empty() {
-                virsh(&sh, &uri, &["net-destroy", net])?;
-                eprintln!("host down: destroyed network {net}");
+        for net in virsh(&sh, &uri, &["net-list", "--name"])?
+            .lines()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            match virsh(&sh, &uri, &["net-destroy", net]) {
+                Ok(_) => eprintln!("host down: destroyed network {net}"),
+                Err(e) if object_active(&sh, &uri, "net-info", net) == Some(true) => {
+                    failures.push(format!("{e:#}"))
+                }
+                Err(_) => {}
             }
         }
     }
     stop_daemons(&lay)?;
+    if !failures.is_empty() {
+        bail!(
+            "host down: the daemon is stopped but its state is kept in {STATE_DIR} and {RUN_DIR} \
+             because these failed:\n{}\nrun `cargo xtask host down` again",
+            failures.join("\n")
+        );
+    }
     for dir in [RUN_DIR, STATE_DIR] {
         if Path::new(dir).exists() {
             fs::remove_dir_all(dir).with_context(|| format!("removing {dir}"))?;
@@ -819,6 +839,11 @@ pub fn down() -> Result<()> {
     }
     eprintln!("host down: private libvirtd stopped, {RUN_DIR} and {STATE_DIR} removed");
     Ok(())
+}
+
+fn domain_running(sh: &Shell, uri: &str, dom: &str) -> bool {
+    virsh(sh, uri, &["domstate", dom])
+        .is_ok_and(|state| state.trim() == "running" || state.trim() == "paused")
 }
 
 /// `cargo xtask host status`.
