@@ -39,7 +39,7 @@ pub enum ErrorKind {
     XmlError,
     /// VIR_ERR_OPERATION_FAILED (9): libvirt's class for "already exists" and similar.
     OperationFailed,
-    /// VIR_ERR_DOM_EXIST (76 in older releases; a define with a clashing name/UUID).
+    /// VIR_ERR_DOM_EXIST (28): a define with a clashing name or UUID.
     DomainExists,
     /// VIR_ERR_STORAGE_VOL_EXIST (90)
     StorageVolExists,
