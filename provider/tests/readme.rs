@@ -45,3 +45,13 @@ fn kinds_table_lists_the_four_crds() {
     let code: BTreeSet<String> = capl::api::crds().into_iter().map(|c| c.spec.names.kind).collect();
     assert_eq!(documented, code);
 }
+
+#[test]
+fn names_table_example_is_what_the_code_computes() {
+    let rows = table_rows("| Item | Value |");
+    let domain = rows.iter().find(|r| r[0] == "Domain name").expect("README names table has a Domain name row");
+    let example = capl::host::naming::domain_name("default", "libvirt-xd-0");
+    assert!(domain[1].contains(&format!("`{example}`")), "README says {:?}, the code computes {example}", domain[1]);
+    let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
+    assert!(provider_id[1].starts_with(&format!("`{}", capl::api::PROVIDER_ID_PREFIX)));
+}
