@@ -2,6 +2,8 @@
 //! `cargo xtask host up`, whose URI is in `CAPL_TEST_LIBVIRT_URI`, with the
 //! network `capl-test-net` and the pools `capl-test-base` and `capl-test-disks`.
 //! Domains are `type='qemu'` (TCG): KVM does not work on the test machines.
+//! The base image `capl-host-tests-base.qcow2` (64 MiB, empty: the guests need
+//! not boot) is created in `capl-test-base` on first use and kept.
 
 mod host_support;
 
@@ -91,4 +93,11 @@ fn endpoint_address_is_avoided() {
 fn infra_missing_vs_inactive() {
     let (hv, fx) = libvirtd();
     host_support::infra_missing_vs_inactive(&hv, &fx, "real-infra");
+}
+
+#[test]
+fn console_log_file() {
+    let (hv, fx) = libvirtd();
+    // libvirtd's own QEMU log directory exists on every host.
+    host_support::console_log_file(&hv, &fx, "real-log", "/var/log/libvirt/qemu");
 }

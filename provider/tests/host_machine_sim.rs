@@ -155,3 +155,9 @@ fn create_steps_cover_the_readme_flow() {
     delete_machine(&hv, &spec).unwrap();
     let _: &dyn Hypervisor = &hv;
 }
+
+#[test]
+fn console_log_file() {
+    let (_host, hv, fx) = sim("log");
+    host_support::console_log_file(&hv, &fx, "sim-log", "/var/log/capl");
+}

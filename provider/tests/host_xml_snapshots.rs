@@ -41,7 +41,7 @@ fn domain_xml_qemu() {
 
 #[test]
 fn domain_xml_kvm_with_console_log() {
-    let log = format!("/var/log/libvirt/capl/{}.log", names().domain);
+    let log = format!("/var/log/libvirt/qemu/{}-console.log", names().domain);
     insta::assert_snapshot!(domain_xml(&definition("kvm", Some(log))));
 }
 

@@ -88,7 +88,9 @@ pub struct MachineSpec {
     /// The cluster's control-plane endpoint host; never handed out when it is an IPv4 address.
     pub control_plane_host: Option<String>,
     pub domain_type: DomainTypePreference,
-    /// When set, the serial console is also logged to `<dir>/<domain>.log` on the host.
+    /// When set, the serial console is also logged to `<dir>/<domain>-console.log` on the host
+    /// (not `<domain>.log`: in libvirt's `/var/log/libvirt/qemu` that is QEMU's own log, held
+    /// open by virtlogd, and the start would fail with "Device or resource busy").
     pub console_log_dir: Option<String>,
 }
 
@@ -336,7 +338,11 @@ impl<'a> MachineRun<'a> {
             iso_path: self.seed_path()?,
             network: self.spec.network.clone(),
             mac: self.names.mac(),
-            console_log_path: self.spec.console_log_dir.as_ref().map(|dir| format!("{dir}/{}.log", self.names.domain)),
+            console_log_path: self
+                .spec
+                .console_log_dir
+                .as_ref()
+                .map(|dir| format!("{dir}/{}-console.log", self.names.domain)),
             owner: self.spec.owner(),
         };
         match self.hv.domain_define(&domain_xml(&definition)) {

@@ -363,3 +363,21 @@ pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &
     hv.pool_undefine(&pool).unwrap();
     hv.network_undefine(&network).unwrap();
 }
+
+/// With a console log directory the serial console is also logged to `<dir>/<domain>-console.log`,
+/// and the domain still starts.
+pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir: &str) {
+    let mut spec = fresh_spec(hv, fx, namespace, "log-0");
+    spec.console_log_dir = Some(dir.to_string());
+    let names = spec.names();
+    ensure_machine(hv, &spec).expect("create with a console log");
+    let xml = hv.domain_xml(&names.domain).unwrap();
+    let expected = format!("{dir}/{}-console.log", names.domain);
+    assert!(
+        xml.contains(&format!("<log file='{expected}'")) || xml.contains(&format!("<log file=\"{expected}\"")),
+        "{xml}"
+    );
+    assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Running);
+    delete_machine(hv, &spec).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
