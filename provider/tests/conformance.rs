@@ -31,15 +31,12 @@ fn open(backend: Backend) -> (Box<dyn Hypervisor>, Option<libvirt_sim::Host>) {
     match backend {
         Backend::Sim => {
             let uri = format!("sim:///conformance-{}", std::process::id());
-            let host = libvirt_sim::Host::builder(&uri)
-                .build()
-                .expect("build the simulated host");
+            let host = libvirt_sim::Host::builder(&uri).build().expect("build the simulated host");
             let hv = SimHypervisor::connect(&uri).expect("connect to the simulated host");
             (Box::new(hv), Some(host))
         }
         Backend::TestDriver => {
-            let hv = LibvirtHypervisor::connect("test:///default")
-                .expect("open libvirt's test:///default driver");
+            let hv = LibvirtHypervisor::connect("test:///default").expect("open libvirt's test:///default driver");
             (Box::new(hv), None)
         }
         Backend::RealLibvirtd => {
@@ -51,9 +48,8 @@ fn open(backend: Backend) -> (Box<dyn Hypervisor>, Option<libvirt_sim::Host>) {
                      (see libvirt-sim/README.md)"
                 )
             });
-            let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
-                panic!("connect to {uri} ({URI_ENV}): {e}; is `cargo xtask host up` running?")
-            });
+            let hv = LibvirtHypervisor::connect(&uri)
+                .unwrap_or_else(|e| panic!("connect to {uri} ({URI_ENV}): {e}; is `cargo xtask host up` running?"));
             (Box::new(hv), None)
         }
     }
@@ -99,14 +95,14 @@ fn conformance(#[case] backend: Backend) {
         }
     }
     eprintln!(
-        "conformance on {}: {ran} scenarios ran, {} passed, {} failed, {} marked not modeled on this backend",
+        "conformance on {}: {ran} scenarios ran, {} passed, {} failed, {} marked as not modeled by this backend",
         backend.label(),
         ran - failures.len(),
         failures.len(),
         marked.len()
     );
     for m in &marked {
-        eprintln!("  not modeled on {}: {m}", backend.label());
+        eprintln!("  not modeled by {}: {m}", backend.label());
     }
     assert!(
         failures.is_empty(),

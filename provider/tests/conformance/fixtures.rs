@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use capl::hypervisor::{ErrorKind, Hypervisor, HypervisorError, UndefineFlags};
 
+/// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
+pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
+
 /// The three backends the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -49,19 +52,45 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     pub fn new(hv: &'a dyn Hypervisor, backend: Backend, run: u32, index: u32) -> Self {
-        Ctx {
-            hv,
-            backend,
-            prefix: format!("capl-conf-{run}-{index}"),
-            index,
-            cleanup: RefCell::new(Vec::new()),
-        }
+        Ctx { hv, backend, prefix: format!("capl-conf-{run}-{index}"), index, cleanup: RefCell::new(Vec::new()) }
     }
 
     /// Whether "not found" messages name the object. The test driver says only
     /// "Domain not found" (listed in libvirt-sim/README.md).
     pub fn messages_name_objects(&self) -> bool {
         self.backend != Backend::TestDriver
+    }
+
+    /// Bytes for a bootable disk. On the real libvirtd: the tiny test guest (boots under
+    /// TCG and asks for DHCP), from `CAPL_GUEST_IMAGE` or `cargo xtask guest-image`.
+    /// Simulated guests need no image: a few stand-in bytes.
+    pub fn guest_image(&self) -> Vec<u8> {
+        if self.backend != Backend::RealLibvirtd {
+            return b"stand-in disk: simulated guests boot without an image".to_vec();
+        }
+        let path = match std::env::var_os(GUEST_IMAGE_ENV) {
+            Some(path) => PathBuf::from(path),
+            None => {
+                let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .parent()
+                    .expect("provider lives in the repository");
+                let out = std::process::Command::new("cargo")
+                    .args(["xtask", "guest-image"])
+                    .current_dir(root)
+                    .stderr(std::process::Stdio::inherit())
+                    .output()
+                    .unwrap_or_else(|e| panic!("running `cargo xtask guest-image` (or set {GUEST_IMAGE_ENV}): {e}"));
+                assert!(
+                    out.status.success(),
+                    "`cargo xtask guest-image` failed ({}): the real-libvirtd lease scenario needs the tiny test guest; \
+                     build it with `cargo xtask guest-image` or point {GUEST_IMAGE_ENV} at a base.qcow2",
+                    out.status
+                );
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            }
+        };
+        std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("read the guest image {} ({GUEST_IMAGE_ENV}): {e}", path.display()))
     }
 
     pub fn name(&self, what: &str) -> String {
@@ -77,18 +106,11 @@ impl<'a> Ctx<'a> {
     pub fn network(&self, what: &str, active: bool) -> String {
         let name = self.name(what);
         let xml = network_xml(&name, &self.bridge(what), self.subnet(), None);
-        let defined = self
-            .hv
-            .network_define(&xml)
-            .unwrap_or_else(|e| panic!("define network {name}: {e}"));
+        let defined = self.hv.network_define(&xml).unwrap_or_else(|e| panic!("define network {name}: {e}"));
         assert_eq!(defined, name);
-        self.cleanup
-            .borrow_mut()
-            .push(Cleanup::Network(name.clone()));
+        self.cleanup.borrow_mut().push(Cleanup::Network(name.clone()));
         if active {
-            self.hv
-                .network_start(&name)
-                .unwrap_or_else(|e| panic!("start network {name}: {e}"));
+            self.hv.network_start(&name).unwrap_or_else(|e| panic!("start network {name}: {e}"));
         }
         name
     }
@@ -103,26 +125,13 @@ impl<'a> Ctx<'a> {
     pub fn pool(&self, what: &str) -> String {
         let name = self.name(what);
         let dir = std::env::temp_dir().join(&name);
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("create pool directory {}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create pool directory {}: {e}", dir.display()));
         self.cleanup.borrow_mut().push(Cleanup::Dir(dir.clone()));
-        let xml = format!(
-            "<pool type='dir'><name>{name}</name><target><path>{}</path></target></pool>",
-            dir.display()
-        );
-        assert_eq!(
-            self.hv
-                .pool_define(&xml)
-                .unwrap_or_else(|e| panic!("define pool {name}: {e}")),
-            name
-        );
+        let xml = format!("<pool type='dir'><name>{name}</name><target><path>{}</path></target></pool>", dir.display());
+        assert_eq!(self.hv.pool_define(&xml).unwrap_or_else(|e| panic!("define pool {name}: {e}")), name);
         self.cleanup.borrow_mut().push(Cleanup::Pool(name.clone()));
-        self.hv
-            .pool_build(&name)
-            .unwrap_or_else(|e| panic!("build pool {name}: {e}"));
-        self.hv
-            .pool_start(&name)
-            .unwrap_or_else(|e| panic!("start pool {name}: {e}"));
+        self.hv.pool_build(&name).unwrap_or_else(|e| panic!("build pool {name}: {e}"));
+        self.hv.pool_start(&name).unwrap_or_else(|e| panic!("start pool {name}: {e}"));
         name
     }
 
@@ -133,30 +142,20 @@ impl<'a> Ctx<'a> {
 
     /// Creates a volume from XML in `pool`, cleaned up afterwards.
     pub fn volume(&self, pool: &str, xml: &str) -> String {
-        let name = self
-            .hv
-            .volume_create(pool, xml)
-            .unwrap_or_else(|e| panic!("create volume in {pool}: {e}\n{xml}"));
-        self.cleanup
-            .borrow_mut()
-            .push(Cleanup::Volume(pool.to_string(), name.clone()));
+        let name = self.hv.volume_create(pool, xml).unwrap_or_else(|e| panic!("create volume in {pool}: {e}\n{xml}"));
+        self.cleanup.borrow_mut().push(Cleanup::Volume(pool.to_string(), name.clone()));
         name
     }
 
     /// Defines a domain from XML, cleaned up afterwards (destroyed if running, undefined).
     pub fn define(&self, xml: &str) -> String {
-        let name = self
-            .hv
-            .domain_define(xml)
-            .unwrap_or_else(|e| panic!("define domain: {e}\n{xml}"));
+        let name = self.hv.domain_define(xml).unwrap_or_else(|e| panic!("define domain: {e}\n{xml}"));
         self.forget_domain_later(&name);
         name
     }
 
     pub fn forget_domain_later(&self, name: &str) {
-        self.cleanup
-            .borrow_mut()
-            .push(Cleanup::Domain(name.to_string()));
+        self.cleanup.borrow_mut().push(Cleanup::Domain(name.to_string()));
     }
 }
 
@@ -203,12 +202,8 @@ pub fn network_xml(name: &str, bridge: &str, subnet: u32, host: Option<&str>) ->
 
 /// Domain XML for a `type='qemu'` guest with no disk; `extra` goes into `<devices>`.
 pub fn domain_xml(name: &str, uuid: Option<&str>, metadata: Option<&str>, devices: &str) -> String {
-    let uuid = uuid
-        .map(|u| format!("<uuid>{u}</uuid>"))
-        .unwrap_or_default();
-    let metadata = metadata
-        .map(|m| format!("<metadata>{m}</metadata>"))
-        .unwrap_or_default();
+    let uuid = uuid.map(|u| format!("<uuid>{u}</uuid>")).unwrap_or_default();
+    let metadata = metadata.map(|m| format!("<metadata>{m}</metadata>")).unwrap_or_default();
     format!(
         "<domain type='qemu'><name>{name}</name>{uuid}{metadata}<memory unit='MiB'>32</memory><vcpu>1</vcpu>\
          <os><type arch='x86_64' machine='pc'>hvm</type></os><devices>{devices}</devices></domain>"
