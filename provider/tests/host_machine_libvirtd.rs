@@ -101,3 +101,15 @@ fn console_log_file() {
     // libvirtd's own QEMU log directory exists on every host.
     host_support::console_log_file(&hv, &fx, "real-log", "/var/log/libvirt/qemu");
 }
+
+#[test]
+fn foreign_dhcp_entry_is_left_alone() {
+    let (hv, fx) = libvirtd();
+    host_support::foreign_dhcp_entry_is_left_alone(&hv, &fx, "real-fdhcp");
+}
+
+#[test]
+fn older_incarnation_is_reported() {
+    let (hv, fx) = libvirtd();
+    host_support::older_incarnation_is_reported(&hv, &fx, "real-reborn");
+}

@@ -161,3 +161,15 @@ fn console_log_file() {
     let (_host, hv, fx) = sim("log");
     host_support::console_log_file(&hv, &fx, "sim-log", "/var/log/capl");
 }
+
+#[test]
+fn foreign_dhcp_entry_is_left_alone() {
+    let (_host, hv, fx) = sim("fdhcp");
+    host_support::foreign_dhcp_entry_is_left_alone(&hv, &fx, "sim-fdhcp");
+}
+
+#[test]
+fn older_incarnation_is_reported() {
+    let (_host, hv, fx) = sim("reborn");
+    host_support::older_incarnation_is_reported(&hv, &fx, "sim-reborn");
+}

@@ -381,3 +381,47 @@ pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir:
     delete_machine(hv, &spec).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
+
+/// A DHCP entry that uses our MAC under another name is reported and kept;
+/// delete still removes what is ours and reports the entry.
+pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    use capl::hypervisor::NetworkUpdateCommand;
+    let spec = fresh_spec(hv, fx, namespace, "foreign-dhcp-0");
+    let names = spec.names();
+    let net = parse_network(&hv.network_xml(&fx.network).unwrap()).unwrap().ipv4.unwrap();
+    let last = capl::host::dhcp::address_ranges(&net).last().unwrap().end;
+    let foreign = format!("<host mac='{}' name='{namespace}-someone-else' ip='{last}'/>", names.mac());
+    let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign);
+    hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::AddLast, &foreign).unwrap();
+
+    let err = ensure_machine(hv, &spec).expect_err("create must refuse a DHCP entry with our MAC");
+    assert!(
+        matches!(&err, HostError::Collision { kind: ObjectKind::DhcpHost, object, .. } if object.contains(&names.mac())),
+        "{err}"
+    );
+    let err = delete_machine(hv, &spec).expect_err("delete must report the foreign entry");
+    assert_eq!(err.reason(), FailureReason::ObjectCollision, "{err}");
+    let entries = dhcp_hosts(hv, fx);
+    assert!(entries.iter().any(|(mac, name, _)| *mac == names.mac() && name.ends_with("someone-else")), "{entries:?}");
+    // Our volumes were removed all the same.
+    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
+    assert!(!volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()));
+    hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// A domain left by an older LibvirtMachine of the same name (another UID) is never adopted.
+pub fn older_incarnation_is_reported(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let old = fresh_spec(hv, fx, namespace, "reborn-0");
+    let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
+    run_create_steps(hv, &old, steps).unwrap();
+    let mut new = old.clone();
+    new.uid = uid_for(namespace, "reborn-0-second");
+    let err = ensure_machine(hv, &new).expect_err("a domain of another UID");
+    assert!(err.to_string().contains(&old.uid) && err.to_string().contains(&new.uid), "{err}");
+    assert_eq!(err.reason(), FailureReason::ObjectCollision);
+    assert!(delete_machine(hv, &new).is_err());
+    assert!(hv.domain_list().unwrap().contains(&old.names().domain));
+    delete_machine(hv, &old).unwrap();
+    assert_eq!(leftovers(hv, fx, &[old]), Vec::<String>::new());
+}
