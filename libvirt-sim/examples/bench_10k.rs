@@ -11,18 +11,12 @@ use libvirt_sim::{Connection, Host, connect};
 
 const NET: &str = "<network><name>bench</name><bridge name='virbr-bench'/><ip address='10.50.0.1' prefix='16'>\
     <dhcp><range start='10.50.0.10' end='10.50.255.250'/></dhcp></ip></network>";
-const POOL: &str =
-    "<pool type='dir'><name>disks</name><target><path>/bench/disks</path></target></pool>";
+const POOL: &str = "<pool type='dir'><name>disks</name><target><path>/bench/disks</path></target></pool>";
 
 /// A domain shaped like the provider's: metadata, a disk, a cdrom, an interface, a console.
 fn domain_xml(i: usize) -> String {
-    let mac = format!(
-        "52:54:{:02x}:{:02x}:{:02x}:{:02x}",
-        (i >> 24) & 0xff,
-        (i >> 16) & 0xff,
-        (i >> 8) & 0xff,
-        i & 0xff
-    );
+    let mac =
+        format!("52:54:{:02x}:{:02x}:{:02x}:{:02x}", (i >> 24) & 0xff, (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff);
     format!(
         "<domain type='qemu'><name>bench-{i}</name>\
          <metadata><capl:machine xmlns:capl='https://capl.example/v1'>default/bench-{i}</capl:machine></metadata>\
@@ -41,16 +35,12 @@ fn create_volumes(conn: &Connection, i: usize) {
         "<volume><name>bench-{i}.qcow2</name><capacity unit='GiB'>20</capacity><target><format type='qcow2'/></target>\
          <backingStore><path>/bench/disks/base.qcow2</path><format type='qcow2'/></backingStore></volume>"
     );
-    conn.storage_vol_create_xml("disks", &overlay)
-        .expect("create overlay");
+    conn.storage_vol_create_xml("disks", &overlay).expect("create overlay");
     let seed = format!(
         "<volume><name>bench-{i}-seed.iso</name><capacity unit='bytes'>{SEED_BYTES}</capacity><target><format type='raw'/></target></volume>"
     );
-    let name = conn
-        .storage_vol_create_xml("disks", &seed)
-        .expect("create seed ISO");
-    conn.storage_vol_upload("disks", &name, 0, &[0x42; SEED_BYTES])
-        .expect("upload seed ISO");
+    let name = conn.storage_vol_create_xml("disks", &seed).expect("create seed ISO");
+    conn.storage_vol_upload("disks", &name, 0, &[0x42; SEED_BYTES]).expect("upload seed ISO");
 }
 
 /// A NoCloud seed ISO is a few hundred KiB; the benchmark keeps 2 KiB per machine in memory.
@@ -67,10 +57,7 @@ fn arg(name: &str, default: usize) -> usize {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} takes a number, got '{v}'"))
-        })
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number, got '{v}'")))
         .unwrap_or(default)
 }
 
@@ -78,11 +65,8 @@ fn main() {
     let domains = arg("--domains", 10_000);
     let threads = arg("--threads", 1).max(1);
     let baseline = vm_hwm_kib().unwrap_or(0);
-    let host = Host::builder("sim:///bench")
-        .network(NET, true)
-        .pool(POOL, true)
-        .build()
-        .expect("build the simulated host");
+    let host =
+        Host::builder("sim:///bench").network(NET, true).pool(POOL, true).build().expect("build the simulated host");
     let conn = Arc::new(connect(host.uri()).expect("connect"));
     conn.storage_vol_create_xml(
         "disks",
@@ -107,18 +91,11 @@ fn main() {
             })
         })
         .collect();
-    let slowest = workers
-        .into_iter()
-        .map(|w| w.join().expect("worker"))
-        .max()
-        .unwrap_or_default();
+    let slowest = workers.into_iter().map(|w| w.join().expect("worker")).max().unwrap_or_default();
     let define_start = start.elapsed();
 
     let lease_start = Instant::now();
-    let leases = conn
-        .network_get_dhcp_leases("bench", None)
-        .expect("leases")
-        .len();
+    let leases = conn.network_get_dhcp_leases("bench", None).expect("leases").len();
     let lease_time = lease_start.elapsed();
 
     let list_start = Instant::now();

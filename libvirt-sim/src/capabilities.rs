@@ -62,9 +62,7 @@ impl Capabilities {
                 "            <cpu id='{i}' socket_id='0' die_id='0' cluster_id='0' core_id='{i}' siblings='{i}'/>"
             );
         }
-        x.push_str(
-            "          </cpus>\n        </cell>\n      </cells>\n    </topology>\n  </host>\n\n",
-        );
+        x.push_str("          </cpus>\n        </cell>\n      </cells>\n    </topology>\n  </host>\n\n");
         let _ = writeln!(
             x,
             "  <guest>\n    <os_type>hvm</os_type>\n    <arch name='{}'>\n      <wordsize>64</wordsize>",

@@ -24,11 +24,7 @@ pub fn connect(uri: &str) -> Result<Connection> {
     }
     inner.counters.record_connection();
     let epoch = inner.epoch.load(Ordering::SeqCst);
-    Ok(Connection {
-        host: inner,
-        epoch,
-        closed: AtomicBool::new(false),
-    })
+    Ok(Connection { host: inner, epoch, closed: AtomicBool::new(false) })
 }
 
 /// What `virNetworkLookupByName` plus the getters tell about a network.
@@ -90,30 +86,19 @@ pub struct Connection {
 }
 
 fn active_pool<'a>(state: &'a mut State, name: &str) -> Result<&'a mut Pool> {
-    let pool = state
-        .pools
-        .get_mut(name)
-        .ok_or_else(|| Error::no_pool(name))?;
+    let pool = state.pools.get_mut(name).ok_or_else(|| Error::no_pool(name))?;
     if !pool.active {
-        return Err(Error::invalid(format!(
-            "storage pool '{name}' is not active"
-        )));
+        return Err(Error::invalid(format!("storage pool '{name}' is not active")));
     }
     Ok(pool)
 }
 
 fn domain_mut<'a>(state: &'a mut State, name: &str) -> Result<&'a mut Domain> {
-    state
-        .domains
-        .get_mut(name)
-        .ok_or_else(|| Error::no_domain(name))
+    state.domains.get_mut(name).ok_or_else(|| Error::no_domain(name))
 }
 
 fn network_mut<'a>(state: &'a mut State, name: &str) -> Result<&'a mut Network> {
-    state
-        .networks
-        .get_mut(name)
-        .ok_or_else(|| Error::no_network(name))
+    state.networks.get_mut(name).ok_or_else(|| Error::no_network(name))
 }
 
 impl Connection {
@@ -161,47 +146,28 @@ impl Connection {
     /// `virNodeGetInfo`.
     pub fn node_get_info(&self) -> Result<NodeInfo> {
         let _state = self.call(Op::NodeGetInfo)?;
-        Ok(NodeInfo {
-            memory_kib: self.host.capabilities.memory_kib,
-            cpus: self.host.capabilities.cpus,
-        })
+        Ok(NodeInfo { memory_kib: self.host.capabilities.memory_kib, cpus: self.host.capabilities.cpus })
     }
 
     /// `virNodeGetFreeMemory`: the configured free memory minus what running domains use.
     pub fn node_get_free_memory(&self) -> Result<u64> {
         let state = self.call(Op::NodeGetInfo)?;
-        let used: u64 = state
-            .domains
-            .values()
-            .filter(|d| d.state.is_active())
-            .map(|d| d.def.current_memory_kib * 1024)
-            .sum();
-        Ok(self
-            .host
-            .capabilities
-            .free_memory_bytes
-            .saturating_sub(used))
+        let used: u64 =
+            state.domains.values().filter(|d| d.state.is_active()).map(|d| d.def.current_memory_kib * 1024).sum();
+        Ok(self.host.capabilities.free_memory_bytes.saturating_sub(used))
     }
 
     // --- networks ---------------------------------------------------------
 
     /// `virConnectListAllNetworks`: names, sorted.
     pub fn list_all_networks(&self) -> Result<Vec<String>> {
-        Ok(self
-            .call(Op::ListNetworks)?
-            .networks
-            .keys()
-            .cloned()
-            .collect())
+        Ok(self.call(Op::ListNetworks)?.networks.keys().cloned().collect())
     }
 
     /// `virNetworkLookupByName` and its getters.
     pub fn network_lookup_by_name(&self, name: &str) -> Result<NetworkInfo> {
         let state = self.call(Op::NetworkLookup)?;
-        let n = state
-            .networks
-            .get(name)
-            .ok_or_else(|| Error::no_network(name))?;
+        let n = state.networks.get(name).ok_or_else(|| Error::no_network(name))?;
         Ok(NetworkInfo {
             name: n.def.name.clone(),
             uuid: n.def.uuid,
@@ -220,35 +186,19 @@ impl Connection {
     /// `virNetworkGetXMLDesc`.
     pub fn network_get_xml_desc(&self, name: &str) -> Result<String> {
         let state = self.call(Op::NetworkGetXml)?;
-        Ok(state
-            .networks
-            .get(name)
-            .ok_or_else(|| Error::no_network(name))?
-            .def
-            .to_xml())
+        Ok(state.networks.get(name).ok_or_else(|| Error::no_network(name))?.def.to_xml())
     }
 
-    fn add_network(
-        state: &mut State,
-        mut def: NetworkDef,
-        persistent: bool,
-        active: bool,
-    ) -> Result<String> {
+    fn add_network(state: &mut State, mut def: NetworkDef, persistent: bool, active: bool) -> Result<String> {
         if let Some(existing) = state.networks.get_mut(&def.name) {
             if existing.def.uuid != def.uuid {
                 return Err(Error::new(
                     ErrorCode::OperationFailed,
-                    format!(
-                        "network '{}' already exists with uuid {}",
-                        def.name, existing.def.uuid
-                    ),
+                    format!("network '{}' already exists with uuid {}", def.name, existing.def.uuid),
                 ));
             }
             if !persistent && existing.active {
-                return Err(Error::invalid(format!(
-                    "network is already active as '{}'",
-                    def.name
-                )));
+                return Err(Error::invalid(format!("network is already active as '{}'", def.name)));
             }
             // Redefining keeps runtime state; only the config changes.
             existing.def = def.clone();
@@ -259,35 +209,16 @@ impl Connection {
         if let Some(other) = state.networks.values().find(|n| n.def.uuid == def.uuid) {
             return Err(Error::new(
                 ErrorCode::OperationFailed,
-                format!(
-                    "network '{}' is already defined with uuid {}",
-                    other.def.name, def.uuid
-                ),
+                format!("network '{}' is already defined with uuid {}", other.def.name, def.uuid),
             ));
         }
         if def.bridge.is_none() {
-            let used: Vec<&str> = state
-                .networks
-                .values()
-                .filter_map(|n| n.def.bridge.as_deref())
-                .collect();
-            let free = (0..)
-                .map(|i| format!("virbr{i}"))
-                .find(|b| !used.contains(&b.as_str()))
-                .unwrap_or_default();
+            let used: Vec<&str> = state.networks.values().filter_map(|n| n.def.bridge.as_deref()).collect();
+            let free = (0..).map(|i| format!("virbr{i}")).find(|b| !used.contains(&b.as_str())).unwrap_or_default();
             def.bridge = Some(free);
         }
         let name = def.name.clone();
-        state.networks.insert(
-            name.clone(),
-            Network {
-                def,
-                active,
-                persistent,
-                autostart: false,
-                leases: Vec::new(),
-            },
-        );
+        state.networks.insert(name.clone(), Network { def, active, persistent, autostart: false, leases: Vec::new() });
         Ok(name)
     }
 
@@ -377,9 +308,7 @@ impl Connection {
         if section != UpdateSection::IpDhcpHost {
             return Err(Error::new(
                 ErrorCode::NoSupport,
-                format!(
-                    "libvirt-sim models only the ip-dhcp-host section of virNetworkUpdate, not {section:?}"
-                ),
+                format!("libvirt-sim models only the ip-dhcp-host section of virNetworkUpdate, not {section:?}"),
             ));
         }
         if parent_index > 0 {
@@ -387,17 +316,13 @@ impl Connection {
                 "couldn't update dhcp host entry - no <ip family='ipv4'> element found at index {parent_index} in network '{name}'"
             )));
         }
-        let live = flags & update_flags::AFFECT_LIVE != 0
-            || (flags == update_flags::AFFECT_CURRENT && net.active);
-        let config = flags & update_flags::AFFECT_CONFIG != 0
-            || (flags == update_flags::AFFECT_CURRENT && !net.active);
+        let live = flags & update_flags::AFFECT_LIVE != 0 || (flags == update_flags::AFFECT_CURRENT && net.active);
+        let config = flags & update_flags::AFFECT_CONFIG != 0 || (flags == update_flags::AFFECT_CURRENT && !net.active);
         if live && !net.active {
             return Err(Error::invalid("network is not running"));
         }
         if config && !net.persistent {
-            return Err(Error::invalid(
-                "cannot change persistent config of a transient network",
-            ));
+            return Err(Error::invalid("cannot change persistent config of a transient network"));
         }
         net.def.update_dhcp_host(command, xml)
     }
@@ -411,12 +336,7 @@ impl Connection {
         self.host.run_dhcp(&mut state);
         let net = &state.networks[name];
         let wanted = mac.and_then(Mac::parse);
-        Ok(net
-            .leases
-            .iter()
-            .filter(|l| wanted.is_none_or(|m| m == l.mac))
-            .cloned()
-            .collect())
+        Ok(net.leases.iter().filter(|l| wanted.is_none_or(|m| m == l.mac)).cloned().collect())
     }
 
     // --- storage pools ----------------------------------------------------
@@ -463,10 +383,7 @@ impl Connection {
             if existing.def.uuid != def.uuid {
                 return Err(Error::new(
                     ErrorCode::OperationFailed,
-                    format!(
-                        "pool '{}' already exists with uuid {}",
-                        def.name, existing.def.uuid
-                    ),
+                    format!("pool '{}' already exists with uuid {}", def.name, existing.def.uuid),
                 ));
             }
             existing.def = def.clone();
@@ -475,46 +392,26 @@ impl Connection {
         if let Some(other) = state.pools.values().find(|p| p.def.uuid == def.uuid) {
             return Err(Error::new(
                 ErrorCode::OperationFailed,
-                format!(
-                    "pool '{}' is already defined with uuid {}",
-                    other.def.name, def.uuid
-                ),
+                format!("pool '{}' is already defined with uuid {}", other.def.name, def.uuid),
             ));
         }
-        if let Some(other) = state
-            .pools
-            .values()
-            .find(|p| p.def.target_path == def.target_path)
-        {
+        if let Some(other) = state.pools.values().find(|p| p.def.target_path == def.target_path) {
             return Err(Error::new(
                 ErrorCode::OperationFailed,
                 format!("Storage source conflict with pool: '{}'", other.def.name),
             ));
         }
         let name = def.name.clone();
-        state.pools.insert(
-            name.clone(),
-            Pool {
-                def,
-                active: false,
-                autostart: false,
-                volumes: BTreeMap::new(),
-            },
-        );
+        state.pools.insert(name.clone(), Pool { def, active: false, autostart: false, volumes: BTreeMap::new() });
         Ok(name)
     }
 
     /// `virStoragePoolBuild` (the simulator has no directory to create).
     pub fn storage_pool_build(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::PoolBuild)?;
-        let pool = state
-            .pools
-            .get_mut(name)
-            .ok_or_else(|| Error::no_pool(name))?;
+        let pool = state.pools.get_mut(name).ok_or_else(|| Error::no_pool(name))?;
         if pool.active {
-            return Err(Error::invalid(format!(
-                "storage pool '{name}' is already active"
-            )));
+            return Err(Error::invalid(format!("storage pool '{name}' is already active")));
         }
         Ok(())
     }
@@ -522,14 +419,9 @@ impl Connection {
     /// `virStoragePoolCreate`.
     pub fn storage_pool_create(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::PoolCreate)?;
-        let pool = state
-            .pools
-            .get_mut(name)
-            .ok_or_else(|| Error::no_pool(name))?;
+        let pool = state.pools.get_mut(name).ok_or_else(|| Error::no_pool(name))?;
         if pool.active {
-            return Err(Error::invalid(format!(
-                "storage pool '{name}' is already active"
-            )));
+            return Err(Error::invalid(format!("storage pool '{name}' is already active")));
         }
         pool.active = true;
         Ok(())
@@ -547,9 +439,7 @@ impl Connection {
         let mut state = self.call(Op::PoolUndefine)?;
         let pool = state.pools.get(name).ok_or_else(|| Error::no_pool(name))?;
         if pool.active {
-            return Err(Error::invalid(format!(
-                "storage pool '{name}' is still active"
-            )));
+            return Err(Error::invalid(format!("storage pool '{name}' is still active")));
         }
         state.pools.remove(name);
         Ok(())
@@ -565,11 +455,7 @@ impl Connection {
     /// `virStoragePoolSetAutostart`.
     pub fn storage_pool_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
         let mut state = self.call(Op::PoolSetAutostart)?;
-        state
-            .pools
-            .get_mut(name)
-            .ok_or_else(|| Error::no_pool(name))?
-            .autostart = autostart;
+        state.pools.get_mut(name).ok_or_else(|| Error::no_pool(name))?.autostart = autostart;
         Ok(())
     }
 
@@ -578,18 +464,11 @@ impl Connection {
     /// `virStoragePoolListAllVolumes`: names, sorted.
     pub fn storage_pool_list_all_volumes(&self, pool: &str) -> Result<Vec<String>> {
         let mut state = self.call(Op::ListVolumes)?;
-        Ok(active_pool(&mut state, pool)?
-            .volumes
-            .keys()
-            .cloned()
-            .collect())
+        Ok(active_pool(&mut state, pool)?.volumes.keys().cloned().collect())
     }
 
     fn volume<'a>(state: &'a mut State, pool: &str, name: &str) -> Result<&'a mut Volume> {
-        active_pool(state, pool)?
-            .volumes
-            .get_mut(name)
-            .ok_or_else(|| Error::no_volume(pool, name))
+        active_pool(state, pool)?.volumes.get_mut(name).ok_or_else(|| Error::no_volume(pool, name))
     }
 
     /// `virStorageVolLookupByName` and `virStorageVolGetInfo`.
@@ -613,12 +492,7 @@ impl Connection {
             .volume_by_path(path)
             .filter(|(p, _)| p.active)
             .map(|(p, v)| (p.def.name.clone(), v.name.clone()))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::NoStorageVol,
-                    format!("no storage vol with matching path '{path}'"),
-                )
-            })
+            .ok_or_else(|| Error::new(ErrorCode::NoStorageVol, format!("no storage vol with matching path '{path}'")))
     }
 
     /// `virStorageVolGetXMLDesc`.
@@ -637,10 +511,7 @@ impl Connection {
         let mut capacity = spec.capacity;
         if let Some(backing) = &spec.backing {
             if spec.format == "raw" {
-                return Err(Error::new(
-                    ErrorCode::ConfigUnsupported,
-                    "backing storage not supported for raw volumes",
-                ));
+                return Err(Error::new(ErrorCode::NoSupport, "backing storage not supported for raw volumes"));
             }
             let found = state.volume_by_path(&backing.path).map(|(_, v)| v);
             match found {
@@ -648,26 +519,17 @@ impl Connection {
                 None => {
                     return Err(Error::with_message(
                         ErrorCode::SystemError,
-                        format!(
-                            "inaccessible backing store volume {}: No such file or directory",
-                            backing.path
-                        ),
+                        format!("inaccessible backing store volume {}: No such file or directory", backing.path),
                     ));
                 }
             }
         }
         let p = active_pool(&mut state, pool)?;
         if p.volumes.contains_key(&spec.name) {
-            return Err(Error::new(
-                ErrorCode::StorageVolExist,
-                format!("'{}'", spec.name),
-            ));
+            return Err(Error::new(ErrorCode::StorageVolExist, format!("'{}'", spec.name)));
         }
         let capacity = capacity.unwrap_or(0);
-        let allocation = spec
-            .allocation
-            .unwrap_or(if spec.format == "raw" { capacity } else { 0 })
-            .min(capacity);
+        let allocation = spec.allocation.unwrap_or(if spec.format == "raw" { capacity } else { 0 }).min(capacity);
         let path = format!("{target_dir}/{}", spec.name);
         let volume = Volume {
             name: spec.name.clone(),
@@ -683,26 +545,14 @@ impl Connection {
     }
 
     /// `virStorageVolUpload` + stream send: writes `bytes` at `offset`.
-    pub fn storage_vol_upload(
-        &self,
-        pool: &str,
-        name: &str,
-        offset: u64,
-        bytes: &[u8],
-    ) -> Result<()> {
+    pub fn storage_vol_upload(&self, pool: &str, name: &str, offset: u64, bytes: &[u8]) -> Result<()> {
         let mut state = self.call(Op::VolumeUpload)?;
         Self::volume(&mut state, pool, name)?.write(offset, bytes);
         Ok(())
     }
 
     /// `virStorageVolDownload` + stream receive: `length` bytes from `offset` (0 = to the end).
-    pub fn storage_vol_download(
-        &self,
-        pool: &str,
-        name: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<u8>> {
+    pub fn storage_vol_download(&self, pool: &str, name: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
         let mut state = self.call(Op::VolumeDownload)?;
         Ok(Self::volume(&mut state, pool, name)?.read(offset, length))
     }
@@ -711,9 +561,7 @@ impl Connection {
     pub fn storage_vol_delete(&self, pool: &str, name: &str) -> Result<()> {
         let mut state = self.call(Op::VolumeDelete)?;
         let p = active_pool(&mut state, pool)?;
-        p.volumes
-            .remove(name)
-            .ok_or_else(|| Error::no_volume(pool, name))?;
+        p.volumes.remove(name).ok_or_else(|| Error::no_volume(pool, name))?;
         Ok(())
     }
 
@@ -730,10 +578,7 @@ impl Connection {
     /// `virDomainLookupByName` and `virDomainGetInfo`.
     pub fn domain_lookup_by_name(&self, name: &str) -> Result<DomainInfo> {
         let state = self.call(Op::DomainLookup)?;
-        let d = state
-            .domains
-            .get(name)
-            .ok_or_else(|| Error::no_domain(name))?;
+        let d = state.domains.get(name).ok_or_else(|| Error::no_domain(name))?;
         Ok(DomainInfo {
             name: d.def.name.clone(),
             uuid: d.def.uuid,
@@ -751,35 +596,27 @@ impl Connection {
     /// `virDomainLookupByUUIDString`: the domain's name.
     pub fn domain_lookup_by_uuid(&self, uuid: &str) -> Result<String> {
         let state = self.call(Op::DomainLookup)?;
-        let parsed = Uuid::parse(uuid).map_err(|_| {
-            Error::new(ErrorCode::InvalidArg, format!("uuid '{uuid}' is malformed"))
-        })?;
-        state.domain_uuids.get(&parsed).cloned().ok_or_else(|| {
-            Error::new(
-                ErrorCode::NoDomain,
-                format!("no domain with matching uuid '{uuid}'"),
-            )
-        })
+        let parsed =
+            Uuid::parse(uuid).map_err(|_| Error::new(ErrorCode::InvalidArg, format!("uuid '{uuid}' is malformed")))?;
+        state
+            .domain_uuids
+            .get(&parsed)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorCode::NoDomain, format!("no domain with matching uuid '{uuid}'")))
     }
 
     fn check_new_domain(&self, state: &State, def: &DomainDef) -> Result<Option<String>> {
         if !self.host.capabilities.domain_types.contains(&def.kind) {
             return Err(Error::new(
                 ErrorCode::ConfigUnsupported,
-                format!(
-                    "Emulator '{}' does not support virt type '{}'",
-                    self.host.capabilities.emulator, def.kind
-                ),
+                format!("Emulator '{}' does not support virt type '{}'", self.host.capabilities.emulator, def.kind),
             ));
         }
         if let Some(existing) = state.domains.get(&def.name) {
             if existing.def.uuid != def.uuid {
                 return Err(Error::new(
                     ErrorCode::OperationFailed,
-                    format!(
-                        "domain '{}' already exists with uuid {}",
-                        def.name, existing.def.uuid
-                    ),
+                    format!("domain '{}' already exists with uuid {}", def.name, existing.def.uuid),
                 ));
             }
             return Ok(Some(def.name.clone()));
@@ -825,10 +662,7 @@ impl Connection {
     fn check_resources(state: &State, def: &DomainDef) -> Result<()> {
         for iface in &def.interfaces {
             if let Some(net) = &iface.network {
-                let n = state
-                    .networks
-                    .get(net)
-                    .ok_or_else(|| Error::no_network(net))?;
+                let n = state.networks.get(net).ok_or_else(|| Error::no_network(net))?;
                 if !n.active {
                     return Err(Error::invalid(format!("network '{net}' is not active")));
                 }
@@ -853,9 +687,7 @@ impl Connection {
                     if in_pool_dir && !exists {
                         return Err(Error::with_message(
                             ErrorCode::SystemError,
-                            format!(
-                                "Cannot access storage file '{path}': No such file or directory"
-                            ),
+                            format!("Cannot access storage file '{path}': No such file or directory"),
                         ));
                     }
                 }
@@ -866,10 +698,7 @@ impl Connection {
     }
 
     fn start_locked(&self, state: &mut State, name: &str) -> Result<()> {
-        let domain = state
-            .domains
-            .get(name)
-            .ok_or_else(|| Error::no_domain(name))?;
+        let domain = state.domains.get(name).ok_or_else(|| Error::no_domain(name))?;
         if domain.state.is_active() {
             return Err(Error::invalid("domain is already running"));
         }
@@ -888,10 +717,7 @@ impl Connection {
         let def = DomainDef::parse(xml)?;
         let mut state = self.host.lock();
         if self.check_new_domain(&state, &def)?.is_some() {
-            return Err(Error::invalid(format!(
-                "domain '{}' is already defined",
-                def.name
-            )));
+            return Err(Error::invalid(format!("domain '{}' is already defined", def.name)));
         }
         Self::check_resources(&state, &def)?;
         let name = def.name.clone();
@@ -979,31 +805,21 @@ impl Connection {
     /// `virDomainGetState`: state and reason.
     pub fn domain_get_state(&self, name: &str) -> Result<(DomainState, i32)> {
         let state = self.call(Op::DomainGetState)?;
-        let d = state
-            .domains
-            .get(name)
-            .ok_or_else(|| Error::no_domain(name))?;
+        let d = state.domains.get(name).ok_or_else(|| Error::no_domain(name))?;
         Ok((d.state, d.reason))
     }
 
     /// `virDomainGetXMLDesc` (flags 0).
     pub fn domain_get_xml_desc(&self, name: &str) -> Result<String> {
         let state = self.call(Op::DomainGetXml)?;
-        let d = state
-            .domains
-            .get(name)
-            .ok_or_else(|| Error::no_domain(name))?;
+        let d = state.domains.get(name).ok_or_else(|| Error::no_domain(name))?;
         Ok(d.def.to_xml(d.id))
     }
 
     /// `virDomainGetAutostart`.
     pub fn domain_get_autostart(&self, name: &str) -> Result<bool> {
         let state = self.call(Op::DomainGetAutostart)?;
-        Ok(state
-            .domains
-            .get(name)
-            .ok_or_else(|| Error::no_domain(name))?
-            .autostart)
+        Ok(state.domains.get(name).ok_or_else(|| Error::no_domain(name))?.autostart)
     }
 
     /// `virDomainSetAutostart`.

@@ -71,10 +71,7 @@ pub struct Counters {
 
 impl Default for Counters {
     fn default() -> Self {
-        Self {
-            calls: Op::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
-            connections: AtomicU64::new(0),
-        }
+        Self { calls: Op::ALL.iter().map(|_| AtomicU64::new(0)).collect(), connections: AtomicU64::new(0) }
     }
 }
 
@@ -105,10 +102,6 @@ impl Counters {
 
     /// Every operation called at least once, with its count.
     pub fn snapshot(&self) -> Vec<(Op, u64)> {
-        Op::ALL
-            .iter()
-            .map(|op| (*op, self.calls(*op)))
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        Op::ALL.iter().map(|op| (*op, self.calls(*op))).filter(|(_, n)| *n > 0).collect()
     }
 }

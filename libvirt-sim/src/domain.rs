@@ -123,17 +123,8 @@ pub struct DomainDef {
     pub devices: Vec<RawElement>,
 }
 
-const GENERATED: &[&str] = &[
-    "name",
-    "uuid",
-    "title",
-    "description",
-    "metadata",
-    "memory",
-    "currentMemory",
-    "vcpu",
-    "devices",
-];
+const GENERATED: &[&str] =
+    &["name", "uuid", "title", "description", "metadata", "memory", "currentMemory", "vcpu", "devices"];
 
 fn inject_mac(raw: &str, mac: Mac) -> String {
     let tag = format!("<mac address='{mac}'/>");
@@ -152,9 +143,7 @@ impl DomainDef {
     pub fn parse(xml: &str) -> Result<Self> {
         check_document(xml, "domain")?;
         let doc: DomainDoc = quick_xml::de::from_str(xml).map_err(|e| serde_error("domain", e))?;
-        let kind = doc
-            .kind
-            .ok_or_else(|| Error::xml("missing domain type attribute"))?;
+        let kind = doc.kind.ok_or_else(|| Error::xml("missing domain type attribute"))?;
         let name = doc
             .name
             .map(|n| n.trim().to_string())
@@ -167,33 +156,28 @@ impl DomainDef {
             Some(u) => Uuid::parse(&u)?,
             None => Uuid::generate(),
         };
-        let memory = doc.memory.ok_or_else(|| {
-            Error::xml("Memory size must be specified via <memory> or in the <numa> configuration")
-        })?;
+        let memory = doc
+            .memory
+            .ok_or_else(|| Error::xml("Memory size must be specified via <memory> or in the <numa> configuration"))?;
         let memory_kib = to_bytes(&memory.value, memory.unit.as_deref(), 1024, "memory")? / 1024;
         let current_memory_kib = match doc.current_memory {
-            Some(c) => (to_bytes(&c.value, c.unit.as_deref(), 1024, "currentMemory")? / 1024)
-                .min(memory_kib),
+            Some(c) => (to_bytes(&c.value, c.unit.as_deref(), 1024, "currentMemory")? / 1024).min(memory_kib),
             None => memory_kib,
         };
-        let vcpus = match doc.vcpu {
-            Some(v) => v.value.trim().parse().map_err(|_| {
-                Error::xml(format!(
-                    "maximum vcpus count must be an integer, not '{}'",
-                    v.value.trim()
-                ))
-            })?,
-            None => 1,
-        };
-        let devices = doc.devices.unwrap_or(DevicesEl {
-            disk: Vec::new(),
-            interface: Vec::new(),
-        });
+        let vcpus =
+            match doc.vcpu {
+                Some(v) => v.value.trim().parse().map_err(|_| {
+                    Error::xml(format!("maximum vcpus count must be an integer, not '{}'", v.value.trim()))
+                })?,
+                None => 1,
+            };
+        let devices = doc.devices.unwrap_or(DevicesEl { disk: Vec::new(), interface: Vec::new() });
         let mut interfaces = Vec::new();
         for iface in &devices.interface {
             let mac = match iface.mac.as_ref().and_then(|m| m.address.as_deref()) {
-                Some(text) => Mac::parse(text)
-                    .ok_or_else(|| Error::xml(format!("unable to parse mac address '{text}'")))?,
+                Some(text) => {
+                    Mac::parse(text).ok_or_else(|| Error::xml(format!("unable to parse mac address '{text}'")))?
+                }
                 None => Mac::generate(),
             };
             let network = if iface.kind.as_deref() == Some("network") {
@@ -207,20 +191,10 @@ impl DomainDef {
             .disk
             .iter()
             .map(|d| match (d.kind.as_deref(), &d.source) {
-                (Some("file"), Some(DiskSourceEl { file: Some(f), .. })) => {
-                    DiskSource::File(f.clone())
+                (Some("file"), Some(DiskSourceEl { file: Some(f), .. })) => DiskSource::File(f.clone()),
+                (Some("volume"), Some(DiskSourceEl { pool: Some(p), volume: Some(v), .. })) => {
+                    DiskSource::Volume { pool: p.clone(), volume: v.clone() }
                 }
-                (
-                    Some("volume"),
-                    Some(DiskSourceEl {
-                        pool: Some(p),
-                        volume: Some(v),
-                        ..
-                    }),
-                ) => DiskSource::Volume {
-                    pool: p.clone(),
-                    volume: v.clone(),
-                },
                 _ => DiskSource::Other,
             })
             .collect();
@@ -235,14 +209,9 @@ impl DomainDef {
                 dev.raw = inject_mac(&dev.raw, iface.mac);
             }
         }
-        let metadata = children_raw(xml, &["domain", "metadata"])
-            .into_iter()
-            .map(|e| e.raw)
-            .collect();
-        let other = children_raw(xml, &["domain"])
-            .into_iter()
-            .filter(|e| !GENERATED.contains(&e.name.as_str()))
-            .collect();
+        let metadata = children_raw(xml, &["domain", "metadata"]).into_iter().map(|e| e.raw).collect();
+        let other =
+            children_raw(xml, &["domain"]).into_iter().filter(|e| !GENERATED.contains(&e.name.as_str())).collect();
         Ok(DomainDef {
             name,
             uuid,
@@ -288,11 +257,7 @@ impl DomainDef {
             x.push_str("  </metadata>\n");
         }
         let _ = writeln!(x, "  <memory unit='KiB'>{}</memory>", self.memory_kib);
-        let _ = writeln!(
-            x,
-            "  <currentMemory unit='KiB'>{}</currentMemory>",
-            self.current_memory_kib
-        );
+        let _ = writeln!(x, "  <currentMemory unit='KiB'>{}</currentMemory>", self.current_memory_kib);
         let _ = writeln!(x, "  <vcpu placement='static'>{}</vcpu>", self.vcpus);
         for e in &self.other {
             let _ = writeln!(x, "  {}", e.raw);
@@ -402,10 +367,7 @@ impl Domain {
                 Ok(())
             }
             DomainState::Shutoff => Err(Error::invalid("domain is not running")),
-            _ => Err(Error::invalid(format!(
-                "domain '{}' is not in a state that can be suspended",
-                self.def.name
-            ))),
+            _ => Err(Error::invalid(format!("domain '{}' is not in a state that can be suspended", self.def.name))),
         }
     }
 
@@ -441,10 +403,7 @@ mod tests {
         assert_eq!(def.interfaces[1].mac.to_string(), "52:54:00:00:00:07");
         let xml = def.to_xml(None);
         assert!(xml.contains("<foo bar='1'/>"), "{xml}");
-        assert!(
-            xml.contains(&format!("<mac address='{}'/>", def.interfaces[0].mac)),
-            "{xml}"
-        );
+        assert!(xml.contains(&format!("<mac address='{}'/>", def.interfaces[0].mac)), "{xml}");
         let again = DomainDef::parse(&xml).unwrap();
         assert_eq!(again.interfaces, def.interfaces);
         assert_eq!(again.uuid, def.uuid);
@@ -454,15 +413,11 @@ mod tests {
     #[test]
     fn missing_name_and_type_are_refused() {
         assert_eq!(
-            DomainDef::parse("<domain type='qemu'><memory>1</memory></domain>")
-                .unwrap_err()
-                .code(),
+            DomainDef::parse("<domain type='qemu'><memory>1</memory></domain>").unwrap_err().code(),
             ErrorCode::NoName
         );
         assert_eq!(
-            DomainDef::parse("<domain><name>x</name><memory>1</memory></domain>")
-                .unwrap_err()
-                .code(),
+            DomainDef::parse("<domain><name>x</name><memory>1</memory></domain>").unwrap_err().code(),
             ErrorCode::XmlError
         );
     }
@@ -481,16 +436,10 @@ mod tests {
         assert_eq!(d.destroy().unwrap_err().code(), ErrorCode::OperationInvalid);
         assert_eq!(d.suspend().unwrap_err().code(), ErrorCode::OperationInvalid);
         d.start(1, Duration::ZERO).unwrap();
-        assert_eq!(
-            d.start(2, Duration::ZERO).unwrap_err().code(),
-            ErrorCode::OperationInvalid
-        );
+        assert_eq!(d.start(2, Duration::ZERO).unwrap_err().code(), ErrorCode::OperationInvalid);
         d.suspend().unwrap();
         assert_eq!(d.state, DomainState::Paused);
-        assert_eq!(
-            d.start(2, Duration::ZERO).unwrap_err().code(),
-            ErrorCode::OperationInvalid
-        );
+        assert_eq!(d.start(2, Duration::ZERO).unwrap_err().code(), ErrorCode::OperationInvalid);
         d.resume().unwrap();
         d.shutdown().unwrap();
         assert_eq!((d.state, d.reason), (DomainState::Shutoff, 1));

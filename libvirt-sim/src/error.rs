@@ -98,10 +98,7 @@ impl Error {
 
     /// An error with exactly this message (no prefix added).
     pub fn with_message(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
+        Self { code, message: message.into() }
     }
 
     pub fn code(&self) -> ErrorCode {
@@ -119,33 +116,21 @@ impl Error {
     }
 
     pub(crate) fn no_domain(name: &str) -> Self {
-        Self::new(
-            ErrorCode::NoDomain,
-            format!("no domain with matching name '{name}'"),
-        )
+        Self::new(ErrorCode::NoDomain, format!("no domain with matching name '{name}'"))
     }
 
     pub(crate) fn no_network(name: &str) -> Self {
-        Self::new(
-            ErrorCode::NoNetwork,
-            format!("no network with matching name '{name}'"),
-        )
+        Self::new(ErrorCode::NoNetwork, format!("no network with matching name '{name}'"))
     }
 
     pub(crate) fn no_pool(name: &str) -> Self {
-        Self::new(
-            ErrorCode::NoStoragePool,
-            format!("no storage pool with matching name '{name}'"),
-        )
+        Self::new(ErrorCode::NoStoragePool, format!("no storage pool with matching name '{name}'"))
     }
 
     pub(crate) fn no_volume(pool: &str, name: &str) -> Self {
         // libvirt's message names only the volume; the pool is implied by the lookup.
         let _ = pool;
-        Self::new(
-            ErrorCode::NoStorageVol,
-            format!("no storage vol with matching name '{name}'"),
-        )
+        Self::new(ErrorCode::NoStorageVol, format!("no storage vol with matching name '{name}'"))
     }
 
     pub(crate) fn invalid(detail: impl AsRef<str>) -> Self {

@@ -35,11 +35,7 @@ impl Faults {
     /// Makes the `n`th call of `op` from now (1 = the next one) fail with `error`.
     /// `calls_so_far` is the op's counter; [`Host::fail_nth`](crate::Host::fail_nth) passes it.
     pub(crate) fn fail_at(&self, op: Op, absolute_call: u64, error: Error) {
-        self.plan()
-            .failures
-            .entry(op)
-            .or_default()
-            .push((absolute_call, error));
+        self.plan().failures.entry(op).or_default().push((absolute_call, error));
     }
 
     /// Every call of `op` sleeps `latency` before it runs (zero removes it).

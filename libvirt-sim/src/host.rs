@@ -32,11 +32,7 @@ pub struct HostConfig {
 
 impl Default for HostConfig {
     fn default() -> Self {
-        Self {
-            dhcp_delay: Duration::ZERO,
-            release_leases_on_stop: true,
-            manual_clock: false,
-        }
+        Self { dhcp_delay: Duration::ZERO, release_leases_on_stop: true, manual_clock: false }
     }
 }
 
@@ -101,9 +97,8 @@ impl HostInner {
         }
         let now = self.now();
         let expiry = self.epoch_seconds() + LEASE_SECONDS;
-        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.pending_dhcp)
-            .into_iter()
-            .partition(|p| p.due <= now);
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut state.pending_dhcp).into_iter().partition(|p| p.due <= now);
         state.pending_dhcp = waiting;
         // Per network: addresses taken (leased or reserved) and a scan cursor, built once per batch.
         let mut scans: HashMap<String, (HashSet<Ipv4Addr>, u32)> = HashMap::new();
@@ -116,9 +111,8 @@ impl HostInner {
             let Some(net) = state.networks.get_mut(&request.network) else {
                 continue;
             };
-            let macs = leased
-                .entry(request.network.clone())
-                .or_insert_with(|| net.leases.iter().map(|l| l.mac).collect());
+            let macs =
+                leased.entry(request.network.clone()).or_insert_with(|| net.leases.iter().map(|l| l.mac).collect());
             if !net.active || !macs.insert(request.mac) {
                 continue;
             }
@@ -130,16 +124,10 @@ impl HostInner {
             let ip = match reserved.as_ref().and_then(|h| h.ip) {
                 Some(ip) => Some(ip),
                 None => {
-                    let (taken, cursor) =
-                        scans.entry(request.network.clone()).or_insert_with(|| {
-                            let taken = net
-                                .leases
-                                .iter()
-                                .map(|l| l.ip)
-                                .chain(net.def.reserved_ips())
-                                .collect();
-                            (taken, 0)
-                        });
+                    let (taken, cursor) = scans.entry(request.network.clone()).or_insert_with(|| {
+                        let taken = net.leases.iter().map(|l| l.ip).chain(net.def.reserved_ips()).collect();
+                        (taken, 0)
+                    });
                     let ip = net.def.free_address(taken, cursor);
                     if let Some(ip) = ip {
                         taken.insert(ip);
@@ -153,16 +141,8 @@ impl HostInner {
                 retry.push(request);
                 continue;
             };
-            let hostname = reserved
-                .and_then(|h| h.name)
-                .or_else(|| Some(request.domain.clone()));
-            net.leases.push(Lease {
-                mac: request.mac,
-                ip,
-                prefix,
-                hostname,
-                expiry_time: expiry,
-            });
+            let hostname = reserved.and_then(|h| h.name).or_else(|| Some(request.domain.clone()));
+            net.leases.push(Lease { mac: request.mac, ip, prefix, hostname, expiry_time: expiry });
         }
         state.pending_dhcp.extend(retry);
     }
@@ -178,12 +158,7 @@ impl HostInner {
             .interfaces
             .iter()
             .filter_map(|i| {
-                i.network.clone().map(|network| PendingDhcp {
-                    domain: domain.to_string(),
-                    mac: i.mac,
-                    network,
-                    due,
-                })
+                i.network.clone().map(|network| PendingDhcp { domain: domain.to_string(), mac: i.mac, network, due })
             })
             .collect();
         state.pending_dhcp.extend(requests);
@@ -226,11 +201,7 @@ fn registry() -> &'static Mutex<HashMap<String, Host>> {
 }
 
 pub(crate) fn lookup(uri: &str) -> Option<Host> {
-    registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(uri)
-        .cloned()
+    registry().lock().unwrap_or_else(|e| e.into_inner()).get(uri).cloned()
 }
 
 /// A simulated libvirt host. Cloning gives another handle to the same host.
@@ -289,38 +260,20 @@ impl HostBuilder {
     ///
     /// Fails when a network or pool XML is refused (the error says which).
     pub fn build(self) -> Result<Host> {
-        let wall_base = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
-        let mut state = State {
-            next_domain_id: 1,
-            ..State::default()
-        };
+        let wall_base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let mut state = State { next_domain_id: 1, ..State::default() };
         for (xml, active) in &self.networks {
             let def = NetworkDef::parse(xml)?;
             state.networks.insert(
                 def.name.clone(),
-                Network {
-                    def,
-                    active: *active,
-                    persistent: true,
-                    autostart: false,
-                    leases: Vec::new(),
-                },
+                Network { def, active: *active, persistent: true, autostart: false, leases: Vec::new() },
             );
         }
         for (xml, active) in &self.pools {
             let def = PoolDef::parse(xml)?;
-            state.pools.insert(
-                def.name.clone(),
-                Pool {
-                    def,
-                    active: *active,
-                    autostart: false,
-                    volumes: BTreeMap::new(),
-                },
-            );
+            state
+                .pools
+                .insert(def.name.clone(), Pool { def, active: *active, autostart: false, volumes: BTreeMap::new() });
         }
         let host = Host {
             inner: Arc::new(HostInner {
@@ -337,10 +290,7 @@ impl HostBuilder {
                 wall_base,
             }),
         };
-        registry()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.uri, host.clone());
+        registry().lock().unwrap_or_else(|e| e.into_inner()).insert(self.uri, host.clone());
         Ok(host)
     }
 }
@@ -363,10 +313,7 @@ impl Host {
 
     /// Removes the host from the registry: new `connect` calls fail, open connections die.
     pub fn unregister(&self) {
-        registry()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.inner.uri);
+        registry().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.uri);
         self.drop_connections();
     }
 
@@ -403,11 +350,7 @@ impl Host {
         let mut state = inner.lock();
         state.pending_dhcp.clear();
         state.domains.retain(|_, d| d.persistent);
-        let uuids: HashMap<Uuid, String> = state
-            .domains
-            .values()
-            .map(|d| (d.def.uuid, d.def.name.clone()))
-            .collect();
+        let uuids: HashMap<Uuid, String> = state.domains.values().map(|d| (d.def.uuid, d.def.name.clone())).collect();
         state.domain_uuids = uuids;
         for d in state.domains.values_mut() {
             d.stop(0);
@@ -420,12 +363,8 @@ impl Host {
         for p in state.pools.values_mut() {
             p.active = p.autostart;
         }
-        let autostart: Vec<String> = state
-            .domains
-            .values()
-            .filter(|d| d.autostart)
-            .map(|d| d.def.name.clone())
-            .collect();
+        let autostart: Vec<String> =
+            state.domains.values().filter(|d| d.autostart).map(|d| d.def.name.clone()).collect();
         for name in autostart {
             let id = state.next_domain_id;
             state.next_domain_id += 1;
@@ -441,10 +380,7 @@ impl Host {
     /// The guest of a running domain crashes (state crashed, reason panicked).
     pub fn crash_domain(&self, name: &str) -> Result<()> {
         let mut state = self.inner.lock();
-        let d = state
-            .domains
-            .get_mut(name)
-            .ok_or_else(|| Error::no_domain(name))?;
+        let d = state.domains.get_mut(name).ok_or_else(|| Error::no_domain(name))?;
         if d.state != crate::DomainState::Running {
             return Err(Error::invalid("domain is not running"));
         }
@@ -455,15 +391,8 @@ impl Host {
 
     /// Moves a manual clock forward (see [`HostBuilder::manual_clock`]).
     pub fn advance_clock(&self, by: Duration) {
-        assert!(
-            self.inner.config.manual_clock,
-            "advance_clock needs a host built with HostBuilder::manual_clock()"
-        );
-        *self
-            .inner
-            .manual_offset
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) += by;
+        assert!(self.inner.config.manual_clock, "advance_clock needs a host built with HostBuilder::manual_clock()");
+        *self.inner.manual_offset.lock().unwrap_or_else(|e| e.into_inner()) += by;
     }
 
     /// How many domains the host holds (any state).
@@ -474,8 +403,5 @@ impl Host {
 
 /// The error `connect` gives for a URI no host is registered under.
 pub(crate) fn no_host(uri: &str) -> Error {
-    Error::with_message(
-        ErrorCode::NoConnect,
-        format!("no connection driver available for {uri}"),
-    )
+    Error::with_message(ErrorCode::NoConnect, format!("no connection driver available for {uri}"))
 }

@@ -10,16 +10,11 @@ static RNG_STATE: AtomicU64 = AtomicU64::new(0);
 /// splitmix64 over a global counter seeded from the clock: unique enough for test objects.
 fn next_random() -> u64 {
     if RNG_STATE.load(Ordering::Relaxed) == 0 {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
+        let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
             ^ u64::from(std::process::id());
         let _ = RNG_STATE.compare_exchange(0, seed | 1, Ordering::Relaxed, Ordering::Relaxed);
     }
-    let mut z = RNG_STATE
-        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = RNG_STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -45,10 +40,7 @@ impl Uuid {
         let hex: Vec<u8> = text.trim().bytes().filter(|b| *b != b'-').collect();
         let valid = hex.len() == 32 && hex.iter().all(u8::is_ascii_hexdigit);
         if !valid {
-            return Err(Error::new(
-                ErrorCode::XmlError,
-                format!("malformed uuid element '{text}'"),
-            ));
+            return Err(Error::new(ErrorCode::XmlError, format!("malformed uuid element '{text}'")));
         }
         let mut bytes = [0u8; 16];
         for (i, pair) in hex.chunks(2).enumerate() {
@@ -106,11 +98,7 @@ impl Mac {
 impl std::fmt::Display for Mac {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let b = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
     }
 }
 

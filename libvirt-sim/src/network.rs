@@ -124,11 +124,7 @@ pub struct NetworkDef {
 }
 
 fn prefix_mask(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(prefix.min(32)))
-    }
+    if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
 }
 
 fn parse_ip(text: &str, what: impl FnOnce() -> String) -> Result<Ipv4Addr> {
@@ -136,67 +132,45 @@ fn parse_ip(text: &str, what: impl FnOnce() -> String) -> Result<Ipv4Addr> {
 }
 
 fn parse_ip_el(name: &str, el: &IpEl) -> Result<NetworkIp> {
-    let address_text = el.address.as_deref().ok_or_else(|| {
-        Error::xml(format!(
-            "Missing required address attribute in network '{name}'"
-        ))
-    })?;
-    let address = parse_ip(address_text, || {
-        format!("Invalid address '{address_text}' in network '{name}'")
-    })?;
+    let address_text = el
+        .address
+        .as_deref()
+        .ok_or_else(|| Error::xml(format!("Missing required address attribute in network '{name}'")))?;
+    let address = parse_ip(address_text, || format!("Invalid address '{address_text}' in network '{name}'"))?;
     let (prefix, netmask_form) = match (&el.netmask, &el.prefix) {
         (Some(mask), _) => {
-            let m = u32::from(parse_ip(mask, || {
-                format!("Invalid netmask '{mask}' in network '{name}'")
-            })?);
+            let m = u32::from(parse_ip(mask, || format!("Invalid netmask '{mask}' in network '{name}'"))?);
             if m.leading_ones() + m.trailing_zeros() != 32 {
-                return Err(Error::xml(format!(
-                    "Invalid netmask '{mask}' in network '{name}'"
-                )));
+                return Err(Error::xml(format!("Invalid netmask '{mask}' in network '{name}'")));
             }
             (m.leading_ones() as u8, true)
         }
         (None, Some(p)) => match p.trim().parse::<u8>() {
             Ok(p) if p <= 32 => (p, false),
             _ => {
-                return Err(Error::xml(format!(
-                    "Invalid ipv4 prefix '{p}' in network '{name}'"
-                )));
+                return Err(Error::xml(format!("Invalid ipv4 prefix '{p}' in network '{name}'")));
             }
         },
         (None, None) => (24, false),
     };
-    let mut ip = NetworkIp {
-        address,
-        prefix,
-        netmask_form,
-        ranges: Vec::new(),
-        hosts: Vec::new(),
-    };
+    let mut ip = NetworkIp { address, prefix, netmask_form, ranges: Vec::new(), hosts: Vec::new() };
     if let Some(dhcp) = &el.dhcp {
         for r in &dhcp.range {
-            let start_text = r.start.as_deref().ok_or_else(|| {
-                Error::xml(format!(
-                    "Missing 'start' attribute in dhcp range for network '{name}'"
-                ))
-            })?;
-            let end_text = r.end.as_deref().ok_or_else(|| {
-                Error::xml(format!(
-                    "Missing 'end' attribute in dhcp range for network '{name}'"
-                ))
-            })?;
-            let start = parse_ip(start_text, || {
-                format!("Invalid dhcp range start '{start_text}' in network '{name}'")
-            })?;
-            let end = parse_ip(end_text, || {
-                format!("Invalid dhcp range end '{end_text}' in network '{name}'")
-            })?;
+            let start_text = r
+                .start
+                .as_deref()
+                .ok_or_else(|| Error::xml(format!("Missing 'start' attribute in dhcp range for network '{name}'")))?;
+            let end_text = r
+                .end
+                .as_deref()
+                .ok_or_else(|| Error::xml(format!("Missing 'end' attribute in dhcp range for network '{name}'")))?;
+            let start =
+                parse_ip(start_text, || format!("Invalid dhcp range start '{start_text}' in network '{name}'"))?;
+            let end = parse_ip(end_text, || format!("Invalid dhcp range end '{end_text}' in network '{name}'"))?;
             if !ip.contains(start) || !ip.contains(end) || u32::from(start) > u32::from(end) {
                 return Err(Error::new(
                     ErrorCode::InvalidArg,
-                    format!(
-                        "range {start} - {end} is not entirely within network {address}/{prefix}"
-                    ),
+                    format!("range {start} - {end} is not entirely within network {address}/{prefix}"),
                 ));
             }
             ip.ranges.push(DhcpRange { start, end });
@@ -212,11 +186,8 @@ fn parse_host(network: &str, h: &HostEl, partial_ok: bool) -> Result<DhcpHost> {
     let mac = match &h.mac {
         None => None,
         Some(text) => {
-            let mac = Mac::parse(text).ok_or_else(|| {
-                Error::xml(format!(
-                    "Cannot parse MAC address '{text}' in network '{network}'"
-                ))
-            })?;
+            let mac = Mac::parse(text)
+                .ok_or_else(|| Error::xml(format!("Cannot parse MAC address '{text}' in network '{network}'")))?;
             if mac.is_multicast() {
                 return Err(Error::xml(format!(
                     "expected unicast mac address, found multicast '{text}' in network '{network}'"
@@ -228,15 +199,13 @@ fn parse_host(network: &str, h: &HostEl, partial_ok: bool) -> Result<DhcpHost> {
     if let Some(n) = &h.name
         && !n.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
     {
-        return Err(Error::xml(format!(
-            "Cannot use host name '{n}' in network '{network}'"
-        )));
+        return Err(Error::xml(format!("Cannot use host name '{n}' in network '{network}'")));
     }
     let ip = match &h.ip {
         None => None,
-        Some(text) => Some(parse_ip(text, || {
-            format!("Invalid IP address in static host definition for network '{network}'")
-        })?),
+        Some(text) => {
+            Some(parse_ip(text, || format!("Invalid IP address in static host definition for network '{network}'"))?)
+        }
     };
     if partial_ok {
         if mac.is_none() && h.name.is_none() && ip.is_none() {
@@ -251,24 +220,17 @@ fn parse_host(network: &str, h: &HostEl, partial_ok: bool) -> Result<DhcpHost> {
             )));
         }
         if ip.is_none() {
-            return Err(Error::xml(format!(
-                "Missing IP address in static host definition for network '{network}'"
-            )));
+            return Err(Error::xml(format!("Missing IP address in static host definition for network '{network}'")));
         }
     }
-    Ok(DhcpHost {
-        mac,
-        name: h.name.clone(),
-        ip,
-    })
+    Ok(DhcpHost { mac, name: h.name.clone(), ip })
 }
 
 impl NetworkDef {
     /// Parses network XML as `virNetworkDefineXML` does (UUID generated when absent).
     pub fn parse(xml: &str) -> Result<Self> {
         check_document(xml, "network")?;
-        let doc: NetworkDoc =
-            quick_xml::de::from_str(xml).map_err(|e| serde_error("network", e))?;
+        let doc: NetworkDoc = quick_xml::de::from_str(xml).map_err(|e| serde_error("network", e))?;
         let name = doc
             .name
             .map(|n| n.trim().to_string())
@@ -283,8 +245,7 @@ impl NetworkDef {
         };
         let mut ip = None;
         for el in &doc.ip {
-            let v6 = el.family.as_deref() == Some("ipv6")
-                || el.address.as_deref().is_some_and(|a| a.contains(':'));
+            let v6 = el.family.as_deref() == Some("ipv6") || el.address.as_deref().is_some_and(|a| a.contains(':'));
             if v6 {
                 continue;
             }
@@ -293,19 +254,16 @@ impl NetworkDef {
             }
         }
         let mac = match doc.mac.and_then(|m| m.address) {
-            Some(text) => Some(Mac::parse(&text).ok_or_else(|| {
-                Error::xml(format!(
-                    "Invalid bridge mac address '{text}' in network '{name}'"
-                ))
-            })?),
+            Some(text) => Some(
+                Mac::parse(&text)
+                    .ok_or_else(|| Error::xml(format!("Invalid bridge mac address '{text}' in network '{name}'")))?,
+            ),
             None => None,
         };
         Ok(NetworkDef {
             name,
             uuid,
-            forward_mode: doc
-                .forward
-                .map(|f| f.mode.unwrap_or_else(|| "nat".to_string())),
+            forward_mode: doc.forward.map(|f| f.mode.unwrap_or_else(|| "nat".to_string())),
             bridge: doc.bridge.and_then(|b| b.name),
             mac,
             ip,
@@ -322,23 +280,15 @@ impl NetworkDef {
             let _ = writeln!(x, "  <forward mode='{}'/>", escape(mode));
         }
         if let Some(bridge) = &self.bridge {
-            let _ = writeln!(
-                x,
-                "  <bridge name='{}' stp='on' delay='0'/>",
-                escape(bridge)
-            );
+            let _ = writeln!(x, "  <bridge name='{}' stp='on' delay='0'/>", escape(bridge));
         }
         if let Some(mac) = &self.mac {
             let _ = writeln!(x, "  <mac address='{mac}'/>");
         }
         if let Some(ip) = &self.ip {
             if ip.netmask_form {
-                let _ = write!(
-                    x,
-                    "  <ip address='{}' netmask='{}'",
-                    ip.address,
-                    Ipv4Addr::from(prefix_mask(ip.prefix))
-                );
+                let _ =
+                    write!(x, "  <ip address='{}' netmask='{}'", ip.address, Ipv4Addr::from(prefix_mask(ip.prefix)));
             } else {
                 let _ = write!(x, "  <ip address='{}' prefix='{}'", ip.address, ip.prefix);
             }
@@ -369,29 +319,25 @@ impl NetworkDef {
         let name = self.name.clone();
         check_document(host_xml, "host").map_err(|e| {
             if e.code() == ErrorCode::XmlError {
-                Error::xml(format!(
-                    "unexpected element in update of network '{name}', expecting <host>"
-                ))
+                Error::xml(format!("unexpected element in update of network '{name}', expecting <host>"))
             } else {
                 e
             }
         })?;
-        let el: HostEl =
-            quick_xml::de::from_str(host_xml).map_err(|e| serde_error("dhcp host", e))?;
+        let el: HostEl = quick_xml::de::from_str(host_xml).map_err(|e| serde_error("dhcp host", e))?;
         let ip_def = self.ip.as_mut().ok_or_else(|| {
-            Error::invalid(format!("couldn't update dhcp host entry - no <ip family='ipv4'> element found in network '{name}'"))
+            Error::invalid(format!(
+                "couldn't update dhcp host entry - no <ip family='ipv4'> element found in network '{name}'"
+            ))
         })?;
         let partial = command == UpdateCommand::Delete;
         let host = parse_host(&name, &el, partial)?;
         let describe = |h: &DhcpHost| {
             format!(
                 "<host mac='{}' name='{}' ip='{}'/>",
-                h.mac
-                    .map(|m| m.to_string())
-                    .unwrap_or_else(|| "unknown".into()),
+                h.mac.map(|m| m.to_string()).unwrap_or_else(|| "unknown".into()),
                 h.name.as_deref().unwrap_or("(null)"),
-                h.ip.map(|i| i.to_string())
-                    .unwrap_or_else(|| "unknown".into())
+                h.ip.map(|i| i.to_string()).unwrap_or_else(|| "unknown".into())
             )
         };
         match command {
@@ -420,9 +366,7 @@ impl NetworkDef {
                         && (host.ip.is_none() || e.ip == host.ip)
                 });
                 let i = found.ok_or_else(|| {
-                    Error::invalid(format!(
-                        "couldn't locate a matching dhcp host entry in network '{name}'"
-                    ))
+                    Error::invalid(format!("couldn't locate a matching dhcp host entry in network '{name}'"))
                 })?;
                 ip_def.hosts.remove(i);
             }
@@ -448,19 +392,13 @@ impl NetworkDef {
 
     /// Every IP some reservation holds (a guest without that reservation cannot get it).
     pub(crate) fn reserved_ips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
-        self.ip
-            .iter()
-            .flat_map(|ip| ip.hosts.iter().filter_map(|h| h.ip))
+        self.ip.iter().flat_map(|ip| ip.hosts.iter().filter_map(|h| h.ip))
     }
 
     /// The first address of the DHCP ranges, at or after `cursor`, not in `taken`
     /// (which holds leased and reserved addresses). Advances `cursor` past it, so a
     /// batch of requests scans the ranges once.
-    pub(crate) fn free_address(
-        &self,
-        taken: &HashSet<Ipv4Addr>,
-        cursor: &mut u32,
-    ) -> Option<Ipv4Addr> {
+    pub(crate) fn free_address(&self, taken: &HashSet<Ipv4Addr>, cursor: &mut u32) -> Option<Ipv4Addr> {
         let ip = self.ip.as_ref()?;
         for range in &ip.ranges {
             let start = u32::from(range.start).max(*cursor);
@@ -560,14 +498,8 @@ mod tests {
     fn parses_and_formats_like_libvirt() {
         let def = NetworkDef::parse(NET).unwrap();
         let xml = def.to_xml();
-        assert!(
-            xml.contains("<ip address='10.77.0.1' netmask='255.255.255.0'>"),
-            "{xml}"
-        );
-        assert!(
-            xml.contains("<range start='10.77.0.100' end='10.77.0.200'/>"),
-            "{xml}"
-        );
+        assert!(xml.contains("<ip address='10.77.0.1' netmask='255.255.255.0'>"), "{xml}");
+        assert!(xml.contains("<range start='10.77.0.100' end='10.77.0.200'/>"), "{xml}");
         assert_eq!(NetworkDef::parse(&xml).unwrap(), def);
     }
 
@@ -577,22 +509,12 @@ mod tests {
         let host = "<host mac='52:54:00:00:00:01' name='h1' ip='10.77.0.150'/>";
         def.update_dhcp_host(UpdateCommand::AddLast, host).unwrap();
         let dup = def
-            .update_dhcp_host(
-                UpdateCommand::AddLast,
-                "<host mac='52:54:00:00:00:02' name='h2' ip='10.77.0.150'/>",
-            )
+            .update_dhcp_host(UpdateCommand::AddLast, "<host mac='52:54:00:00:00:02' name='h2' ip='10.77.0.150'/>")
             .unwrap_err();
         assert_eq!(dup.code(), ErrorCode::OperationInvalid);
-        assert!(
-            dup.message()
-                .contains("existing dhcp host entry in network 'n1'"),
-            "{dup}"
-        );
-        def.update_dhcp_host(UpdateCommand::Delete, "<host mac='52:54:00:00:00:01'/>")
-            .unwrap();
-        let gone = def
-            .update_dhcp_host(UpdateCommand::Delete, host)
-            .unwrap_err();
+        assert!(dup.message().contains("existing dhcp host entry in network 'n1'"), "{dup}");
+        def.update_dhcp_host(UpdateCommand::Delete, "<host mac='52:54:00:00:00:01'/>").unwrap();
+        let gone = def.update_dhcp_host(UpdateCommand::Delete, host).unwrap_err();
         assert_eq!(gone.code(), ErrorCode::OperationInvalid);
     }
 
@@ -604,9 +526,7 @@ mod tests {
             "<host mac='52:54:00:00:00:01' ip='10.77.0.999'/>",
             "<host mac='52:54:00:00:00:01'/>",
         ] {
-            let err = def
-                .update_dhcp_host(UpdateCommand::AddLast, bad)
-                .unwrap_err();
+            let err = def.update_dhcp_host(UpdateCommand::AddLast, bad).unwrap_err();
             assert_eq!(err.code(), ErrorCode::XmlError, "{bad}: {err}");
         }
     }
@@ -614,21 +534,11 @@ mod tests {
     #[test]
     fn free_address_skips_taken_and_moves_on() {
         let mut def = NetworkDef::parse(NET).unwrap();
-        def.update_dhcp_host(
-            UpdateCommand::AddLast,
-            "<host mac='52:54:00:00:00:01' ip='10.77.0.100'/>",
-        )
-        .unwrap();
+        def.update_dhcp_host(UpdateCommand::AddLast, "<host mac='52:54:00:00:00:01' ip='10.77.0.100'/>").unwrap();
         let mut taken: HashSet<Ipv4Addr> = def.reserved_ips().collect();
         taken.insert(Ipv4Addr::new(10, 77, 0, 101));
         let mut cursor = 0;
-        assert_eq!(
-            def.free_address(&taken, &mut cursor),
-            Some(Ipv4Addr::new(10, 77, 0, 102))
-        );
-        assert_eq!(
-            def.free_address(&taken, &mut cursor),
-            Some(Ipv4Addr::new(10, 77, 0, 103))
-        );
+        assert_eq!(def.free_address(&taken, &mut cursor), Some(Ipv4Addr::new(10, 77, 0, 102)));
+        assert_eq!(def.free_address(&taken, &mut cursor), Some(Ipv4Addr::new(10, 77, 0, 103)));
     }
 }

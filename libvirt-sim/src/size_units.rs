@@ -3,31 +3,17 @@
 use crate::error::{Error, ErrorCode, Result};
 
 /// Converts `value` in `unit` (or `default_unit` when absent) to bytes.
-pub(crate) fn to_bytes(
-    value: &str,
-    unit: Option<&str>,
-    default_unit: u64,
-    what: &str,
-) -> Result<u64> {
-    let number: u64 = value.trim().parse().map_err(|_| {
-        Error::new(
-            ErrorCode::XmlError,
-            format!("malformed {what} value '{}'", value.trim()),
-        )
-    })?;
+pub(crate) fn to_bytes(value: &str, unit: Option<&str>, default_unit: u64, what: &str) -> Result<u64> {
+    let number: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| Error::new(ErrorCode::XmlError, format!("malformed {what} value '{}'", value.trim())))?;
     let scale = match unit.map(str::trim) {
         None | Some("") => default_unit,
-        Some(u) => scale_of(u)
-            .ok_or_else(|| Error::new(ErrorCode::InvalidArg, format!("unknown suffix '{u}'")))?,
+        Some(u) => scale_of(u).ok_or_else(|| Error::new(ErrorCode::InvalidArg, format!("unknown suffix '{u}'")))?,
     };
     number.checked_mul(scale).ok_or_else(|| {
-        Error::new(
-            ErrorCode::OperationFailed,
-            format!(
-                "{what} value '{number}' {} is too large",
-                unit.unwrap_or("")
-            ),
-        )
+        Error::new(ErrorCode::OperationFailed, format!("{what} value '{number}' {} is too large", unit.unwrap_or("")))
     })
 }
 
@@ -58,24 +44,10 @@ mod tests {
 
     #[test]
     fn units_scale_like_libvirt() {
-        assert_eq!(
-            to_bytes("10", Some("MiB"), 1, "capacity").unwrap(),
-            10 << 20
-        );
-        assert_eq!(
-            to_bytes("2", Some("GB"), 1, "capacity").unwrap(),
-            2_000_000_000
-        );
+        assert_eq!(to_bytes("10", Some("MiB"), 1, "capacity").unwrap(), 10 << 20);
+        assert_eq!(to_bytes("2", Some("GB"), 1, "capacity").unwrap(), 2_000_000_000);
         assert_eq!(to_bytes("64", None, 1024, "memory").unwrap(), 65536);
-        assert_eq!(
-            to_bytes("x", None, 1, "capacity").unwrap_err().code(),
-            ErrorCode::XmlError
-        );
-        assert_eq!(
-            to_bytes("1", Some("parsecs"), 1, "capacity")
-                .unwrap_err()
-                .code(),
-            ErrorCode::InvalidArg
-        );
+        assert_eq!(to_bytes("x", None, 1, "capacity").unwrap_err().code(), ErrorCode::XmlError);
+        assert_eq!(to_bytes("1", Some("parsecs"), 1, "capacity").unwrap_err().code(), ErrorCode::InvalidArg);
     }
 }

@@ -70,9 +70,7 @@ impl PoolDef {
     pub fn parse(xml: &str) -> Result<Self> {
         check_document(xml, "pool")?;
         let doc: PoolDoc = quick_xml::de::from_str(xml).map_err(|e| serde_error("pool", e))?;
-        let kind = doc
-            .kind
-            .ok_or_else(|| Error::xml("storage pool type missing"))?;
+        let kind = doc.kind.ok_or_else(|| Error::xml("storage pool type missing"))?;
         if kind != "dir" {
             return Err(Error::new(
                 ErrorCode::OperationUnsupported,
@@ -98,13 +96,7 @@ impl PoolDef {
             Some(c) => to_bytes(&c.value, c.unit.as_deref(), 1, "capacity")?,
             None => DEFAULT_POOL_CAPACITY,
         };
-        Ok(PoolDef {
-            name,
-            uuid,
-            kind,
-            target_path,
-            capacity,
-        })
+        Ok(PoolDef { name, uuid, kind, target_path, capacity })
     }
 
     /// The pool XML in libvirt's layout, with the given allocation.
@@ -115,17 +107,9 @@ impl PoolDef {
         let _ = writeln!(x, "  <uuid>{}</uuid>", self.uuid);
         let _ = writeln!(x, "  <capacity unit='bytes'>{}</capacity>", self.capacity);
         let _ = writeln!(x, "  <allocation unit='bytes'>{allocation}</allocation>");
-        let _ = writeln!(
-            x,
-            "  <available unit='bytes'>{}</available>",
-            self.capacity.saturating_sub(allocation)
-        );
+        let _ = writeln!(x, "  <available unit='bytes'>{}</available>", self.capacity.saturating_sub(allocation));
         let _ = writeln!(x, "  <source>\n  </source>");
-        let _ = writeln!(
-            x,
-            "  <target>\n    <path>{}</path>\n  </target>",
-            escape(&self.target_path)
-        );
+        let _ = writeln!(x, "  <target>\n    <path>{}</path>\n  </target>", escape(&self.target_path));
         x.push_str("</pool>\n");
         x
     }
@@ -171,24 +155,11 @@ impl VolumeSpec {
             .filter(|n| !n.is_empty())
             .ok_or_else(|| Error::xml("missing volume name element"))?;
         if name.contains('/') {
-            return Err(Error::new(
-                ErrorCode::InvalidArg,
-                format!("volume name '{name}' cannot contain '/'"),
-            ));
+            return Err(Error::new(ErrorCode::InvalidArg, format!("volume name '{name}' cannot contain '/'")));
         }
-        let capacity = doc
-            .capacity
-            .map(|c| to_bytes(&c.value, c.unit.as_deref(), 1, "capacity"))
-            .transpose()?;
-        let allocation = doc
-            .allocation
-            .map(|c| to_bytes(&c.value, c.unit.as_deref(), 1, "allocation"))
-            .transpose()?;
-        let format = doc
-            .target
-            .and_then(|t| t.format)
-            .and_then(|f| f.kind)
-            .unwrap_or_else(|| "raw".to_string());
+        let capacity = doc.capacity.map(|c| to_bytes(&c.value, c.unit.as_deref(), 1, "capacity")).transpose()?;
+        let allocation = doc.allocation.map(|c| to_bytes(&c.value, c.unit.as_deref(), 1, "allocation")).transpose()?;
+        let format = doc.target.and_then(|t| t.format).and_then(|f| f.kind).unwrap_or_else(|| "raw".to_string());
         let backing = match doc.backing_store {
             None => None,
             Some(b) => {
@@ -197,22 +168,13 @@ impl VolumeSpec {
                     .map(|p| p.trim().to_string())
                     .filter(|p| !p.is_empty())
                     .ok_or_else(|| Error::xml("missing volume backing store path"))?;
-                Some(BackingStore {
-                    path,
-                    format: b.format.and_then(|f| f.kind),
-                })
+                Some(BackingStore { path, format: b.format.and_then(|f| f.kind) })
             }
         };
         if capacity.is_none() && backing.is_none() {
             return Err(Error::xml("missing capacity element"));
         }
-        Ok(VolumeSpec {
-            name,
-            capacity,
-            allocation,
-            format,
-            backing,
-        })
+        Ok(VolumeSpec { name, capacity, allocation, format, backing })
     }
 }
 
@@ -224,11 +186,7 @@ impl Volume {
         let _ = writeln!(x, "  <name>{}</name>", escape(&self.name));
         let _ = writeln!(x, "  <key>{}</key>", escape(&self.path));
         let _ = writeln!(x, "  <capacity unit='bytes'>{}</capacity>", self.capacity);
-        let _ = writeln!(
-            x,
-            "  <allocation unit='bytes'>{}</allocation>",
-            self.allocation
-        );
+        let _ = writeln!(x, "  <allocation unit='bytes'>{}</allocation>", self.allocation);
         let _ = writeln!(
             x,
             "  <target>\n    <path>{}</path>\n    <format type='{}'/>\n  </target>",
@@ -236,11 +194,7 @@ impl Volume {
             escape(&self.format)
         );
         if let Some(b) = &self.backing {
-            let _ = write!(
-                x,
-                "  <backingStore>\n    <path>{}</path>\n",
-                escape(&b.path)
-            );
+            let _ = write!(x, "  <backingStore>\n    <path>{}</path>\n", escape(&b.path));
             if let Some(f) = &b.format {
                 let _ = writeln!(x, "    <format type='{}'/>", escape(f));
             }
@@ -252,17 +206,10 @@ impl Volume {
 
     /// The bytes `virStorageVolDownload` streams for `offset`/`length` (0 = to the end).
     pub fn read(&self, offset: u64, length: u64) -> Vec<u8> {
-        let size = if self.format == "raw" {
-            self.capacity.max(self.content.len() as u64)
-        } else {
-            self.content.len() as u64
-        };
+        let size =
+            if self.format == "raw" { self.capacity.max(self.content.len() as u64) } else { self.content.len() as u64 };
         let start = offset.min(size);
-        let end = if length == 0 {
-            size
-        } else {
-            start.saturating_add(length).min(size)
-        };
+        let end = if length == 0 { size } else { start.saturating_add(length).min(size) };
         let mut out = Vec::with_capacity((end - start) as usize);
         let have = self.content.len() as u64;
         if start < have {
@@ -307,10 +254,8 @@ mod tests {
 
     #[test]
     fn pool_parses_and_formats() {
-        let def = PoolDef::parse(
-            "<pool type='dir'><name>p</name><target><path>/var/p/</path></target></pool>",
-        )
-        .unwrap();
+        let def =
+            PoolDef::parse("<pool type='dir'><name>p</name><target><path>/var/p/</path></target></pool>").unwrap();
         assert_eq!(def.target_path, "/var/p");
         let xml = def.to_xml(0);
         assert!(xml.contains("<path>/var/p</path>"), "{xml}");
@@ -328,19 +273,8 @@ mod tests {
         .unwrap();
         assert_eq!(spec.capacity, Some(20 << 20));
         assert_eq!(spec.format, "qcow2");
-        assert_eq!(
-            spec.backing,
-            Some(BackingStore {
-                path: "/p/base.qcow2".into(),
-                format: Some("qcow2".into())
-            })
-        );
-        assert_eq!(
-            VolumeSpec::parse("<volume><name>x</name></volume>")
-                .unwrap_err()
-                .code(),
-            ErrorCode::XmlError
-        );
+        assert_eq!(spec.backing, Some(BackingStore { path: "/p/base.qcow2".into(), format: Some("qcow2".into()) }));
+        assert_eq!(VolumeSpec::parse("<volume><name>x</name></volume>").unwrap_err().code(), ErrorCode::XmlError);
     }
 
     #[test]

@@ -8,18 +8,11 @@ use crate::error::{Error, ErrorCode, Result};
 
 fn line_of(xml: &str, pos: u64) -> usize {
     let end = (pos as usize).min(xml.len());
-    xml.as_bytes()[..end]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
+    xml.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
 }
 
 fn detail(xml: &str, pos: u64, what: impl std::fmt::Display) -> Error {
-    Error::with_message(
-        ErrorCode::XmlDetail,
-        format!("at line {}: {what}", line_of(xml, pos)),
-    )
+    Error::with_message(ErrorCode::XmlDetail, format!("at line {}: {what}", line_of(xml, pos)))
 }
 
 /// Checks that `xml` is one well-formed element named `root` (libvirt's XML_DETAIL for
@@ -66,17 +59,11 @@ pub(crate) fn check_document(xml: &str, root: &str) -> Result<()> {
         }
     }
     if let Some(tag) = open.last() {
-        return Err(detail(
-            xml,
-            reader.buffer_position(),
-            format!("Premature end of data in tag {tag}"),
-        ));
+        return Err(detail(xml, reader.buffer_position(), format!("Premature end of data in tag {tag}")));
     }
     match root_seen {
         None => Err(detail(xml, 0, "Document is empty")),
-        Some(found) if found != root => Err(Error::xml(format!(
-            "expected root element '{root}', not '{found}'"
-        ))),
+        Some(found) if found != root => Err(Error::xml(format!("expected root element '{root}', not '{found}'"))),
         Some(_) => Ok(()),
     }
 }
@@ -106,27 +93,18 @@ pub(crate) fn children_raw(xml: &str, path: &[&str]) -> Vec<RawElement> {
                 let name = e.name().as_ref().to_string();
                 if at_parent {
                     let end_name = e.name().as_ref().to_string();
-                    if reader
-                        .read_to_end(quick_xml::name::QName(&end_name))
-                        .is_err()
-                    {
+                    if reader.read_to_end(quick_xml::name::QName(&end_name)).is_err() {
                         break;
                     }
                     let end = reader.buffer_position() as usize;
-                    out.push(RawElement {
-                        name,
-                        raw: xml[pos..end].to_string(),
-                    });
+                    out.push(RawElement { name, raw: xml[pos..end].to_string() });
                 } else {
                     stack.push(name);
                 }
             }
             Event::Empty(e) if at_parent => {
                 let end = reader.buffer_position() as usize;
-                out.push(RawElement {
-                    name: e.name().as_ref().to_string(),
-                    raw: xml[pos..end].to_string(),
-                });
+                out.push(RawElement { name: e.name().as_ref().to_string(), raw: xml[pos..end].to_string() });
             }
             Event::End(_) => {
                 if stack.len() == path.len() && at_parent {
@@ -167,13 +145,7 @@ mod tests {
 
     #[test]
     fn broken_documents_are_xml_detail_errors() {
-        for bad in [
-            "<domain><name>x</name",
-            "<domain>",
-            "",
-            "text",
-            "<domain></network>",
-        ] {
+        for bad in ["<domain><name>x</name", "<domain>", "", "text", "<domain></network>"] {
             let err = check_document(bad, "domain").expect_err(bad);
             assert_eq!(err.code(), ErrorCode::XmlDetail, "{bad}: {err}");
         }
@@ -183,10 +155,7 @@ mod tests {
     fn wrong_root_is_an_xml_error() {
         let err = check_document("<network/>", "domain").unwrap_err();
         assert_eq!(err.code(), ErrorCode::XmlError);
-        assert!(
-            err.message().contains("expected root element 'domain'"),
-            "{err}"
-        );
+        assert!(err.message().contains("expected root element 'domain'"), "{err}");
     }
 
     #[test]

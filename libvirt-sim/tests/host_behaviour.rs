@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libvirt_sim::{
-    Connection, DomainState, Error, ErrorCode, Host, Op, UpdateCommand, UpdateSection, connect,
-    update_flags,
+    Connection, DomainState, Error, ErrorCode, Host, Op, UpdateCommand, UpdateSection, connect, update_flags,
 };
 
 const NET: &str = "<network><name>net</name><bridge name='virbr7'/><ip address='10.7.0.1' prefix='24'>\
     <dhcp><range start='10.7.0.100' end='10.7.0.102'/></dhcp></ip></network>";
-const POOL: &str =
-    "<pool type='dir'><name>disks</name><target><path>/sim/disks</path></target></pool>";
+const POOL: &str = "<pool type='dir'><name>disks</name><target><path>/sim/disks</path></target></pool>";
 
 fn host(uri: &str) -> Host {
     Host::builder(uri)
@@ -57,10 +55,8 @@ fn guests_ask_for_dhcp_after_the_delay_reserved_ip_first() {
     let host = host("sim:///behaviour-dhcp");
     let conn = connect(host.uri()).unwrap();
     reserve(&conn, "52:54:00:00:00:01", "reserved", "10.7.0.101");
-    conn.domain_define_xml(&domain("a", "52:54:00:00:00:01"))
-        .unwrap();
-    conn.domain_define_xml(&domain("b", "52:54:00:00:00:02"))
-        .unwrap();
+    conn.domain_define_xml(&domain("a", "52:54:00:00:00:01")).unwrap();
+    conn.domain_define_xml(&domain("b", "52:54:00:00:00:02")).unwrap();
     conn.domain_create("a").unwrap();
     conn.domain_create("b").unwrap();
     assert!(leases(&conn).is_empty(), "no lease before the DHCP delay");
@@ -70,16 +66,8 @@ fn guests_ask_for_dhcp_after_the_delay_reserved_ip_first() {
     assert_eq!(
         got,
         [
-            (
-                "52:54:00:00:00:01".to_string(),
-                "10.7.0.101".to_string(),
-                Some("reserved".to_string())
-            ),
-            (
-                "52:54:00:00:00:02".to_string(),
-                "10.7.0.100".to_string(),
-                Some("b".to_string())
-            ),
+            ("52:54:00:00:00:01".to_string(), "10.7.0.101".to_string(), Some("reserved".to_string())),
+            ("52:54:00:00:00:02".to_string(), "10.7.0.100".to_string(), Some("b".to_string())),
         ]
     );
     conn.domain_destroy("b").unwrap();
@@ -88,64 +76,41 @@ fn guests_ask_for_dhcp_after_the_delay_reserved_ip_first() {
 
 #[test]
 fn leases_can_outlive_their_domain_and_the_range_can_run_out() {
-    let host = Host::builder("sim:///behaviour-keep")
-        .network(NET, true)
-        .release_leases_on_stop(false)
-        .build()
-        .unwrap();
+    let host = Host::builder("sim:///behaviour-keep").network(NET, true).release_leases_on_stop(false).build().unwrap();
     let conn = connect(host.uri()).unwrap();
     for i in 1..=4 {
-        conn.domain_define_xml(&domain(&format!("d{i}"), &format!("52:54:00:00:01:0{i}")))
-            .unwrap();
+        conn.domain_define_xml(&domain(&format!("d{i}"), &format!("52:54:00:00:01:0{i}"))).unwrap();
         conn.domain_create(&format!("d{i}")).unwrap();
     }
-    assert_eq!(
-        leases(&conn).len(),
-        3,
-        "the range has three addresses; the fourth guest gets none"
-    );
+    assert_eq!(leases(&conn).len(), 3, "the range has three addresses; the fourth guest gets none");
     conn.domain_destroy("d1").unwrap();
-    assert_eq!(
-        leases(&conn).len(),
-        3,
-        "leases stay until expiry when release_leases_on_stop(false)"
-    );
+    assert_eq!(leases(&conn).len(), 3, "leases stay until expiry when release_leases_on_stop(false)");
 }
 
 #[test]
 fn a_guest_without_an_address_keeps_asking() {
-    let host = Host::builder("sim:///behaviour-full")
-        .network(NET, true)
-        .build()
-        .unwrap();
+    let host = Host::builder("sim:///behaviour-full").network(NET, true).build().unwrap();
     let conn = connect(host.uri()).unwrap();
     for i in 1..=4 {
-        conn.domain_define_xml(&domain(&format!("d{i}"), &format!("52:54:00:00:01:0{i}")))
-            .unwrap();
+        conn.domain_define_xml(&domain(&format!("d{i}"), &format!("52:54:00:00:01:0{i}"))).unwrap();
         conn.domain_create(&format!("d{i}")).unwrap();
     }
     assert_eq!(leases(&conn).len(), 3);
     conn.domain_destroy("d1").unwrap();
     let got = leases(&conn);
     assert!(
-        got.iter()
-            .any(|l| l.0 == "52:54:00:00:01:04" && l.1 == "10.7.0.100"),
+        got.iter().any(|l| l.0 == "52:54:00:00:01:04" && l.1 == "10.7.0.100"),
         "the waiting guest gets the freed address: {got:?}"
     );
 }
 
 #[test]
 fn a_silent_guest_never_gets_a_lease() {
-    let host = Host::builder("sim:///behaviour-silent")
-        .network(NET, true)
-        .build()
-        .unwrap();
+    let host = Host::builder("sim:///behaviour-silent").network(NET, true).build().unwrap();
     let conn = connect(host.uri()).unwrap();
     host.faults().guest_never_asks_dhcp("52:54:00:00:02:01");
-    conn.domain_define_xml(&domain("quiet", "52:54:00:00:02:01"))
-        .unwrap();
-    conn.domain_define_xml(&domain("chatty", "52:54:00:00:02:02"))
-        .unwrap();
+    conn.domain_define_xml(&domain("quiet", "52:54:00:00:02:01")).unwrap();
+    conn.domain_define_xml(&domain("chatty", "52:54:00:00:02:02")).unwrap();
     conn.domain_create("quiet").unwrap();
     conn.domain_create("chatty").unwrap();
     let macs: Vec<String> = leases(&conn).into_iter().map(|l| l.0).collect();
@@ -156,22 +121,11 @@ fn a_silent_guest_never_gets_a_lease() {
 fn the_nth_call_fails_with_the_planned_error() {
     let host = host("sim:///behaviour-fail");
     let conn = connect(host.uri()).unwrap();
-    host.fail_nth(
-        Op::DomainDefine,
-        2,
-        Error::new(ErrorCode::OperationFailed, "injected"),
-    );
-    conn.domain_define_xml(&domain("one", "52:54:00:00:03:01"))
-        .unwrap();
-    let err = conn
-        .domain_define_xml(&domain("two", "52:54:00:00:03:02"))
-        .unwrap_err();
-    assert_eq!(
-        (err.code(), err.message()),
-        (ErrorCode::OperationFailed, "operation failed: injected")
-    );
-    conn.domain_define_xml(&domain("two", "52:54:00:00:03:02"))
-        .unwrap();
+    host.fail_nth(Op::DomainDefine, 2, Error::new(ErrorCode::OperationFailed, "injected"));
+    conn.domain_define_xml(&domain("one", "52:54:00:00:03:01")).unwrap();
+    let err = conn.domain_define_xml(&domain("two", "52:54:00:00:03:02")).unwrap_err();
+    assert_eq!((err.code(), err.message()), (ErrorCode::OperationFailed, "operation failed: injected"));
+    conn.domain_define_xml(&domain("two", "52:54:00:00:03:02")).unwrap();
     assert_eq!(host.counters().calls(Op::DomainDefine), 3);
     assert_eq!(conn.list_all_domains().unwrap(), ["one", "two"]);
 }
@@ -180,8 +134,7 @@ fn the_nth_call_fails_with_the_planned_error() {
 fn latency_delays_the_call() {
     let host = host("sim:///behaviour-latency");
     let conn = connect(host.uri()).unwrap();
-    host.faults()
-        .set_latency(Op::ListDomains, Duration::from_millis(30));
+    host.faults().set_latency(Op::ListDomains, Duration::from_millis(30));
     let start = Instant::now();
     conn.list_all_domains().unwrap();
     // A lower bound only: sleeping never returns early.
@@ -196,13 +149,7 @@ fn dropped_connections_fail_like_a_closed_socket_and_reconnect() {
     host.drop_connections();
     assert!(!conn.is_alive());
     let err = conn.list_all_networks().unwrap_err();
-    assert_eq!(
-        (err.code(), err.message()),
-        (
-            ErrorCode::InternalError,
-            "internal error: client socket is closed"
-        )
-    );
+    assert_eq!((err.code(), err.message()), (ErrorCode::InternalError, "internal error: client socket is closed"));
     let again = connect(host.uri()).unwrap();
     assert_eq!(again.list_all_networks().unwrap(), ["net"]);
     assert_eq!(host.counters().connections_opened(), 2);
@@ -214,21 +161,14 @@ fn dropped_connections_fail_like_a_closed_socket_and_reconnect() {
 fn a_daemon_restart_keeps_what_libvirtd_keeps() {
     let host = host("sim:///behaviour-restart");
     let conn = connect(host.uri()).unwrap();
-    conn.domain_define_xml(&domain("keep", "52:54:00:00:04:01"))
-        .unwrap();
+    conn.domain_define_xml(&domain("keep", "52:54:00:00:04:01")).unwrap();
     conn.domain_create("keep").unwrap();
     host.advance_clock(Duration::from_secs(5));
     assert_eq!(leases(&conn).len(), 1);
     host.restart_daemon();
-    assert!(
-        conn.list_all_domains().is_err(),
-        "the old connection died with the daemon"
-    );
+    assert!(conn.list_all_domains().is_err(), "the old connection died with the daemon");
     let conn = connect(host.uri()).unwrap();
-    assert_eq!(
-        conn.domain_get_state("keep").unwrap().0,
-        DomainState::Running
-    );
+    assert_eq!(conn.domain_get_state("keep").unwrap().0, DomainState::Running);
     assert_eq!(leases(&conn).len(), 1);
     assert!(conn.network_is_active("net").unwrap());
 }
@@ -237,82 +177,48 @@ fn a_daemon_restart_keeps_what_libvirtd_keeps() {
 fn a_reboot_stops_domains_and_starts_autostart_ones() {
     let host = host("sim:///behaviour-reboot");
     let conn = connect(host.uri()).unwrap();
-    for (name, mac) in [
-        ("auto", "52:54:00:00:05:01"),
-        ("manual", "52:54:00:00:05:02"),
-    ] {
+    for (name, mac) in [("auto", "52:54:00:00:05:01"), ("manual", "52:54:00:00:05:02")] {
         conn.domain_define_xml(&domain(name, mac)).unwrap();
         conn.domain_create(name).unwrap();
     }
     conn.domain_set_autostart("auto", true).unwrap();
     conn.network_set_autostart("net", true).unwrap();
     conn.storage_pool_set_autostart("disks", true).unwrap();
-    conn.domain_create_xml(&domain("transient", "52:54:00:00:05:03"))
-        .unwrap();
+    conn.domain_create_xml(&domain("transient", "52:54:00:00:05:03")).unwrap();
     host.reboot();
     let conn = connect(host.uri()).unwrap();
-    assert_eq!(
-        conn.list_all_domains().unwrap(),
-        ["auto", "manual"],
-        "the transient domain is gone"
-    );
-    assert_eq!(
-        conn.domain_get_state("auto").unwrap().0,
-        DomainState::Running
-    );
-    assert_eq!(
-        conn.domain_get_state("manual").unwrap().0,
-        DomainState::Shutoff
-    );
+    assert_eq!(conn.list_all_domains().unwrap(), ["auto", "manual"], "the transient domain is gone");
+    assert_eq!(conn.domain_get_state("auto").unwrap().0, DomainState::Running);
+    assert_eq!(conn.domain_get_state("manual").unwrap().0, DomainState::Shutoff);
 }
 
 #[test]
 fn crash_suspend_resume_and_shutdown() {
     let host = host("sim:///behaviour-states");
     let conn = connect(host.uri()).unwrap();
-    conn.domain_define_xml(&domain("d", "52:54:00:00:06:01"))
-        .unwrap();
+    conn.domain_define_xml(&domain("d", "52:54:00:00:06:01")).unwrap();
     conn.domain_create("d").unwrap();
     conn.domain_suspend("d").unwrap();
-    assert_eq!(
-        conn.domain_get_state("d").unwrap(),
-        (DomainState::Paused, 1)
-    );
+    assert_eq!(conn.domain_get_state("d").unwrap(), (DomainState::Paused, 1));
     conn.domain_resume("d").unwrap();
     host.crash_domain("d").unwrap();
     assert_eq!(conn.domain_get_state("d").unwrap().0, DomainState::Crashed);
-    assert_eq!(
-        conn.domain_create("d").unwrap_err().code(),
-        ErrorCode::OperationInvalid
-    );
+    assert_eq!(conn.domain_create("d").unwrap_err().code(), ErrorCode::OperationInvalid);
     conn.domain_destroy("d").unwrap();
     conn.domain_create("d").unwrap();
     conn.domain_shutdown("d").unwrap();
-    assert_eq!(
-        conn.domain_get_state("d").unwrap(),
-        (DomainState::Shutoff, 1)
-    );
+    assert_eq!(conn.domain_get_state("d").unwrap(), (DomainState::Shutoff, 1));
 }
 
 #[test]
 fn volumes_keep_uploaded_bytes_and_check_backing_stores() {
     let host = host("sim:///behaviour-volumes");
     let conn = connect(host.uri()).unwrap();
-    conn.storage_vol_create_xml(
-        "disks",
-        "<volume><name>seed.iso</name><capacity>5</capacity></volume>",
-    )
-    .unwrap();
-    conn.storage_vol_upload("disks", "seed.iso", 0, b"hello")
-        .unwrap();
+    conn.storage_vol_create_xml("disks", "<volume><name>seed.iso</name><capacity>5</capacity></volume>").unwrap();
+    conn.storage_vol_upload("disks", "seed.iso", 0, b"hello").unwrap();
+    assert_eq!(conn.storage_vol_download("disks", "seed.iso", 0, 0).unwrap(), b"hello");
     assert_eq!(
-        conn.storage_vol_download("disks", "seed.iso", 0, 0)
-            .unwrap(),
-        b"hello"
-    );
-    assert_eq!(
-        conn.storage_vol_lookup_by_path("/sim/disks/seed.iso")
-            .unwrap(),
+        conn.storage_vol_lookup_by_path("/sim/disks/seed.iso").unwrap(),
         ("disks".to_string(), "seed.iso".to_string())
     );
     let overlay = "<volume><name>o.qcow2</name><target><format type='qcow2'/></target>\
@@ -322,9 +228,7 @@ fn volumes_keep_uploaded_bytes_and_check_backing_stores() {
     conn.storage_vol_create_xml("disks", "<volume><name>missing.qcow2</name><capacity unit='GiB'>2</capacity><target><format type='qcow2'/></target></volume>").unwrap();
     conn.storage_vol_create_xml("disks", overlay).unwrap();
     assert_eq!(
-        conn.storage_vol_lookup_by_name("disks", "o.qcow2")
-            .unwrap()
-            .capacity,
+        conn.storage_vol_lookup_by_name("disks", "o.qcow2").unwrap().capacity,
         2 << 30,
         "capacity comes from the backing volume"
     );
@@ -335,23 +239,15 @@ fn free_memory_shrinks_with_running_domains() {
     let host = host("sim:///behaviour-memory");
     let conn = connect(host.uri()).unwrap();
     let before = conn.node_get_free_memory().unwrap();
-    conn.domain_define_xml(&domain("m", "52:54:00:00:07:01"))
-        .unwrap();
+    conn.domain_define_xml(&domain("m", "52:54:00:00:07:01")).unwrap();
     conn.domain_create("m").unwrap();
     assert_eq!(before - conn.node_get_free_memory().unwrap(), 64 << 20);
-    assert!(
-        conn.get_capabilities()
-            .unwrap()
-            .contains("<domain type='kvm'/>")
-    );
+    assert!(conn.get_capabilities().unwrap().contains("<domain type='kvm'/>"));
 }
 
 #[test]
 fn concurrent_callers_define_and_start_thousands() {
-    let host = Host::builder("sim:///behaviour-concurrent")
-        .network(NET, true)
-        .build()
-        .unwrap();
+    let host = Host::builder("sim:///behaviour-concurrent").network(NET, true).build().unwrap();
     let conn = Arc::new(connect(host.uri()).unwrap());
     let threads: Vec<_> = (0..8)
         .map(|t| {
@@ -371,8 +267,5 @@ fn concurrent_callers_define_and_start_thousands() {
     }
     assert_eq!(host.domain_count(), 2000);
     assert_eq!(host.counters().calls(Op::DomainCreate), 2000);
-    assert_eq!(
-        conn.domain_get_state("c7-249").unwrap().0,
-        DomainState::Running
-    );
+    assert_eq!(conn.domain_get_state("c7-249").unwrap().0, DomainState::Running);
 }

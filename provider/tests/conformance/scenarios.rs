@@ -16,6 +16,7 @@ pub struct Scenario {
 
 const TEST_DRIVER_NO_STREAMS: &str = "the test driver has no virStorageVolUpload/Download (VIR_ERR_NO_SUPPORT)";
 const TEST_DRIVER_NO_LEASES: &str = "the test driver has no virNetworkGetDHCPLeases (VIR_ERR_NO_SUPPORT)";
+const TEST_DRIVER_NO_BACKING_CHECKS: &str = "the test driver creates a volume without checking its backing store";
 const TEST_DRIVER_NO_START_CHECKS: &str = "the test driver starts a domain without checking its networks";
 
 pub const ALL: &[Scenario] = &[
@@ -98,6 +99,35 @@ pub const ALL: &[Scenario] = &[
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_START_CHECKS)],
     },
     Scenario { name: "leases of a missing network", run: leases_missing_network, not_on: &[] },
+    Scenario {
+        name: "network undefine while active",
+        run: network_undefine_active,
+        not_on: &[(
+            Backend::TestDriver,
+            "the test driver refuses to undefine a running network (\"is still running\")",
+        )],
+    },
+    Scenario { name: "pool on another pool's directory", run: pool_target_conflict, not_on: &[] },
+    Scenario {
+        name: "volume with a missing backing store",
+        run: volume_missing_backing,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_BACKING_CHECKS)],
+    },
+    Scenario {
+        name: "raw volume with a backing store",
+        run: volume_raw_backing,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_BACKING_CHECKS)],
+    },
+    Scenario {
+        name: "domain of a type the host does not offer",
+        run: domain_unsupported_type,
+        not_on: &[(Backend::TestDriver, "the test driver defines a domain of any type")],
+    },
+    Scenario {
+        name: "domain start with a missing disk volume",
+        run: domain_missing_disk,
+        not_on: &[(Backend::TestDriver, "the test driver starts a domain without checking its disks")],
+    },
     Scenario {
         name: "lease for a reserved MAC",
         run: lease_for_reserved_mac,
@@ -581,4 +611,77 @@ fn lease_for_reserved_mac(ctx: &Ctx) {
     assert_eq!(lease.ip, ip);
     assert_eq!(lease.prefix, 24);
     ctx.hv.domain_destroy(&name).unwrap();
+}
+
+fn network_undefine_active(ctx: &Ctx) {
+    let net = ctx.network("net", true);
+    ctx.hv.network_undefine(&net).unwrap();
+    assert!(ctx.hv.network_is_active(&net).unwrap(), "an active network survives undefine as transient");
+    assert!(ctx.hv.network_list().unwrap().contains(&net));
+    ctx.hv.network_stop(&net).unwrap();
+    expect_err(ctx.hv.network_xml(&net), ErrorKind::NoNetwork, Some(43), "a stopped transient network is gone");
+}
+
+fn pool_target_conflict(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let other = ctx.name("other");
+    let xml =
+        format!("<pool type='dir'><name>{other}</name><target><path>{}</path></target></pool>", ctx.pool_dir(&pool));
+    let result = ctx.hv.pool_define(&xml);
+    if result.is_ok() {
+        let _ = ctx.hv.pool_undefine(&other);
+    }
+    expect_err(result, ErrorKind::OperationFailed, Some(9), "a second pool on the same directory");
+}
+
+fn volume_missing_backing(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let xml = format!(
+        "<volume><name>orphan.qcow2</name><capacity unit='MiB'>8</capacity><target><format type='qcow2'/></target>\
+         <backingStore><path>{}/absent.qcow2</path><format type='qcow2'/></backingStore></volume>",
+        ctx.pool_dir(&pool)
+    );
+    let result = ctx.hv.volume_create(&pool, &xml);
+    if let Ok(v) = &result {
+        let _ = ctx.hv.volume_delete(&pool, v);
+    }
+    let e = expect_err(result, ErrorKind::Other, Some(38), "a backing store that does not exist");
+    assert!(e.message.contains("absent.qcow2"), "{e}");
+}
+
+fn volume_raw_backing(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let base = ctx.volume(&pool, "<volume><name>base.qcow2</name><capacity unit='MiB'>8</capacity><target><format type='qcow2'/></target></volume>");
+    let xml = format!(
+        "<volume><name>raw-overlay</name><capacity unit='MiB'>8</capacity><target><format type='raw'/></target>\
+         <backingStore><path>{}/{base}</path><format type='qcow2'/></backingStore></volume>",
+        ctx.pool_dir(&pool)
+    );
+    let result = ctx.hv.volume_create(&pool, &xml);
+    if let Ok(v) = &result {
+        let _ = ctx.hv.volume_delete(&pool, v);
+    }
+    let e = expect_err(result, ErrorKind::Other, Some(3), "a raw volume with a backing store");
+    assert!(e.message.contains("backing storage not supported for raw volumes"), "{e}");
+}
+
+fn domain_unsupported_type(ctx: &Ctx) {
+    let name = ctx.name("dom");
+    let xml = domain_xml(&name, None, None, "").replace("type='qemu'", "type='xen'");
+    let result = ctx.hv.domain_define(&xml);
+    if result.is_ok() {
+        ctx.forget_domain_later(&name);
+    }
+    expect_err(result, ErrorKind::Other, Some(67), "domain type xen");
+}
+
+fn domain_missing_disk(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let devices = format!(
+        "<disk type='volume' device='disk'><driver name='qemu' type='qcow2'/><source pool='{pool}' volume='absent.qcow2'/><target dev='vda' bus='virtio'/></disk>"
+    );
+    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, &devices));
+    let e = expect_err(ctx.hv.domain_start(&name), ErrorKind::NoStorageVol, Some(50), "start with a missing volume");
+    assert!(e.message.contains("absent.qcow2"), "{e}");
+    assert_eq!(ctx.hv.domain_state(&name).unwrap(), DomainState::Shutoff);
 }
