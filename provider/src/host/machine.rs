@@ -263,6 +263,10 @@ impl<'a> MachineRun<'a> {
     fn step(&mut self, step: CreateStep) -> HostResult<()> {
         match step {
             CreateStep::RootDisk => self.ensure_root_disk(),
+            // Once the domain is defined the seed is complete (define comes after the upload),
+            // and rewriting a cdrom a guest may be reading is not done.
+            CreateStep::CloudInitVolume if self.domain_defined()? => Ok(()),
+            CreateStep::CloudInitUpload if self.domain_defined()? => Ok(()),
             CreateStep::CloudInitVolume => self.ensure_seed_volume(),
             CreateStep::CloudInitUpload => self.upload_seed(),
             CreateStep::DhcpReservation => self.ensure_reservation().map(|_| ()),
@@ -313,6 +317,16 @@ impl<'a> MachineRun<'a> {
         }
     }
 
+    /// Whether our domain is defined; remembers "absent" so later steps need not ask again.
+    fn domain_defined(&mut self) -> HostResult<bool> {
+        if self.domain_absent {
+            return Ok(false);
+        }
+        let defined = self.owned_domain()?.is_some();
+        self.domain_absent = !defined;
+        Ok(defined)
+    }
+
     fn domain_state(&self) -> HostResult<DomainState> {
         self.hv
             .domain_state(&self.names.domain)
@@ -320,7 +334,7 @@ impl<'a> MachineRun<'a> {
     }
 
     fn ensure_defined(&mut self) -> HostResult<()> {
-        if !self.domain_absent && self.owned_domain()?.is_some() {
+        if self.domain_defined()? {
             return Ok(());
         }
         let (arch, kvm) = match self.hv.capabilities_xml() {

@@ -10,7 +10,7 @@ use capl::host::cloud_init::{meta_data, nocloud_iso};
 use capl::host::network_xml::parse_network;
 use capl::host::{
     CreateStep, DomainTypePreference, FailureReason, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
-    delete_machine, ensure_machine, run_create_steps,
+    delete_machine, ensure_machine, observe_machine, run_create_steps,
 };
 use capl::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
 use sha2::{Digest, Sha256};
@@ -164,8 +164,12 @@ pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     assert_eq!(again.state, DomainState::Running);
     assert_eq!(again.addresses.last(), Some(&MachineAddress::Hostname(spec.name.clone())));
 
+    let observed = observe_machine(hv, &spec).expect("observe").expect("the domain exists");
+    assert_eq!((observed.state, observed.created, observed.started), (DomainState::Running, false, false));
+
     delete_machine(hv, &spec).expect("delete");
     assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    assert_eq!(observe_machine(hv, &spec).expect("observe after delete"), None);
     delete_machine(hv, &spec).expect("delete of a deleted machine");
 }
 
