@@ -31,7 +31,11 @@ fn open(backend: Backend) -> (Box<dyn Hypervisor>, Option<libvirt_sim::Host>) {
     match backend {
         Backend::Sim => {
             let uri = format!("sim:///conformance-{}", std::process::id());
-            let host = libvirt_sim::Host::builder(&uri).build().expect("build the simulated host");
+            // Leases outlive their domain, as with dnsmasq (the simulator's default drops them).
+            let host = libvirt_sim::Host::builder(&uri)
+                .release_leases_on_stop(false)
+                .build()
+                .expect("build the simulated host");
             let hv = SimHypervisor::connect(&uri).expect("connect to the simulated host");
             (Box::new(hv), Some(host))
         }

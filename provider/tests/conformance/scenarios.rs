@@ -611,6 +611,9 @@ fn lease_for_reserved_mac(ctx: &Ctx) {
     assert_eq!(lease.ip, ip);
     assert_eq!(lease.prefix, 24);
     ctx.hv.domain_destroy(&name).unwrap();
+    // dnsmasq keeps a lease until it expires; a destroyed guest releases nothing.
+    let after = ctx.hv.network_dhcp_leases(&net).unwrap();
+    assert!(after.iter().any(|l| l.mac == mac && l.ip == ip), "the lease outlives the domain: {after:?}");
 }
 
 fn network_undefine_active(ctx: &Ctx) {
