@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use capl::hypervisor::Hypervisor;
 use capl::hypervisor::libvirt::LibvirtHypervisor;
 use capl::hypervisor::sim::SimHypervisor;
-use fixtures::{Backend, Ctx};
+use fixtures::{Backend, Ctx, SeenError, take_seen_errors};
 use rstest::rstest;
 
 const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
@@ -30,7 +30,7 @@ const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
 fn open(backend: Backend) -> (Box<dyn Hypervisor>, Option<libvirt_sim::Host>) {
     match backend {
         Backend::Sim => {
-            let uri = format!("sim:///conformance-{}", std::process::id());
+            let uri = format!("sim:///conformance-{}-{}", std::process::id(), run_id());
             // Leases outlive their domain, as with dnsmasq (the simulator's default drops them).
             let host = libvirt_sim::Host::builder(&uri)
                 .release_leases_on_stop(false)
@@ -65,17 +65,89 @@ fn run_id() -> u32 {
     (std::process::id() % 100_000) * 10 + NEXT.fetch_add(1, Ordering::SeqCst)
 }
 
+/// Runs one scenario; returns the expected errors it saw, or why it failed.
+fn run_scenario(
+    hv: &dyn Hypervisor,
+    backend: Backend,
+    run: u32,
+    index: u32,
+    scenario: &scenarios::Scenario,
+) -> Result<Vec<SeenError>, String> {
+    take_seen_errors();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let ctx = Ctx::new(hv, backend, run, index);
+        (scenario.run)(&ctx);
+    }));
+    let seen = take_seen_errors();
+    outcome.map(|()| seen).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into())
+    })
+}
+
+/// A message with UUIDs replaced, so two hosts' messages compare.
+fn normalized(message: &str) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    while let Some(c) = rest.chars().next() {
+        let candidate = rest.get(..36).unwrap_or("");
+        let is_uuid = candidate.len() == 36
+            && candidate
+                .char_indices()
+                .all(|(i, c)| if matches!(i, 8 | 13 | 18 | 23) { c == '-' } else { c.is_ascii_hexdigit() });
+        if is_uuid {
+            out.push_str("<uuid>");
+            rest = &rest[36..];
+        } else {
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+/// Where the simulator's errors differ from the real libvirtd's for the same scenario:
+/// a different code, or a different message (XML parser details excepted: libxml2 and
+/// quick-xml word those differently).
+fn differences(scenario: &str, real: &[SeenError], sim: &[SeenError]) -> Vec<String> {
+    if real.len() != sim.len() {
+        return vec![format!(
+            "{scenario}: {} expected errors on the real libvirtd, {} on libvirt-sim",
+            real.len(),
+            sim.len()
+        )];
+    }
+    real.iter()
+        .zip(sim)
+        .filter(|(r, s)| r.code != s.code || (r.code != 35 && normalized(&r.message) != normalized(&s.message)))
+        .map(|(r, s)| {
+            format!(
+                "{scenario} / {}:\n    real: [{}] {}\n    sim:  [{}] {}",
+                r.what, r.code, r.message, s.code, s.message
+            )
+        })
+        .collect()
+}
+
 #[rstest]
 #[case::sim(Backend::Sim)]
 #[case::test_driver(Backend::TestDriver)]
 #[case::real_libvirtd(Backend::RealLibvirtd)]
 fn conformance(#[case] backend: Backend) {
     let (hv, _host) = open(backend);
+    // On the real libvirtd every scenario also runs on a simulated twin host, with the
+    // same object names, and the errors both gave are compared message by message.
+    let twin = (backend == Backend::RealLibvirtd).then(|| open(Backend::Sim));
     let run = run_id();
     let only = std::env::var("CAPL_CONFORMANCE_ONLY").ok();
     let mut ran = 0;
     let mut marked = Vec::new();
     let mut failures = Vec::new();
+    let mut message_diffs = Vec::new();
+    let mut compared = 0;
     for (index, scenario) in scenarios::ALL.iter().enumerate() {
         if only.as_deref().is_some_and(|o| !scenario.name.contains(o)) {
             continue;
@@ -85,17 +157,20 @@ fn conformance(#[case] backend: Backend) {
             continue;
         }
         ran += 1;
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let ctx = Ctx::new(hv.as_ref(), backend, run, index as u32 + 1);
-            (scenario.run)(&ctx);
-        }));
-        if let Err(panic) = outcome {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into());
-            failures.push(format!("{}: {message}", scenario.name));
+        let index = index as u32 + 1;
+        match run_scenario(hv.as_ref(), backend, run, index, scenario) {
+            Err(message) => failures.push(format!("{}: {message}", scenario.name)),
+            Ok(real) => {
+                if let Some((twin_hv, _)) = &twin {
+                    match run_scenario(twin_hv.as_ref(), Backend::Sim, run, index, scenario) {
+                        Err(message) => failures.push(format!("{} (libvirt-sim twin): {message}", scenario.name)),
+                        Ok(sim) => {
+                            compared += real.len();
+                            message_diffs.extend(differences(scenario.name, &real, &sim));
+                        }
+                    }
+                }
+            }
         }
     }
     eprintln!(
@@ -108,6 +183,15 @@ fn conformance(#[case] backend: Backend) {
     for m in &marked {
         eprintln!("  not modeled by {}: {m}", backend.label());
     }
+    if twin.is_some() {
+        eprintln!(
+            "  libvirt-sim twin: {compared} expected errors compared, {} differ from the real libvirtd's",
+            message_diffs.len()
+        );
+        for d in &message_diffs {
+            eprintln!("  {d}");
+        }
+    }
     assert!(
         failures.is_empty(),
         "{} of {ran} scenarios failed on {}:\n{}",
@@ -115,4 +199,25 @@ fn conformance(#[case] backend: Backend) {
         backend.label(),
         failures.join("\n")
     );
+    assert!(
+        message_diffs.is_empty(),
+        "libvirt-sim's errors differ from the real libvirtd's:\n{}",
+        message_diffs.join("\n")
+    );
+}
+
+#[test]
+fn the_twin_comparison_reports_different_codes_and_messages() {
+    assert_eq!(
+        normalized("domain 'd' already exists with uuid 5f0c3c1e-0d7e-4a39-9a6c-0123456789ab."),
+        "domain 'd' already exists with uuid <uuid>."
+    );
+    let seen = |code, message: &str| SeenError { what: "start twice".into(), code, message: message.into() };
+    let real = [seen(55, "Requested operation is not valid: domain is already running")];
+    assert!(differences("s", &real, &real).is_empty());
+    assert_eq!(differences("s", &real, &[seen(9, &real[0].message)]).len(), 1);
+    assert_eq!(differences("s", &real, &[seen(55, "domain is active")]).len(), 1);
+    assert_eq!(differences("s", &real, &[]).len(), 1);
+    let xml = |m: &str| [seen(35, m)];
+    assert!(differences("s", &xml("at line 1: expected '>'"), &xml("at line 1: unexpected end")).is_empty());
 }

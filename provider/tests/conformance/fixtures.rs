@@ -217,6 +217,23 @@ pub fn interface_xml(network: &str, mac: &str) -> String {
     )
 }
 
+/// One expected error a scenario saw: what was tried, libvirt's code, the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenError {
+    pub what: String,
+    pub code: i32,
+    pub message: String,
+}
+
+thread_local! {
+    static SEEN: RefCell<Vec<SeenError>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The expected errors seen on this thread since the last call.
+pub fn take_seen_errors() -> Vec<SeenError> {
+    SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()))
+}
+
 /// Asserts that `result` failed with `kind` (and, when given, libvirt's numeric `code`).
 #[track_caller]
 pub fn expect_err<T: std::fmt::Debug>(
@@ -228,6 +245,9 @@ pub fn expect_err<T: std::fmt::Debug>(
     match result {
         Ok(v) => panic!("{what}: expected {kind:?} error, got Ok({v:?})"),
         Err(e) => {
+            SEEN.with(|s| {
+                s.borrow_mut().push(SeenError { what: what.to_string(), code: e.code, message: e.message.clone() })
+            });
             assert_eq!(e.kind, kind, "{what}: wrong error class: {e}");
             if let Some(code) = code {
                 assert_eq!(e.code, code, "{what}: wrong libvirt error code: {e}");
