@@ -1,0 +1,255 @@
+//! The Kubernetes objects the scenarios create, as complete v1beta2 /
+//! v1alpha1 documents (the local control plane runs no CAPI webhooks, so
+//! nothing defaults them), and small typed-less API helpers.
+
+use anyhow::{Context, Result};
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+pub const INFRA_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
+/// The kinds the scenarios use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Cluster,
+    Machine,
+    MachineDeployment,
+    LibvirtCluster,
+    LibvirtMachine,
+    LibvirtMachineTemplate,
+    Secret,
+}
+
+impl Kind {
+    pub fn resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::Cluster => (CAPI_GROUP, "v1beta2", "Cluster", "clusters"),
+            Kind::Machine => (CAPI_GROUP, "v1beta2", "Machine", "machines"),
+            Kind::MachineDeployment => (CAPI_GROUP, "v1beta2", "MachineDeployment", "machinedeployments"),
+            Kind::LibvirtCluster => (INFRA_GROUP, "v1alpha1", "LibvirtCluster", "libvirtclusters"),
+            Kind::LibvirtMachine => (INFRA_GROUP, "v1alpha1", "LibvirtMachine", "libvirtmachines"),
+            Kind::LibvirtMachineTemplate => {
+                (INFRA_GROUP, "v1alpha1", "LibvirtMachineTemplate", "libvirtmachinetemplates")
+            }
+            Kind::Secret => ("", "v1", "Secret", "secrets"),
+        };
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    pub fn api(self, client: &Client, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(client.clone(), namespace, &self.resource())
+    }
+}
+
+/// Creates `object` (a complete document with apiVersion and kind).
+pub async fn create(client: &Client, namespace: &str, kind: Kind, object: Value) -> Result<DynamicObject> {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let object: DynamicObject = serde_json::from_value(object)?;
+    kind.api(client, namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating {kind:?} {namespace}/{name}"))
+}
+
+pub async fn get(client: &Client, namespace: &str, kind: Kind, name: &str) -> Result<Option<DynamicObject>> {
+    kind.api(client, namespace).get_opt(name).await.with_context(|| format!("reading {kind:?} {namespace}/{name}"))
+}
+
+pub async fn list(client: &Client, namespace: &str, kind: Kind) -> Result<Vec<DynamicObject>> {
+    Ok(kind
+        .api(client, namespace)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing {kind:?} in {namespace}"))?
+        .items)
+}
+
+/// A JSON merge patch of the object's spec (or anything else in `patch`).
+pub async fn merge_patch(client: &Client, namespace: &str, kind: Kind, name: &str, patch: Value) -> Result<()> {
+    kind.api(client, namespace)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("patching {kind:?} {namespace}/{name} with {patch}"))?;
+    Ok(())
+}
+
+/// Deletes the object (background propagation); a missing object is fine.
+pub async fn delete(client: &Client, namespace: &str, kind: Kind, name: &str) -> Result<()> {
+    match kind.api(client, namespace).delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err).with_context(|| format!("deleting {kind:?} {namespace}/{name}")),
+    }
+}
+
+/// Where the machines of a cluster go: the LibvirtCluster's spec and the image.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub uri: String,
+    pub network: String,
+    pub base_pool: String,
+    pub domain_pool: String,
+    pub image: String,
+    /// A free address outside the DHCP range for the (unused) control plane endpoint.
+    pub endpoint_host: String,
+}
+
+pub fn cluster(namespace: &str, name: &str, paused: bool) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "paused": paused,
+            "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "LibvirtCluster", "name": name},
+        },
+    })
+}
+
+pub fn libvirt_cluster(namespace: &str, name: &str, placement: &Placement) -> Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtCluster",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: name}},
+        "spec": {
+            "uri": placement.uri,
+            "network": placement.network,
+            "basePool": placement.base_pool,
+            "domainPool": placement.domain_pool,
+            "controlPlaneEndpoint": {"host": placement.endpoint_host, "port": 6443},
+        },
+    })
+}
+
+/// A bootstrap data Secret as a bootstrap provider would write it.
+pub fn bootstrap_secret(namespace: &str, name: &str, cluster: &str, user_data: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "type": "cluster.x-k8s.io/secret",
+        "stringData": {"format": "cloud-config", "value": user_data},
+    })
+}
+
+/// The cloud-config every scenario's machines get.
+pub fn user_data(cluster: &str) -> String {
+    format!("#cloud-config\nruncmd:\n- echo \"hello from {cluster}\"\n")
+}
+
+pub fn machine(namespace: &str, name: &str, cluster: &str, secret: &str) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "spec": {
+            "clusterName": cluster,
+            "bootstrap": {"dataSecretName": secret},
+            "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "LibvirtMachine", "name": name},
+        },
+    })
+}
+
+/// The smallest machine the guest boots in: 1 vCPU, 256 MiB, 1 GiB disk.
+fn machine_spec(image: &str) -> Value {
+    json!({"vcpu": 1, "memoryMiB": 256, "diskGiB": 1, "image": image})
+}
+
+/// A LibvirtMachine; with `owner` (Machine name and UID) it carries the owner
+/// reference CAPI would set, so the provider does not depend on CAPI for it.
+pub fn libvirt_machine(namespace: &str, name: &str, cluster: &str, image: &str, owner: Option<(&str, &str)>) -> Value {
+    let mut object = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtMachine",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "spec": machine_spec(image),
+    });
+    if let Some((machine, uid)) = owner {
+        object["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": machine, "uid": uid,
+            "controller": true, "blockOwnerDeletion": true,
+        }]);
+    }
+    object
+}
+
+pub fn libvirt_machine_template(namespace: &str, name: &str, cluster: &str, image: &str) -> Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtMachineTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "spec": {"template": {"spec": machine_spec(image)}},
+    })
+}
+
+/// A MachineDeployment whose Machines use a bootstrap Secret by name (no
+/// bootstrap provider) and LibvirtMachines from `template`.
+pub fn machine_deployment(
+    namespace: &str,
+    name: &str,
+    cluster: &str,
+    replicas: i64,
+    template: &str,
+    secret: &str,
+) -> Value {
+    let labels = json!({CLUSTER_NAME_LABEL: cluster, "cluster.x-k8s.io/deployment-name": name});
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "MachineDeployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "spec": {
+            "clusterName": cluster,
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "clusterName": cluster,
+                    "bootstrap": {"dataSecretName": secret},
+                    "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "LibvirtMachineTemplate", "name": template},
+                },
+            },
+        },
+    })
+}
+
+/// `object.data[path...]` as a string, if present.
+pub fn str_at<'a>(object: &'a DynamicObject, path: &[&str]) -> Option<&'a str> {
+    value_at(&object.data, path).and_then(Value::as_str)
+}
+
+pub fn value_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, key| v.get(*key))
+}
+
+/// The status of condition `type_` in `object.status.conditions`.
+pub fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<(&'a str, &'a str)> {
+    value_at(&object.data, &["status", "conditions"])?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| (c["status"].as_str().unwrap_or(""), c["reason"].as_str().unwrap_or("")))
+}
+
+/// The first `InternalIP` of `status.addresses`.
+pub fn internal_ip(object: &DynamicObject) -> Option<String> {
+    value_at(&object.data, &["status", "addresses"])?
+        .as_array()?
+        .iter()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .map(str::to_string)
+}
+
+pub fn uid(object: &DynamicObject) -> String {
+    object.metadata.uid.clone().unwrap_or_default()
+}
+
+pub fn name(object: &DynamicObject) -> String {
+    object.metadata.name.clone().unwrap_or_default()
+}

@@ -1,0 +1,354 @@
+//! The whole stack of an e2e run: a libvirt host (the private libvirtd of
+//! `cargo xtask host up`, or the provider's embedded simulator), the local
+//! control plane with CAPI's and our CRDs, the CAPI core manager, and the
+//! provider binary as a process. [`Stack::shutdown`] takes it down again and
+//! removes whatever the run left on the host; dropping a `Stack` without it
+//! (a panic) still kills the processes and sweeps the host.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use kube::Client;
+use testenv::{CapiManager, TestEnv};
+
+use crate::host_view::HostView;
+use crate::objects::{self, Kind, Placement};
+use crate::provider_process::ProviderProcess;
+use crate::wait::{Check, until};
+
+/// Environment variables the harness reads (all optional except the URI for libvirt).
+pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
+pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
+pub const PROVIDER_BIN_ENV: &str = "CAPL_PROVIDER_BIN";
+
+/// The names `cargo xtask host up` gives the private host's network and pools.
+pub const TEST_NETWORK: &str = "capl-test-net";
+pub const TEST_BASE_POOL: &str = "capl-test-base";
+pub const TEST_DISK_POOL: &str = "capl-test-disks";
+/// Outside the test network's DHCP range (.2-.99): never handed to a guest.
+const TEST_ENDPOINT: &str = "10.251.0.250";
+
+/// Every namespace (and so every domain, volume and DHCP host, which start
+/// with the namespace) an e2e run creates starts with this.
+pub const NAME_PREFIX: &str = "capl-e2e-";
+
+/// Which host the provider drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A real libvirtd at this URI with the test network and pools.
+    Libvirt { uri: String },
+    /// The provider's embedded simulated host (`--hypervisor sim`).
+    Sim,
+}
+
+/// Everything needed to start a [`Stack`].
+#[derive(Debug, Clone)]
+pub struct StackConfig {
+    pub backend: Backend,
+    pub provider_binary: PathBuf,
+    /// The guest base image (qcow2) to upload; libvirt only.
+    pub guest_image: Option<PathBuf>,
+}
+
+impl StackConfig {
+    /// From the environment, building what is missing: the URI from
+    /// `CAPL_TEST_LIBVIRT_URI` (for libvirt; missing is an error naming
+    /// `cargo xtask host up`), the image from `CAPL_GUEST_IMAGE` or
+    /// `cargo xtask guest-image`, the provider from `CAPL_PROVIDER_BIN` or
+    /// `cargo build`.
+    pub fn from_env(sim: bool) -> Result<Self> {
+        let backend = if sim {
+            Backend::Sim
+        } else {
+            let uri = std::env::var(URI_ENV).map_err(|_| {
+                anyhow::anyhow!(
+                    "{URI_ENV} is not set: the e2e tests need the private libvirtd; start it with \
+                     `cargo xtask host up` (as root) and export the URI it prints, or run `cargo xtask e2e`"
+                )
+            })?;
+            Backend::Libvirt { uri }
+        };
+        let guest_image = match (&backend, std::env::var_os(GUEST_IMAGE_ENV)) {
+            (Backend::Sim, _) => None,
+            (_, Some(path)) => Some(PathBuf::from(path)),
+            (_, None) => Some(build_guest_image()?),
+        };
+        let provider_binary = match std::env::var_os(PROVIDER_BIN_ENV) {
+            Some(path) => PathBuf::from(path),
+            None => build_provider()?,
+        };
+        Ok(Self { backend, provider_binary, guest_image })
+    }
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the e2e crate lives in the repository").to_path_buf()
+}
+
+fn build_guest_image() -> Result<PathBuf> {
+    let out = Command::new("cargo")
+        .args(["xtask", "guest-image"])
+        .current_dir(repo_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running `cargo xtask guest-image`")?;
+    if !out.status.success() {
+        bail!("`cargo xtask guest-image` failed ({}); see its output above", out.status);
+    }
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Ok(PathBuf::from(path))
+}
+
+fn build_provider() -> Result<PathBuf> {
+    let status = Command::new("cargo")
+        .args(["build", "-p", "cluster-api-provider-libvirt", "--bin", "cluster-api-provider-libvirt"])
+        .current_dir(repo_root())
+        .status()
+        .context("running cargo build for the provider binary")?;
+    if !status.success() {
+        bail!("`cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt` failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    Ok(target.join("debug/cluster-api-provider-libvirt"))
+}
+
+/// A running stack.
+pub struct Stack {
+    pub placement: Placement,
+    /// The host through virsh; `None` on the simulator.
+    pub host: Option<HostView>,
+    /// Where the guests' serial consoles are logged (libvirt only).
+    pub console_dir: Option<PathBuf>,
+    /// Scratch directory of this run (provider log, console logs).
+    pub work_dir: PathBuf,
+    // Fields drop in order: provider, CAPI, then the API server.
+    pub provider: ProviderProcess,
+    pub capi: CapiManager,
+    pub env: TestEnv,
+    namespaces: Vec<String>,
+    swept: bool,
+}
+
+impl Stack {
+    pub async fn start(config: &StackConfig) -> Result<Self> {
+        let work_dir = std::env::temp_dir().join(format!("capl-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
+        let (placement, host, console_dir) = match &config.backend {
+            Backend::Libvirt { uri } => {
+                let host = HostView::new(uri);
+                check_test_host(&host)?;
+                let image = config.guest_image.as_deref().context("a guest image is needed for the libvirt backend")?;
+                let volume = upload_guest_image(&host, image)?;
+                let console_dir = work_dir.join("console");
+                std::fs::create_dir_all(&console_dir)?;
+                let placement = Placement {
+                    uri: uri.clone(),
+                    network: TEST_NETWORK.into(),
+                    base_pool: TEST_BASE_POOL.into(),
+                    domain_pool: TEST_DISK_POOL.into(),
+                    image: volume,
+                    endpoint_host: TEST_ENDPOINT.into(),
+                };
+                (placement, Some(host), Some(console_dir))
+            }
+            Backend::Sim => {
+                let placement = Placement {
+                    uri: "qemu:///system".into(),
+                    network: capl::sim_host::NETWORK.into(),
+                    base_pool: capl::sim_host::BASE_POOL.into(),
+                    domain_pool: capl::sim_host::DOMAIN_POOL.into(),
+                    image: capl::sim_host::BASE_IMAGE.into(),
+                    endpoint_host: "192.168.122.10".into(),
+                };
+                (placement, None, None)
+            }
+        };
+
+        let env = TestEnv::start().await.context("starting the local control plane")?;
+        let capi = env.start_capi_manager().await.context("starting the CAPI core manager")?;
+        env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
+            .await
+            .context("installing the provider's CRDs from config/crd/bases")?;
+
+        let mut args = Vec::new();
+        match &config.backend {
+            Backend::Libvirt { .. } => {
+                args.push("--domain-type=qemu".to_string());
+                if let Some(dir) = &console_dir {
+                    args.push(format!("--console-log-dir={}", dir.display()));
+                }
+            }
+            Backend::Sim => args.push("--hypervisor=sim".to_string()),
+        }
+        let provider = ProviderProcess::start(
+            &config.provider_binary,
+            args,
+            env.kubeconfig_path(),
+            &work_dir.join("provider.log"),
+        )
+        .await?;
+        Ok(Self { placement, host, console_dir, work_dir, provider, capi, env, namespaces: Vec::new(), swept: false })
+    }
+
+    pub fn client(&self) -> Client {
+        self.env.client()
+    }
+
+    /// Creates a fresh namespace `capl-e2e-<short>-<pid>-<n>`.
+    pub async fn namespace(&mut self, short: &str) -> Result<String> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name =
+            format!("{NAME_PREFIX}{short}-{}{}", std::process::id() % 10_000, NEXT.fetch_add(1, Ordering::Relaxed));
+        self.env.create_namespace(&name).await?;
+        self.namespaces.push(name.clone());
+        Ok(name)
+    }
+
+    /// The libvirt host, or an error saying the scenario needs one.
+    pub fn libvirt(&self) -> Result<&HostView> {
+        self.host.as_ref().context("this check needs a real libvirt host (not --hypervisor sim)")
+    }
+
+    /// The serial console log of `domain` (empty when it does not exist yet):
+    /// `<console dir>/<domain>-console.log`, as the provider names it.
+    pub fn console_log(&self, domain: &str) -> String {
+        self.console_dir
+            .as_ref()
+            .and_then(|dir| std::fs::read(dir.join(format!("{domain}-console.log"))).ok())
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Deletes every Cluster of every namespace of this run and waits until
+    /// their Machines and LibvirtMachines are gone, then stops the processes
+    /// and removes what is left on the host. Returns what the sweep had to
+    /// remove (empty when the provider cleaned up after itself).
+    pub async fn shutdown(mut self) -> Result<Vec<String>> {
+        let client = self.client();
+        let mut problems = Vec::new();
+        for ns in self.namespaces.clone() {
+            if let Err(err) = delete_all_clusters(&client, &ns).await {
+                problems.push(format!("{err:#}"));
+            }
+        }
+        let leftovers = self.sweep_host();
+        self.swept = true;
+        if !problems.is_empty() {
+            bail!("teardown: {}", problems.join("; "));
+        }
+        Ok(leftovers)
+    }
+
+    /// Removes every domain, volume and DHCP host whose name starts with
+    /// [`NAME_PREFIX`]; returns what it removed.
+    fn sweep_host(&self) -> Vec<String> {
+        let Some(host) = &self.host else {
+            return Vec::new();
+        };
+        sweep(host)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.provider.kill();
+        if !self.swept {
+            let removed = self.sweep_host();
+            if !removed.is_empty() {
+                eprintln!("e2e teardown removed from the host: {}", removed.join(", "));
+            }
+        }
+    }
+}
+
+/// Removes the run's leftovers from the host (see [`Stack::sweep_host`]).
+pub fn sweep(host: &HostView) -> Vec<String> {
+    let mut removed = Vec::new();
+    for domain in host.domains_with_prefix(NAME_PREFIX).unwrap_or_default() {
+        let _ = host.virsh(&["destroy", &domain]);
+        if host.virsh(&["undefine", &domain]).is_ok() {
+            removed.push(format!("domain {domain}"));
+        }
+    }
+    for volume in host.volumes(TEST_DISK_POOL).unwrap_or_default() {
+        if (volume.starts_with(NAME_PREFIX) || volume.starts_with(&format!("cloudinit-{NAME_PREFIX}")))
+            && host.virsh(&["vol-delete", "--pool", TEST_DISK_POOL, &volume]).is_ok()
+        {
+            removed.push(format!("volume {volume}"));
+        }
+    }
+    for entry in host.dhcp_hosts(TEST_NETWORK).unwrap_or_default() {
+        if entry.name.starts_with(NAME_PREFIX) {
+            let xml = format!("<host mac='{}' name='{}' ip='{}'/>", entry.mac, entry.name, entry.ip);
+            let args = ["net-update", TEST_NETWORK, "delete", "ip-dhcp-host", xml.as_str(), "--live", "--config"];
+            if host.virsh(&args).is_ok() {
+                removed.push(format!("DHCP host {}", entry.name));
+            }
+        }
+    }
+    removed
+}
+
+/// Deletes the namespace's Clusters and waits until no Machine, LibvirtMachine
+/// or Cluster is left in it.
+pub async fn delete_all_clusters(client: &Client, ns: &str) -> Result<()> {
+    for cluster in objects::list(client, ns, Kind::Cluster).await? {
+        objects::delete(client, ns, Kind::Cluster, &objects::name(&cluster)).await?;
+    }
+    until(&format!("the Clusters of {ns} and their machines to be deleted"), Duration::from_secs(300), || async {
+        let mut left = Vec::new();
+        for kind in [Kind::Cluster, Kind::Machine, Kind::LibvirtMachine] {
+            for object in objects::list(client, ns, kind).await? {
+                left.push(format!("{kind:?} {}", objects::name(&object)));
+            }
+        }
+        Ok(if left.is_empty() { Check::Done(()) } else { Check::Pending(left.join(", ")) })
+    })
+    .await
+}
+
+/// Fails unless the network and pools of `cargo xtask host up` are active.
+fn check_test_host(host: &HostView) -> Result<()> {
+    host.virsh(&["version"]).with_context(|| {
+        format!("the libvirt host {} does not answer: start it with `cargo xtask host up` (as root)", host.uri)
+    })?;
+    if !host.network_active(TEST_NETWORK) {
+        bail!("network {TEST_NETWORK} is not active on {}: run `cargo xtask host up`", host.uri);
+    }
+    for pool in [TEST_BASE_POOL, TEST_DISK_POOL] {
+        if !host.pool_active(pool) {
+            bail!("pool {pool} is not active on {}: run `cargo xtask host up`", host.uri);
+        }
+    }
+    Ok(())
+}
+
+/// Uploads the guest image into the base pool as `capl-e2e-guest-<key>.qcow2`
+/// (`<key>` is the image's cache directory name: kernel and script hash),
+/// unless a volume of that name exists. Returns the volume name.
+fn upload_guest_image(host: &HostView, image: &Path) -> Result<String> {
+    let key = image
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "image".into());
+    let volume = format!("capl-e2e-guest-{key}.qcow2");
+    if host.volume_exists(TEST_BASE_POOL, &volume) {
+        return Ok(volume);
+    }
+    let size = std::fs::metadata(image)
+        .with_context(|| format!("the guest image {} is missing: run `cargo xtask guest-image`", image.display()))?
+        .len();
+    let image_path = image.display().to_string();
+    host.virsh(&["vol-create-as", TEST_BASE_POOL, &volume, &format!("{size}b"), "--format", "qcow2"])?;
+    if let Err(err) = host.virsh(&["vol-upload", "--pool", TEST_BASE_POOL, &volume, &image_path]) {
+        let _ = host.virsh(&["vol-delete", "--pool", TEST_BASE_POOL, &volume]);
+        return Err(err);
+    }
+    host.virsh(&["pool-refresh", TEST_BASE_POOL])?;
+    Ok(volume)
+}

@@ -1,0 +1,119 @@
+//! Runs the scenarios on one stack, one after another, and reports.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::scenarios::{self, Scenario};
+use crate::stack::{Stack, StackConfig};
+
+/// The outcome of one scenario.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub name: String,
+    pub passed: bool,
+    pub seconds: f64,
+    /// What was observed (pass) or the error (failure).
+    pub detail: String,
+}
+
+/// Starts the stack, runs the scenarios whose id is in `only` (all when
+/// empty), tears the stack down, and returns one outcome per scenario plus
+/// the stack itself ("setup" / "teardown") when those fail.
+pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> {
+    let selected: Vec<Scenario> =
+        scenarios::all().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| o == s.id)).collect();
+    if selected.is_empty() {
+        let ids: Vec<&str> = scenarios::all().iter().map(|s| s.id).collect();
+        anyhow::bail!("no scenario matches {only:?}; the scenario ids are {}", ids.join(", "));
+    }
+    let mut outcomes = Vec::new();
+    let started = Instant::now();
+    eprintln!("e2e: starting the stack (control plane, CAPI core, provider)");
+    let mut stack = match Stack::start(config).await {
+        Ok(stack) => stack,
+        Err(err) => {
+            outcomes.push(Outcome {
+                name: "setup".into(),
+                passed: false,
+                seconds: started.elapsed().as_secs_f64(),
+                detail: format!("{err:#}"),
+            });
+            return Ok(outcomes);
+        }
+    };
+    eprintln!(
+        "e2e: stack up in {:.0} s (work dir {}, provider log {})",
+        started.elapsed().as_secs_f64(),
+        stack.work_dir.display(),
+        stack.provider.log_path().display()
+    );
+    for scenario in selected {
+        eprintln!("e2e: == {}", scenario.name);
+        let started = Instant::now();
+        let result = (scenario.run)(&mut stack).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let outcome = match result {
+            Ok(detail) => Outcome { name: scenario.name.into(), passed: true, seconds, detail },
+            Err(err) => {
+                eprintln!(
+                    "e2e: {} FAILED: {err:#}\n--- provider log (end) ---\n{}\n--- CAPI core log (end) ---\n{}",
+                    scenario.name,
+                    stack.provider.log_tail(25),
+                    stack.capi.log_tail(15)
+                );
+                // The provider may have been killed by the scenario.
+                if stack.provider.ensure_running().is_err() {
+                    let _ = stack.provider.restart().await;
+                }
+                Outcome { name: scenario.name.into(), passed: false, seconds, detail: format!("{err:#}") }
+            }
+        };
+        eprintln!(
+            "e2e: {} {} in {:.0} s: {}",
+            if outcome.passed { "PASS" } else { "FAIL" },
+            outcome.name,
+            seconds,
+            outcome.detail
+        );
+        outcomes.push(outcome);
+    }
+    let started = Instant::now();
+    let teardown = stack.shutdown().await;
+    match teardown {
+        Ok(leftovers) if leftovers.is_empty() => {}
+        Ok(leftovers) => outcomes.push(Outcome {
+            name: "teardown".into(),
+            passed: false,
+            seconds: started.elapsed().as_secs_f64(),
+            detail: format!("the provider left these behind (removed now): {}", leftovers.join(", ")),
+        }),
+        Err(err) => outcomes.push(Outcome {
+            name: "teardown".into(),
+            passed: false,
+            seconds: started.elapsed().as_secs_f64(),
+            detail: format!("{err:#}"),
+        }),
+    }
+    Ok(outcomes)
+}
+
+/// The summary table: scenario, result, seconds.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let width = outcomes.iter().map(|o| o.name.len()).max().unwrap_or(8).max(8);
+    let mut out = format!("{:<width$}  {:<6}  {:>7}\n", "scenario", "result", "seconds");
+    out.push_str(&format!("{}  {}  {}\n", "-".repeat(width), "-".repeat(6), "-".repeat(7)));
+    for o in outcomes {
+        out.push_str(&format!(
+            "{:<width$}  {:<6}  {:>7.1}\n",
+            o.name,
+            if o.passed { "pass" } else { "FAIL" },
+            o.seconds
+        ));
+    }
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.passed).collect();
+    for o in &failed {
+        out.push_str(&format!("\n{}: {}\n", o.name, o.detail));
+    }
+    out
+}
