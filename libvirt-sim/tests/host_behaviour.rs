@@ -269,3 +269,27 @@ fn concurrent_callers_define_and_start_thousands() {
     assert_eq!(host.counters().calls(Op::DomainCreate), 2000);
     assert_eq!(conn.domain_get_state("c7-249").unwrap().0, DomainState::Running);
 }
+
+#[test]
+fn nvram_needs_its_undefine_flag_and_transient_domains_vanish() {
+    let host = host("sim:///behaviour-nvram");
+    let conn = connect(host.uri()).unwrap();
+    let uefi = "<domain type='qemu'><name>uefi</name><memory unit='MiB'>64</memory>\
+        <os><type>hvm</type><loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>\
+        <nvram>/var/lib/libvirt/qemu/nvram/uefi_VARS.fd</nvram></os></domain>";
+    conn.domain_define_xml(uefi).unwrap();
+    let err = conn.domain_undefine_flags("uefi", 0).unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (ErrorCode::OperationInvalid, "Requested operation is not valid: cannot undefine domain with nvram")
+    );
+    conn.domain_undefine_flags("uefi", libvirt_sim::undefine_flags::NVRAM).unwrap();
+    assert_eq!(conn.domain_lookup_by_name("uefi").unwrap_err().code(), ErrorCode::NoDomain);
+
+    conn.domain_create_xml(&domain("eph", "52:54:00:00:08:01")).unwrap();
+    let info = conn.domain_lookup_by_name("eph").unwrap();
+    assert!(!info.persistent && info.state == DomainState::Running && info.id.is_some());
+    assert_eq!(conn.domain_undefine_flags("eph", 0).unwrap_err().code(), ErrorCode::OperationInvalid);
+    conn.domain_destroy("eph").unwrap();
+    assert_eq!(conn.domain_lookup_by_uuid(&info.uuid.to_string()).unwrap_err().code(), ErrorCode::NoDomain);
+}
