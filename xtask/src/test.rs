@@ -7,7 +7,9 @@
 //!    built from Go modules into a cache outside the repository, or reused;
 //! 3. a private libvirtd with its own network and pools;
 //! 4. `cargo test` over the whole workspace, with that libvirtd's URI in
-//!    `CAPL_TEST_LIBVIRT_URI`;
+//!    `CAPL_TEST_LIBVIRT_URI`, and then the libvirt conformance suite on its
+//!    own with its output shown (it prints how many scenarios ran on each
+//!    backend: libvirt-sim, `test:///default` and the real libvirtd);
 //! 5. the private libvirtd is stopped again (unless `--keep-host`).
 
 use std::time::Instant;
@@ -37,9 +39,17 @@ pub fn run(args: Args) -> Result<()> {
     sh.change_dir(repo_root());
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
     let extra = &args.cargo_test_args;
-    let result = step("cargo test", || {
-        cmd!(sh, "cargo test --workspace --locked --no-fail-fast -- {extra...}").run().map_err(anyhow::Error::from)
+    let workspace = step("cargo test", || {
+        cmd!(sh, "cargo test --workspace --locked --no-fail-fast -- --skip conformance {extra...}")
+            .run()
+            .map_err(anyhow::Error::from)
     });
+    let conformance = step("conformance suite", || {
+        cmd!(sh, "cargo test --locked -p cluster-api-provider-libvirt --test conformance -- --nocapture")
+            .run()
+            .map_err(anyhow::Error::from)
+    });
+    let result = workspace.and(conformance);
 
     if !args.keep_host {
         step("stop private libvirtd", libvirt_host::down)?;
