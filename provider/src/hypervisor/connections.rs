@@ -339,6 +339,14 @@ impl HostHandle {
         out
     }
 
+    /// Drops this host's cached connection, so that the next call opens a new
+    /// one. For callers whose closure folds a lost connection into an error of
+    /// their own (the host layer's `HostError`), which [`HostHandle::call`]
+    /// cannot recognise.
+    pub fn invalidate(&self) {
+        self.cache.invalidate(&self.slot.uri);
+    }
+
     /// Calls currently admitted on this host (for tests and metrics).
     pub fn calls_in_flight(&self) -> usize {
         self.cache.max_calls_per_host - self.slot.permits.available_permits()
