@@ -16,7 +16,7 @@ use super::{Context, Error, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, reasons};
 use crate::api::{Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress};
-use crate::host::error::HostError;
+use crate::host::error::{HostError, ObjectKind};
 use crate::host::machine::{self as host_machine, MachineReport, MachineSpec};
 use crate::hypervisor::HypervisorError;
 
@@ -117,6 +117,15 @@ fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Clus
     }
 }
 
+/// The condition reason of a host failure: the API's `DomainNameCollision`
+/// for a foreign domain with our name, else the host layer's reason.
+fn machine_reason(err: &HostError) -> &'static str {
+    match err {
+        HostError::Collision { kind: ObjectKind::Domain, .. } => reasons::DOMAIN_NAME_COLLISION,
+        other => other.reason().as_str(),
+    }
+}
+
 /// The host's answer, folded into the snapshot's terms.
 fn host_view(result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>, object: &LibvirtMachine, uri: &str) -> Host {
     match result {
@@ -126,7 +135,7 @@ fn host_view(result: &Result<Result<Option<MachineReport>, HostError>, Hyperviso
             has_address: report.addresses.iter().any(|a| matches!(a, host_machine::MachineAddress::InternalIp(_))),
         },
         Ok(Err(err)) => Host::Failed {
-            reason: err.reason().as_str(),
+            reason: machine_reason(err),
             message: format!("LibvirtMachine {}: {err}", object.name_any()),
             transient: err.is_transient(),
         },

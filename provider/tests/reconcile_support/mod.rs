@@ -48,6 +48,8 @@ pub struct World {
     /// The simulated libvirt host of this test.
     pub host: libvirt_sim::Host,
     pub uri: String,
+    /// The host's call counts once it was set up (network, pools, base image).
+    pub setup_calls: BTreeMap<String, u64>,
 }
 
 static CRDS: OnceCell<()> = OnceCell::const_new();
@@ -81,13 +83,16 @@ impl World {
         let uri = format!("qemu+tcp://sim-{ns}/system");
         let host = capl::sim_host::register(&uri)
             .unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
-        Self {
+        let mut world = Self {
             env,
             client: env.client(),
             ns,
             host,
             uri,
-        }
+            setup_calls: BTreeMap::new(),
+        };
+        world.setup_calls = world.calls();
+        world
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -192,6 +197,25 @@ impl World {
             + Debug
             + serde::Serialize,
     {
+        self.wait_for_within(WAIT, name, what, ready).await
+    }
+
+    /// [`World::wait_for`] with its own deadline, for a step that must happen
+    /// before some periodic fallback would make it happen anyway.
+    pub async fn wait_for_within<K>(
+        &self,
+        deadline: Duration,
+        name: &str,
+        what: &str,
+        ready: impl Fn(&K) -> bool,
+    ) -> K
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + serde::Serialize,
+    {
         let api = self.api::<K>();
         let started = Instant::now();
         let mut last: Option<K>;
@@ -206,7 +230,7 @@ impl World {
                 Ok(None) => last = None,
                 Err(e) => panic!("reading {} {name}: {e}", K::kind(&())),
             }
-            if started.elapsed() > WAIT {
+            if started.elapsed() > deadline {
                 let seen = last
                     .map(|o| serde_json::to_string_pretty(&o).unwrap())
                     .unwrap_or_else(|| "(absent)".into());
@@ -351,6 +375,13 @@ pub struct HostObjects {
     pub domains: Vec<String>,
     pub volumes: Vec<String>,
     pub dhcp_hosts: Vec<String>,
+}
+
+impl World {
+    /// The calls made on the simulated host since it was set up, by operation.
+    pub fn calls_since_setup(&self) -> BTreeMap<String, u64> {
+        call_delta(&self.setup_calls, &self.calls())
+    }
 }
 
 /// `after - before`, per operation, zero differences left out.
