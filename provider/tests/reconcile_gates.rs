@@ -107,7 +107,11 @@ async fn bootstrap_secret_created_after_the_machine_is_picked_up() {
     machine_pair(&w, "demo", "m0", Some("m0-bootstrap")).await;
 
     let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "WaitingForBootstrapData").await;
-    assert!(message(&lm, "DomainProvisioningReady").contains("m0-bootstrap"), "{}", message(&lm, "DomainProvisioningReady"));
+    assert!(
+        message(&lm, "DomainProvisioningReady").contains("m0-bootstrap"),
+        "{}",
+        message(&lm, "DomainProvisioningReady")
+    );
     assert_nothing_created(&w, "m0");
 
     // The Secret appears (type cluster.x-k8s.io/secret): the Secret watch brings us
@@ -128,7 +132,8 @@ async fn secret_without_value_is_invalid_and_not_retried_in_a_loop() {
     let w = World::new("rg-novalue").await;
     let manager = w.start_manager();
     provisioned_cluster(&w, "demo").await;
-    create_bootstrap_secret(&w, "m0-bootstrap", BTreeMap::from([("format".to_string(), "cloud-config".to_string())])).await;
+    create_bootstrap_secret(&w, "m0-bootstrap", BTreeMap::from([("format".to_string(), "cloud-config".to_string())]))
+        .await;
     machine_pair(&w, "demo", "m0", Some("m0-bootstrap")).await;
 
     let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "InvalidBootstrapData").await;
@@ -172,7 +177,10 @@ async fn missing_base_image_is_reported() {
 
     let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "InfrastructureMissing").await;
     let text = message(&lm, "DomainProvisioningReady");
-    assert!(text.contains("m0") && text.contains("no-such-image.qcow2") && text.contains(BASE_POOL), "names machine, image and pool: {text}");
+    assert!(
+        text.contains("m0") && text.contains("no-such-image.qcow2") && text.contains(BASE_POOL),
+        "names machine, image and pool: {text}"
+    );
     w.wait_event("m0", "Warning", "InfrastructureMissing", &text).await;
     assert_nothing_created(&w, "m0");
 }
@@ -191,7 +199,10 @@ async fn disk_below_the_image_size_is_reported() {
 
     let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "InvalidMachineSpec").await;
     let text = message(&lm, "DomainProvisioningReady");
-    assert!(text.contains("m0") && text.contains(BASE_IMAGE) && text.contains("diskGiB"), "names machine, image and field: {text}");
+    assert!(
+        text.contains("m0") && text.contains(BASE_IMAGE) && text.contains("diskGiB"),
+        "names machine, image and field: {text}"
+    );
     assert!(text.contains('2'), "says the smallest size that works: {text}");
     w.wait_event("m0", "Warning", "InvalidMachineSpec", &text).await;
     assert_nothing_created(&w, "m0");

@@ -19,113 +19,43 @@ async fn machine_is_created_running_addressed_then_deleted() {
     let uid = lm.metadata.uid.clone().unwrap();
     let domain = domain_of(&w, "worker-0");
 
-    let lm: LibvirtMachine = w
-        .wait_for(
-            "worker-0",
-            "a provisioned, addressed, Ready machine",
-            machine_ready,
-        )
-        .await;
+    let lm: LibvirtMachine = w.wait_for("worker-0", "a provisioned, addressed, Ready machine", machine_ready).await;
 
     // What the user checks on the object.
-    assert_eq!(
-        lm.spec.provider_id.as_deref(),
-        Some(format!("libvirt://{uid}").as_str())
-    );
-    assert!(
-        lm.finalizers()
-            .contains(&capl::api::MACHINE_FINALIZER.to_string()),
-        "{:?}",
-        lm.finalizers()
-    );
+    assert_eq!(lm.spec.provider_id.as_deref(), Some(format!("libvirt://{uid}").as_str()));
+    assert!(lm.finalizers().contains(&capl::api::MACHINE_FINALIZER.to_string()), "{:?}", lm.finalizers());
     let status = lm.status.clone().unwrap();
     let addresses = status.addresses.clone().unwrap();
-    let internal: Vec<_> = addresses
-        .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .collect();
+    let internal: Vec<_> = addresses.iter().filter(|a| a.type_ == "InternalIP").collect();
     assert_eq!(internal.len(), 1, "{addresses:?}");
-    assert!(
-        internal[0].address.starts_with("192.168.122."),
-        "{addresses:?}"
-    );
-    assert!(
-        addresses
-            .iter()
-            .any(|a| a.type_ == "Hostname" && !a.address.is_empty()),
-        "{addresses:?}"
-    );
-    for type_ in [
-        "InfrastructureReady",
-        "DomainProvisioningReady",
-        "MachineCreated",
-        "DomainRunning",
-        "Ready",
-    ] {
-        assert!(
-            has(machine_conditions(&lm), type_, "True", None),
-            "{type_} not True: {:#?}",
-            status.conditions
-        );
+    assert!(internal[0].address.starts_with("192.168.122."), "{addresses:?}");
+    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && !a.address.is_empty()), "{addresses:?}");
+    for type_ in ["InfrastructureReady", "DomainProvisioningReady", "MachineCreated", "DomainRunning", "Ready"] {
+        assert!(has(machine_conditions(&lm), type_, "True", None), "{type_} not True: {:#?}", status.conditions);
     }
-    assert!(
-        has(
-            machine_conditions(&lm),
-            "Paused",
-            "False",
-            Some("NotPaused")
-        ),
-        "{:#?}",
-        status.conditions
-    );
+    assert!(has(machine_conditions(&lm), "Paused", "False", Some("NotPaused")), "{:#?}", status.conditions);
     for c in status.conditions.as_ref().unwrap() {
-        assert_eq!(
-            c.observed_generation, lm.metadata.generation,
-            "condition {} observedGeneration",
-            c.type_
-        );
+        assert_eq!(c.observed_generation, lm.metadata.generation, "condition {} observedGeneration", c.type_);
     }
 
     // What the user checks on the host.
     let hv = w.inspect();
     assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
-    assert!(
-        hv.domain_autostart(&domain).unwrap(),
-        "domain {domain} has no autostart"
-    );
+    assert!(hv.domain_autostart(&domain).unwrap(), "domain {domain} has no autostart");
     let objects = w.host_objects();
     assert_eq!(objects.domains, vec![domain.clone()]);
-    assert_eq!(
-        objects.volumes.len(),
-        2,
-        "overlay and seed ISO: {objects:?}"
-    );
+    assert_eq!(objects.volumes.len(), 2, "overlay and seed ISO: {objects:?}");
     assert_eq!(objects.dhcp_hosts.len(), 1, "{objects:?}");
-    w.wait_event(
-        "worker-0",
-        "Normal",
-        "DomainCreated",
-        &format!("created and started domain {domain} on {}", w.uri),
-    )
-    .await;
+    w.wait_event("worker-0", "Normal", "DomainCreated", &format!("created and started domain {domain} on {}", w.uri))
+        .await;
 
     // Delete: everything goes from the host, then the object goes.
     w.delete::<LibvirtMachine>("worker-0").await;
     w.wait_gone::<LibvirtMachine>("worker-0").await;
     let objects = w.host_objects();
-    assert_eq!(
-        objects,
-        HostObjects {
-            domains: vec![],
-            volumes: vec![],
-            dhcp_hosts: vec![]
-        }
-    );
+    assert_eq!(objects, HostObjects { domains: vec![], volumes: vec![], dhcp_hosts: vec![] });
     // The base image is not ours to delete.
-    assert_eq!(
-        hv.volume_list(BASE_POOL).unwrap(),
-        vec![BASE_IMAGE.to_string()]
-    );
+    assert_eq!(hv.volume_list(BASE_POOL).unwrap(), vec![BASE_IMAGE.to_string()]);
 }
 
 /// A steady-state reconcile of a running machine opens no connection and makes
@@ -136,9 +66,7 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
     let manager = w.start_manager();
     provisioned_cluster(&w, "demo").await;
     ready_machine_objects(&w, "demo", "worker-0").await;
-    let lm: LibvirtMachine = w
-        .wait_for("worker-0", "a Ready machine", machine_ready)
-        .await;
+    let lm: LibvirtMachine = w.wait_for("worker-0", "a Ready machine", machine_ready).await;
 
     // Settle: no reconcile for a while (no requeue is pending for a Ready machine).
     let mut reconciles = manager.reconciles("libvirtmachine");
@@ -154,18 +82,10 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
     let before = w.calls();
 
     // A watch event: an unrelated label on the Machine (the Machine watch maps it).
-    let _: Machine = w
-        .merge(
-            "worker-0",
-            json!({ "metadata": { "labels": { "touched": "1" } } }),
-        )
-        .await;
+    let _: Machine = w.merge("worker-0", json!({ "metadata": { "labels": { "touched": "1" } } })).await;
     let started = std::time::Instant::now();
     while manager.reconciles("libvirtmachine") == reconciles {
-        assert!(
-            started.elapsed() < WAIT,
-            "no reconcile after the Machine changed"
-        );
+        assert!(started.elapsed() < WAIT, "no reconcile after the Machine changed");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     // Let any follow-up reconcile finish.
@@ -184,22 +104,14 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
         "a steady-state reconcile opened a libvirt connection"
     );
     assert!(runs >= 1);
-    let per_run: std::collections::BTreeMap<String, u64> =
-        delta.iter().map(|(op, n)| (op.clone(), n / runs)).collect();
-    assert!(
-        delta.values().all(|n| n % runs == 0),
-        "calls not a multiple of {runs} reconciles: {delta:?}"
-    );
+    let per_run: std::collections::BTreeMap<String, u64> = delta.iter().map(|(op, n)| (op.clone(), n / runs)).collect();
+    assert!(delta.values().all(|n| n % runs == 0), "calls not a multiple of {runs} reconciles: {delta:?}");
     assert_eq!(
         per_run,
-        [
-            ("DomainGetState", 1),
-            ("DomainGetXml", 1),
-            ("NetworkGetDhcpLeases", 1)
-        ]
-        .into_iter()
-        .map(|(op, n)| (op.to_string(), n))
-        .collect(),
+        [("DomainGetState", 1), ("DomainGetXml", 1), ("NetworkGetDhcpLeases", 1)]
+            .into_iter()
+            .map(|(op, n)| (op.to_string(), n))
+            .collect(),
         "libvirt calls of one steady-state reconcile"
     );
     // Nothing on the object moved.

@@ -37,7 +37,11 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
             // The manager retries once or twice on its own status writes before
             // the kill: every later call of the op fails too, until the kill.
             for retry in 0..10 {
-                w.host.fail_nth(*op, n + retry, Error::new(ErrorCode::InternalError, format!("injected crash {point}")));
+                w.host.fail_nth(
+                    *op,
+                    n + retry,
+                    Error::new(ErrorCode::InternalError, format!("injected crash {point}")),
+                );
             }
         }
         let lm = ready_machine_objects(&w, "demo", &name).await;
@@ -59,7 +63,11 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
                     objects.dhcp_hosts.iter().any(|h| h.starts_with(&names.mac())),
                     objects.domains.contains(&domain),
                 );
-                assert_eq!(present, (k >= 1, k >= 2, k >= 4, k >= 5), "(overlay, ISO, DHCP host, domain) {point}: {objects:?}");
+                assert_eq!(
+                    present,
+                    (k >= 1, k >= 2, k >= 4, k >= 5),
+                    "(overlay, ISO, DHCP host, domain) {point}: {objects:?}"
+                );
                 if k >= 5 {
                     assert_eq!(w.inspect().domain_state(&domain).unwrap(), DomainState::Shutoff);
                 }
@@ -80,8 +88,16 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
         let objects = w.host_objects();
         assert_eq!(objects.domains.len(), machines, "domains after a restart {point}: {objects:?}");
         assert!(objects.domains.contains(&domain), "{objects:?}");
-        assert_eq!(objects.volumes.len(), 2 * machines, "one overlay and one ISO per machine after a restart {point}: {objects:?}");
-        assert_eq!(objects.dhcp_hosts.len(), machines, "one DHCP host per machine after a restart {point}: {objects:?}");
+        assert_eq!(
+            objects.volumes.len(),
+            2 * machines,
+            "one overlay and one ISO per machine after a restart {point}: {objects:?}"
+        );
+        assert_eq!(
+            objects.dhcp_hosts.len(),
+            machines,
+            "one DHCP host per machine after a restart {point}: {objects:?}"
+        );
         assert_eq!(w.inspect().domain_state(&domain).unwrap(), DomainState::Running);
         assert!(w.inspect().domain_autostart(&domain).unwrap(), "autostart after a restart {point}");
         assert_eq!(

@@ -59,58 +59,36 @@ impl World {
     /// installed once per test process. Fails (never skips) when the local
     /// control plane is missing; testenv's error names the build command.
     pub async fn new(prefix: &str) -> Self {
-        let env = TestEnv::shared().await.unwrap_or_else(|e| {
-            panic!("the reconciler tests need the local kube-apiserver and etcd: {e:#}")
-        });
+        let env = TestEnv::shared()
+            .await
+            .unwrap_or_else(|e| panic!("the reconciler tests need the local kube-apiserver and etcd: {e:#}"));
         CRDS.get_or_init(|| async {
-            env.install_capi_crds()
-                .await
-                .unwrap_or_else(|e| panic!("installing CAPI's CRDs: {e:#}"));
+            env.install_capi_crds().await.unwrap_or_else(|e| panic!("installing CAPI's CRDs: {e:#}"));
             let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd/bases");
             env.install_crds_from_dir(&dir).await.unwrap_or_else(|e| {
-                panic!(
-                    "installing the project's CRDs from {}: {e:#} (run `cargo xtask manifests`)",
-                    dir.display()
-                )
+                panic!("installing the project's CRDs from {}: {e:#} (run `cargo xtask manifests`)", dir.display())
             });
         })
         .await;
-        let ns = env
-            .unique_namespace(prefix)
-            .await
-            .unwrap_or_else(|e| panic!("creating a namespace: {e:#}"));
+        let ns = env.unique_namespace(prefix).await.unwrap_or_else(|e| panic!("creating a namespace: {e:#}"));
         // The CRD admits qemu:// and test:// URIs only; the simulator answers any string.
         let uri = format!("qemu+tcp://sim-{ns}/system");
-        let host = capl::sim_host::register(&uri)
-            .unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
-        let mut world = Self {
-            env,
-            client: env.client(),
-            ns,
-            host,
-            uri,
-            setup_calls: BTreeMap::new(),
-        };
+        let host = capl::sim_host::register(&uri).unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
+        let mut world = Self { env, client: env.client(), ns, host, uri, setup_calls: BTreeMap::new() };
         world.setup_calls = world.calls();
         world
     }
 
     pub fn api<K>(&self) -> Api<K>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
     /// A fresh connection cache over the simulator (what a new manager process would have).
     pub fn connections(&self) -> Arc<Connections> {
-        Arc::new(Connections::new(
-            Arc::new(SimConnector),
-            DEFAULT_MAX_CALLS_PER_HOST,
-        ))
+        Arc::new(Connections::new(Arc::new(SimConnector), DEFAULT_MAX_CALLS_PER_HOST))
     }
 
     /// Starts the controllers for this namespace with a fresh connection cache.
@@ -120,22 +98,15 @@ impl World {
 
     /// A connection to the simulated host for looking at it (it counts on the host's counters).
     pub fn inspect(&self) -> SimHypervisor {
-        SimHypervisor::connect(&self.uri)
-            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.uri))
+        SimHypervisor::connect(&self.uri).unwrap_or_else(|e| panic!("connecting to {}: {e}", self.uri))
     }
 
     /// Server-side applies `object` (complete, with apiVersion and kind) and returns it as stored.
     pub async fn apply<K>(&self, object: Value) -> K
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
-        let name = object["metadata"]["name"]
-            .as_str()
-            .expect("object has metadata.name")
-            .to_string();
+        let name = object["metadata"]["name"].as_str().expect("object has metadata.name").to_string();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.api::<K>()
             .patch(&name, &params, &Patch::Apply(&object))
@@ -146,17 +117,10 @@ impl World {
     /// Merge-patches the status subresource of `name`.
     pub async fn patch_status<K>(&self, name: &str, status: Value) -> K
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
         self.api::<K>()
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
-            )
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
             .await
             .unwrap_or_else(|e| panic!("patching the status of {} {name}: {e}", K::kind(&())))
     }
@@ -164,10 +128,7 @@ impl World {
     /// Merge-patches `name` (spec, metadata).
     pub async fn merge<K>(&self, name: &str, patch: Value) -> K
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
         self.api::<K>()
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -177,10 +138,7 @@ impl World {
 
     pub async fn delete<K>(&self, name: &str)
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
         self.api::<K>()
             .delete(name, &DeleteParams::default())
@@ -202,13 +160,7 @@ impl World {
 
     /// [`World::wait_for`] with its own deadline, for a step that must happen
     /// before some periodic fallback would make it happen anyway.
-    pub async fn wait_for_within<K>(
-        &self,
-        deadline: Duration,
-        name: &str,
-        what: &str,
-        ready: impl Fn(&K) -> bool,
-    ) -> K
+    pub async fn wait_for_within<K>(&self, deadline: Duration, name: &str, what: &str, ready: impl Fn(&K) -> bool) -> K
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -231,14 +183,8 @@ impl World {
                 Err(e) => panic!("reading {} {name}: {e}", K::kind(&())),
             }
             if started.elapsed() > deadline {
-                let seen = last
-                    .map(|o| serde_json::to_string_pretty(&o).unwrap())
-                    .unwrap_or_else(|| "(absent)".into());
-                panic!(
-                    "{} {}/{name}: timed out waiting for {what}; last seen:\n{seen}",
-                    K::kind(&()),
-                    self.ns
-                );
+                let seen = last.map(|o| serde_json::to_string_pretty(&o).unwrap()).unwrap_or_else(|| "(absent)".into());
+                panic!("{} {}/{name}: timed out waiting for {what}; last seen:\n{seen}", K::kind(&()), self.ns);
             }
             tokio::time::sleep(POLL).await;
         }
@@ -255,11 +201,7 @@ impl World {
     {
         let api = self.api::<K>();
         let started = Instant::now();
-        while let Some(object) = api
-            .get_opt(name)
-            .await
-            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
-        {
+        while let Some(object) = api.get_opt(name).await.unwrap_or_else(|e| panic!("reading {name}: {e}")) {
             if started.elapsed() > WAIT {
                 panic!(
                     "{} {}/{name} was not removed:\n{}",
@@ -278,11 +220,7 @@ impl World {
         let started = Instant::now();
         while !ready(&hv) {
             if started.elapsed() > WAIT {
-                panic!(
-                    "host {}: timed out waiting for {what}; host holds {:?}",
-                    self.uri,
-                    self.host_objects()
-                );
+                panic!("host {}: timed out waiting for {what}; host holds {:?}", self.uri, self.host_objects());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -298,13 +236,7 @@ impl World {
             .items
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.note.unwrap_or_default(),
-                )
-            })
+            .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
             .collect()
     }
 
@@ -313,10 +245,7 @@ impl World {
         let started = Instant::now();
         loop {
             let events = self.events(name).await;
-            if events
-                .iter()
-                .any(|(t, r, n)| t == type_ && r == reason && n == note)
-            {
+            if events.iter().any(|(t, r, n)| t == type_ && r == reason && n == note) {
                 return;
             }
             if started.elapsed() > WAIT {
@@ -333,29 +262,18 @@ impl World {
         domains.sort();
         let mut volumes = hv.volume_list(DOMAIN_POOL).expect("list volumes");
         volumes.sort();
-        let network = parse_network(&hv.network_xml(NETWORK).expect("network XML"))
-            .expect("parse network XML");
+        let network = parse_network(&hv.network_xml(NETWORK).expect("network XML")).expect("parse network XML");
         let mut dhcp_hosts: Vec<String> = network
             .ipv4
             .map(|v4| {
                 v4.hosts
                     .into_iter()
-                    .map(|h| {
-                        format!(
-                            "{} {}",
-                            h.mac.unwrap_or_default(),
-                            h.name.unwrap_or_default()
-                        )
-                    })
+                    .map(|h| format!("{} {}", h.mac.unwrap_or_default(), h.name.unwrap_or_default()))
                     .collect()
             })
             .unwrap_or_default();
         dhcp_hosts.sort();
-        HostObjects {
-            domains,
-            volumes,
-            dhcp_hosts,
-        }
+        HostObjects { domains, volumes, dhcp_hosts }
     }
 
     /// The calls made on the simulated host so far, by operation (zero counts left out).
@@ -385,10 +303,7 @@ impl World {
 }
 
 /// `after - before`, per operation, zero differences left out.
-pub fn call_delta(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
+pub fn call_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
         .filter_map(|(op, n)| {
@@ -417,22 +332,11 @@ impl Manager {
             concurrency: 4,
         };
         let metrics = Metrics::default();
-        let ctx = Arc::new(Context::new(
-            client,
-            connections.clone(),
-            settings,
-            metrics.clone(),
-        ));
+        let ctx = Arc::new(Context::new(client, connections.clone(), settings, metrics.clone()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = stopped.map(|_| ()).shared();
         let task = tokio::spawn(controller::run(ctx.clone(), shutdown));
-        Self {
-            task,
-            stop: Some(stop),
-            ctx,
-            connections,
-            metrics,
-        }
+        Self { task, stop: Some(stop), ctx, connections, metrics }
     }
 
     /// Reconciles run so far by `controller` ("libvirtcluster" or "libvirtmachine").
@@ -441,10 +345,7 @@ impl Manager {
         self.metrics
             .encode()
             .lines()
-            .find_map(|l| {
-                l.strip_prefix(&wanted)
-                    .map(|n| n.trim().parse::<u64>().expect("a counter value"))
-            })
+            .find_map(|l| l.strip_prefix(&wanted).map(|n| n.trim().parse::<u64>().expect("a counter value")))
             .unwrap_or(0)
     }
 
@@ -478,14 +379,8 @@ pub fn machine_conditions(lm: &LibvirtMachine) -> &Option<Vec<Condition>> {
 }
 
 /// Whether condition `type_` has `status` (and `reason`, when given).
-pub fn has(
-    conditions: &Option<Vec<Condition>>,
-    type_: &str,
-    status: &str,
-    reason: Option<&str>,
-) -> bool {
-    condition(conditions, type_)
-        .is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+pub fn has(conditions: &Option<Vec<Condition>>, type_: &str, status: &str, reason: Option<&str>) -> bool {
+    condition(conditions, type_).is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
 }
 
 // --- the objects, complete as CAPI would write them (its webhooks are not installed) ---
@@ -502,8 +397,7 @@ pub fn cluster_json(name: &str, lc: &str, endpoint: bool) -> Value {
         },
     });
     if endpoint {
-        cluster["spec"]["controlPlaneEndpoint"] =
-            json!({ "host": ENDPOINT_HOST, "port": ENDPOINT_PORT });
+        cluster["spec"]["controlPlaneEndpoint"] = json!({ "host": ENDPOINT_HOST, "port": ENDPOINT_PORT });
     }
     cluster
 }
@@ -529,7 +423,8 @@ pub fn libvirt_cluster_json(name: &str, uri: &str, cluster: Option<(&str, &str)>
 
 /// A Machine of `cluster` whose infrastructure is LibvirtMachine `lm`.
 pub fn machine_json(name: &str, cluster: &str, lm: &str, data_secret: Option<&str>) -> Value {
-    let mut bootstrap = json!({ "configRef": { "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name } });
+    let mut bootstrap =
+        json!({ "configRef": { "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name } });
     if let Some(secret) = data_secret {
         bootstrap["dataSecretName"] = json!(secret);
     }
@@ -561,16 +456,9 @@ pub fn libvirt_machine_json(name: &str, cluster: &str, machine: Option<(&str, &s
 }
 
 /// A bootstrap data Secret as CAPI's bootstrap providers write it.
-pub async fn create_bootstrap_secret(
-    w: &World,
-    name: &str,
-    data: BTreeMap<String, String>,
-) -> Secret {
+pub async fn create_bootstrap_secret(w: &World, name: &str, data: BTreeMap<String, String>) -> Secret {
     let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
         type_: Some("cluster.x-k8s.io/secret".into()),
         string_data: Some(data),
         ..Default::default()
@@ -583,10 +471,7 @@ pub async fn create_bootstrap_secret(
 
 pub fn cloud_config(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (
-            "value".to_string(),
-            format!("#cloud-config\nhostname: {name}\n"),
-        ),
+        ("value".to_string(), format!("#cloud-config\nhostname: {name}\n")),
         ("format".to_string(), "cloud-config".to_string()),
     ])
 }
@@ -598,19 +483,8 @@ pub async fn provisioned_cluster(w: &World, cluster: &str) -> String {
     let lc_name = format!("{cluster}-lc");
     let c: Cluster = w.apply(cluster_json(cluster, &lc_name, true)).await;
     let uid = c.uid().expect("a stored Cluster has a UID");
-    let _: LibvirtCluster = w
-        .apply(libvirt_cluster_json(
-            &lc_name,
-            &w.uri,
-            Some((cluster, &uid)),
-        ))
-        .await;
-    let _: Cluster = w
-        .patch_status(
-            cluster,
-            json!({ "initialization": { "infrastructureProvisioned": true } }),
-        )
-        .await;
+    let _: LibvirtCluster = w.apply(libvirt_cluster_json(&lc_name, &w.uri, Some((cluster, &uid)))).await;
+    let _: Cluster = w.patch_status(cluster, json!({ "initialization": { "infrastructureProvisioned": true } })).await;
     uid
 }
 
@@ -622,13 +496,9 @@ pub async fn machine_pair(
     name: &str,
     data_secret: Option<&str>,
 ) -> (Machine, LibvirtMachine) {
-    let m: Machine = w
-        .apply(machine_json(name, cluster, name, data_secret))
-        .await;
+    let m: Machine = w.apply(machine_json(name, cluster, name, data_secret)).await;
     let uid = m.uid().expect("a stored Machine has a UID");
-    let lm: LibvirtMachine = w
-        .apply(libvirt_machine_json(name, cluster, Some((name, &uid))))
-        .await;
+    let lm: LibvirtMachine = w.apply(libvirt_machine_json(name, cluster, Some((name, &uid)))).await;
     (m, lm)
 }
 
@@ -654,12 +524,7 @@ pub fn machine_ready(lm: &LibvirtMachine) -> bool {
         .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"));
     addressed
         && lm.spec.provider_id.is_some()
-        && lm
-            .status
-            .as_ref()
-            .and_then(|s| s.initialization.as_ref())
-            .and_then(|i| i.provisioned)
-            == Some(true)
+        && lm.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true)
         && has(c, "Ready", "True", None)
 }
 
