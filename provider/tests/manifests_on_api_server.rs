@@ -143,3 +143,92 @@ async fn machine_templates_are_immutable_but_topology_dry_runs_pass() {
     let labels = serde_json::json!({"metadata": {"labels": {"team": "a"}}});
     api.patch("workers", &PatchParams::default(), &Patch::Merge(&labels)).await.unwrap();
 }
+
+/// The API server applies our schema: defaults, bounds, patterns, and the
+/// CEL rules that make fields immutable or settable once.
+#[tokio::test]
+async fn the_api_server_enforces_our_schema() {
+    use capl::api::{LibvirtCluster, LibvirtMachine};
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace("schema").await.unwrap();
+    let machines: Api<LibvirtMachine> = Api::namespaced(env.client(), &namespace);
+    let clusters: Api<LibvirtCluster> = Api::namespaced(env.client(), &namespace);
+    let machine = |name: &str, spec: serde_json::Value| -> LibvirtMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap()
+    };
+
+    // Defaults come from the server, not from the client.
+    let raw: Api<DynamicObject> = Api::namespaced_with(
+        env.client(),
+        &namespace,
+        &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()),
+    );
+    let created = raw
+        .create(&Default::default(), &serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": "defaults"}, "spec": {"image": "base.qcow2"}
+        })).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"], serde_json::json!({"image": "base.qcow2", "vcpu": 1, "memoryMiB": 1024, "diskGiB": 20}));
+
+    // Bounds and patterns.
+    for (name, spec, field) in [
+        ("no-vcpu", serde_json::json!({"image": "b", "vcpu": 0}), "spec.vcpu"),
+        ("tiny-memory", serde_json::json!({"image": "b", "memoryMiB": 128}), "spec.memoryMiB"),
+        ("no-disk", serde_json::json!({"image": "b", "diskGiB": 0}), "spec.diskGiB"),
+        ("slash-image", serde_json::json!({"image": "../etc/passwd"}), "spec.image"),
+    ] {
+        let err = machines.create(&Default::default(), &machine(name, spec)).await.unwrap_err().to_string();
+        assert!(err.contains(field), "{name}: {err}");
+    }
+
+    // Immutable fields, and providerID that can be set once.
+    machines.create(&Default::default(), &machine("m", serde_json::json!({"image": "base.qcow2"}))).await.unwrap();
+    let err = machines
+        .patch("m", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"image": "other.qcow2"}})))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("image is immutable"), "{err}");
+    let set = serde_json::json!({"spec": {"providerID": "libvirt://1"}});
+    machines.patch("m", &PatchParams::default(), &Patch::Merge(&set)).await.unwrap();
+    let change = serde_json::json!({"spec": {"providerID": "libvirt://2"}});
+    let err = machines.patch("m", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap_err().to_string();
+    assert!(err.contains("providerID can be set once"), "{err}");
+
+    // LibvirtCluster: URI schemes libvirt knows, immutable pools, endpoint set once.
+    let cluster = |name: &str, uri: &str, endpoint: Option<serde_json::Value>| -> LibvirtCluster {
+        let mut spec = serde_json::json!({"uri": uri, "network": "default", "basePool": "base", "domainPool": "disks"});
+        if let Some(e) = endpoint {
+            spec["controlPlaneEndpoint"] = e;
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtCluster",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let err = clusters.create(&Default::default(), &cluster("http", "https://lab/system", None)).await.unwrap_err().to_string();
+    assert!(err.contains("spec.uri"), "{err}");
+    let port = serde_json::json!({"host": "10.0.0.1", "port": 70000});
+    let err = clusters.create(&Default::default(), &cluster("port", "qemu:///system", Some(port))).await.unwrap_err().to_string();
+    assert!(err.contains("spec.controlPlaneEndpoint.port"), "{err}");
+    clusters.create(&Default::default(), &cluster("c", "qemu+tcp://lab/system", None)).await.unwrap();
+    let err = clusters
+        .patch("c", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"domainPool": "elsewhere"}})))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("domainPool is immutable"), "{err}");
+    let endpoint = serde_json::json!({"spec": {"controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443}}});
+    clusters.patch("c", &PatchParams::default(), &Patch::Merge(&endpoint)).await.unwrap();
+    let moved = serde_json::json!({"spec": {"controlPlaneEndpoint": {"host": "10.0.0.2", "port": 6443}}});
+    let err = clusters.patch("c", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap_err().to_string();
+    assert!(err.contains("controlPlaneEndpoint can be set once"), "{err}");
+}
