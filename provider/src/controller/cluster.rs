@@ -140,7 +140,7 @@ async fn report(object: &LibvirtCluster, ctx: &Context, api: &Api<LibvirtCluster
     condition_list::apply(&mut conditions, &plan.conditions, object.meta().generation, Timestamp::now());
     let already = old.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
     let status = LibvirtClusterStatus {
-        initialization: (plan.provisioned || already).then(|| Initialization { provisioned: Some(true) }),
+        initialization: (plan.provisioned || already).then_some(Initialization { provisioned: Some(true) }),
         conditions: Some(conditions.clone()),
         failure_domains: old.failure_domains.clone(),
     };

@@ -283,7 +283,7 @@ async fn report_status(
     let old = object.status.clone().unwrap_or_default();
     let already = old.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
     let mut status = LibvirtMachineStatus {
-        initialization: (plan.provisioned || already).then(|| Initialization { provisioned: Some(true) }),
+        initialization: (plan.provisioned || already).then_some(Initialization { provisioned: Some(true) }),
         failure_domain: g.machine.as_ref().and_then(|m| m.spec.failure_domain.clone()).or(old.failure_domain.clone()),
         ..old.clone()
     };
