@@ -1,0 +1,144 @@
+//! The manager binary as an operator runs it: probes, metrics, leader
+//! election and graceful shutdown, against the real API server, with the
+//! embedded simulated host (`--hypervisor sim`).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "support/clusterctl_template.rs"]
+#[allow(dead_code)]
+mod clusterctl_template;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Status code and body of `GET http://127.0.0.1:<port><path>`, or None if nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+struct Manager {
+    child: Child,
+    metrics: u16,
+    health: u16,
+}
+
+impl Manager {
+    fn start(kubeconfig: &std::path::Path, namespace: &str) -> Self {
+        let (metrics, health) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_cluster-api-provider-libvirt"))
+            .env("KUBECONFIG", kubeconfig)
+            .args(["--hypervisor", "sim", "--leader-elect", "--log-format", "json"])
+            .arg(format!("--namespace={namespace}"))
+            .arg(format!("--leader-election-namespace={namespace}"))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
+            .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child, metrics, health }
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "manager did not exit on SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_metrics_leader_election_and_graceful_shutdown() {
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_capi_crds().await.unwrap();
+    env.install_crds_from_dir(&clusterctl_template::repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace("manager").await.unwrap();
+    let kubeconfig = env.kubeconfig_path().to_path_buf();
+
+    let ns = namespace.clone();
+    let kc = kubeconfig.clone();
+    let mut first = tokio::task::spawn_blocking(move || {
+        let m = Manager::start(&kc, &ns);
+        wait_for("the first manager's /healthz", Duration::from_secs(60), || get(m.health, "/healthz").is_some_and(|(c, _)| c == 200));
+        wait_for("the first manager to lead", Duration::from_secs(60), || get(m.health, "/readyz").is_some_and(|(c, _)| c == 200));
+        m
+    })
+    .await
+    .unwrap();
+
+    // A reconcile shows up in the metrics.
+    let cluster: capl::api::LibvirtCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtCluster",
+        "metadata": {"name": "metrics"},
+        "spec": {"uri": "qemu:///system", "network": "libvirt-lab", "basePool": "capi-base-images", "domainPool": "capi-vm-disks"}
+    }))
+    .unwrap();
+    kube::Api::<capl::api::LibvirtCluster>::namespaced(env.client(), &namespace)
+        .create(&Default::default(), &cluster)
+        .await
+        .unwrap();
+    let metrics_port = first.metrics;
+    tokio::task::spawn_blocking(move || {
+        wait_for("capl_reconciles_total in /metrics", Duration::from_secs(60), || {
+            get(metrics_port, "/metrics").is_some_and(|(c, body)| c == 200 && body.contains("capl_reconciles_total{controller=\"libvirtcluster\"}"))
+        })
+    })
+    .await
+    .unwrap();
+
+    // A second replica waits: healthy, not ready.
+    let ns = namespace.clone();
+    let kc = kubeconfig.clone();
+    let second = tokio::task::spawn_blocking(move || {
+        let m = Manager::start(&kc, &ns);
+        wait_for("the second manager's /healthz", Duration::from_secs(60), || get(m.health, "/healthz").is_some_and(|(c, _)| c == 200));
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(get(m.health, "/readyz").map(|(c, _)| c), Some(503), "only one replica leads");
+        m
+    })
+    .await
+    .unwrap();
+
+    // SIGTERM: the leader exits cleanly, and the other replica takes over.
+    let status = tokio::task::spawn_blocking(move || first.terminate()).await.unwrap();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    tokio::task::spawn_blocking(move || {
+        wait_for("the second manager to take over the lease", Duration::from_secs(90), || {
+            get(second.health, "/readyz").is_some_and(|(c, _)| c == 200)
+        });
+        drop(second);
+    })
+    .await
+    .unwrap();
+}
