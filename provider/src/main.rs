@@ -47,7 +47,7 @@ struct Flags {
     /// Domain type: kvm, qemu, or auto (kvm when the host offers it).
     #[arg(long, default_value = "auto")]
     domain_type: String,
-    /// Also log each domain's serial console to <dir>/<domain>.log on the libvirt host.
+    /// Also log each domain's serial console to <dir>/<domain>-console.log on the libvirt host.
     #[arg(long)]
     console_log_dir: Option<String>,
     /// Concurrent libvirt calls per host.
