@@ -206,6 +206,9 @@ pub fn machine_deployment(
             "clusterName": cluster,
             "replicas": replicas,
             "selector": {"matchLabels": labels},
+            // What CAPI's defaulting webhook would fill in (no webhooks run here).
+            "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+            "deletion": {"order": "Random"},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {

@@ -6,8 +6,10 @@
 
 mod bench_sim;
 mod control_plane;
+mod demo;
 mod deploy;
 mod docker;
+mod e2e;
 mod guest_image;
 mod libvirt_host;
 mod manifests;
@@ -74,6 +76,10 @@ enum Command {
     BenchSim(bench_sim::Args),
     /// Build (or reuse) the tiny test guest image the e2e tests and the demo boot; print its path.
     GuestImage(guest_image::Args),
+    /// Run the end-to-end scenarios on real VMs and print a summary table.
+    E2e(e2e::Args),
+    /// One cluster with two machines, narrated; Ctrl-C cleans up.
+    Demo(demo::Args),
 }
 
 fn main() -> Result<()> {
@@ -95,6 +101,8 @@ fn main() -> Result<()> {
         Command::Host(cmd) => libvirt_host::run(cmd),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
+        Command::E2e(args) => e2e::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }
 

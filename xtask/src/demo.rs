@@ -1,0 +1,59 @@
+//! `cargo xtask demo`: the README's first command.
+//!
+//! Prepares the host like `cargo xtask e2e` (packages, control plane, guest
+//! image, private libvirtd, binaries), then hands the terminal to
+//! `capl-e2e demo`: it starts a local control plane, CAPI core and the
+//! provider, creates one Cluster with two Machines, prints what happens as it
+//! happens (machine phases, domain states, IPs, the guests' console lines),
+//! and on Ctrl-C deletes the cluster and stops everything. The private
+//! libvirtd keeps running (`cargo xtask host down` stops it).
+//!
+//! `--hypervisor sim` runs the provider on its embedded simulated libvirt
+//! host: no libvirtd, no guest image, no root needed at run time.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::{control_plane, e2e, guest_image, libvirt_host, repo_root};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// libvirt: the private libvirtd and real QEMU guests; sim: the provider's embedded simulator.
+    #[arg(long, value_parser = ["libvirt", "sim"], default_value = "libvirt")]
+    hypervisor: String,
+    /// Clean up and exit as soon as both machines run (for scripts and CI).
+    #[arg(long)]
+    exit_after_ready: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
+    let sim = args.hypervisor == "sim";
+    eprintln!("demo: preparing (the first run installs packages and builds the control plane; later runs reuse them)");
+    libvirt_host::deps()?;
+    control_plane::run(control_plane::Command::Build)?;
+    let mut runner_env = Vec::new();
+    if !sim {
+        let image = guest_image::build(false)?;
+        let uri = libvirt_host::up()?;
+        runner_env.push((libvirt_host::URI_ENV, uri));
+        runner_env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
+    }
+    let bins = e2e::build_binaries()?;
+    eprintln!("demo: prepared in {:.0} s; starting the demo", started.elapsed().as_secs_f64());
+    let mut command = Command::new(&bins.e2e);
+    command
+        .current_dir(repo_root())
+        .args(["demo", "--hypervisor", &args.hypervisor])
+        .env("CAPL_PROVIDER_BIN", &bins.provider)
+        .envs(runner_env);
+    if args.exit_after_ready {
+        command.arg("--exit-after-ready");
+    }
+    // Replace this process: Ctrl-C then reaches only the demo, which cleans up.
+    let err = command.exec();
+    Err(anyhow::anyhow!("starting {} failed: {err}", bins.e2e.display()))
+}

@@ -1,0 +1,124 @@
+//! `cargo xtask e2e`: real CAPI Machines become real VMs.
+//!
+//! Prepares everything the e2e suite needs, in order, reusing what exists:
+//! 1. host packages (`host deps`);
+//! 2. the local control plane (`control-plane build`);
+//! 3. the guest image (`guest-image`);
+//! 4. the private libvirtd with its network and pools (`host up`);
+//! 5. the provider binary and the `capl-e2e` runner (`cargo build`);
+//!
+//! then runs `capl-e2e run`, which starts the control plane, CAPI core and
+//! the provider, runs every scenario one after another, tears it all down
+//! and prints the summary table (scenario, result, seconds). The exit code
+//! is non-zero when any scenario failed. The private libvirtd is stopped
+//! afterwards unless `--keep-host`.
+//!
+//! `--kind` is for machines with docker and internet: the management
+//! cluster is a kind cluster instead of the local control plane. It checks
+//! for docker and kind first and stops with an error naming what is missing.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+use crate::{control_plane, guest_image, libvirt_host, repo_root};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only these scenarios (ids: single, md, pause, restart, stopped, delete); repeatable.
+    #[arg(long)]
+    only: Vec<String>,
+    /// Leave the private libvirtd running afterwards (faster re-runs).
+    #[arg(long)]
+    keep_host: bool,
+    /// Use a kind management cluster instead of the local control plane
+    /// (machines with docker, kind and internet; not what CI runs).
+    #[arg(long)]
+    kind: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
+    if args.kind {
+        return kind_prerequisites();
+    }
+    step("host packages", libvirt_host::deps)?;
+    step("control plane", || control_plane::run(control_plane::Command::Build))?;
+    let image = step("guest image", || guest_image::build(false))?;
+    let uri = step("private libvirtd", libvirt_host::up)?;
+    let bins = step("build provider and e2e runner", build_binaries)?;
+
+    let sh = Shell::new()?;
+    sh.change_dir(repo_root());
+    sh.set_var(libvirt_host::URI_ENV, &uri);
+    sh.set_var("CAPL_GUEST_IMAGE", &image);
+    sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
+    let runner = &bins.e2e;
+    let only: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
+    let result = step("e2e scenarios", || {
+        cmd!(sh, "{runner} run {only...}").run().context("some e2e scenarios failed (see the table above)")
+    });
+    if !args.keep_host {
+        step("stop private libvirtd", libvirt_host::down)?;
+    }
+    eprintln!("xtask e2e: finished in {:.0} s", started.elapsed().as_secs_f64());
+    result
+}
+
+/// The two binaries the e2e suite and the demo run.
+pub struct Binaries {
+    pub provider: PathBuf,
+    pub e2e: PathBuf,
+}
+
+/// `cargo build` of the provider's manager and the `capl-e2e` runner.
+pub fn build_binaries() -> Result<Binaries> {
+    let sh = Shell::new()?;
+    sh.change_dir(repo_root());
+    cmd!(sh, "cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt -p e2e --bin capl-e2e")
+        .run()
+        .context("building the provider and the e2e runner failed")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+        .join("debug");
+    Ok(Binaries { provider: target.join("cluster-api-provider-libvirt"), e2e: target.join("capl-e2e") })
+}
+
+/// `--kind`: checks docker and kind; the kind flow itself is not implemented.
+fn kind_prerequisites() -> Result<()> {
+    let sh = Shell::new()?;
+    let mut missing = Vec::new();
+    if cmd!(sh, "docker info").quiet().ignore_stdout().ignore_stderr().run().is_err() {
+        missing.push("a docker engine (`docker info` fails: install docker and start dockerd)");
+    }
+    if cmd!(sh, "kind version").quiet().ignore_stdout().ignore_stderr().run().is_err() {
+        missing.push("kind (`kind version` fails: `go install sigs.k8s.io/kind@latest`)");
+    }
+    if !missing.is_empty() {
+        bail!(
+            "`cargo xtask e2e --kind` needs {}. Without them run `cargo xtask e2e`, which uses \
+             the local control plane (etcd + kube-apiserver + CAPI core) instead.",
+            missing.join(" and ")
+        );
+    }
+    bail!(
+        "`cargo xtask e2e --kind`: docker and kind are present, but the kind flow (kind create \
+         cluster, clusterctl init, the provider against the kind kubeconfig) is not implemented \
+         yet; run `cargo xtask e2e` (local control plane)"
+    )
+}
+
+fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    eprintln!("==> {name}");
+    let started = Instant::now();
+    let out = f();
+    eprintln!(
+        "==> {name}: {} in {:.1} s",
+        if out.is_ok() { "done" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    out
+}
