@@ -37,6 +37,12 @@ async fn machine_is_created_running_addressed_then_deleted() {
     for c in status.conditions.as_ref().unwrap() {
         assert_eq!(c.observed_generation, lm.metadata.generation, "condition {} observedGeneration", c.type_);
     }
+    // Every write of the manager is recorded under its name.
+    let managers: Vec<_> = lm.metadata.managed_fields.iter().flatten().filter_map(|f| f.manager.clone()).collect();
+    assert!(
+        managers.iter().all(|m| m == "reconcile-tests" || m == "cluster-api-provider-libvirt"),
+        "field managers: {managers:?}"
+    );
 
     // What the user checks on the host.
     let hv = w.inspect();
@@ -117,4 +123,59 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
     // Nothing on the object moved.
     let after: LibvirtMachine = w.api().get("worker-0").await.unwrap();
     assert_eq!(after.status, lm.status);
+}
+
+/// A domain stopped on the host is started again at the next reconcile
+/// (here triggered by a change to the Machine), with a DomainStarted event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_domain_is_started_again() {
+    let w = World::new("rc-stopped").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    ready_machine_objects(&w, "demo", "worker-0").await;
+    w.wait_for::<LibvirtMachine>("worker-0", "a Ready machine", machine_ready).await;
+    let domain = domain_of(&w, "worker-0");
+    let hv = w.inspect();
+    hv.domain_destroy(&domain).unwrap();
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Shutoff);
+
+    let _: Machine = w.merge("worker-0", json!({ "metadata": { "labels": { "touched": "1" } } })).await;
+    w.wait_event("worker-0", "Normal", "DomainStarted", &format!("started domain {domain} on {}", w.uri)).await;
+    w.wait_for::<LibvirtMachine>("worker-0", "Ready again", machine_ready).await;
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
+    assert_eq!(w.host_objects().domains, vec![domain]);
+}
+
+/// While the guest has no lease the reconciler looks again with a growing
+/// backoff, not in a loop; the address is reported once the lease comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_lease_backs_off() {
+    let w = World::new("rc-lease").await;
+    let manager = w.start_manager();
+    let domain = domain_of(&w, "worker-0");
+    w.host.faults().domain_never_asks_dhcp(&domain);
+    provisioned_cluster(&w, "demo").await;
+    ready_machine_objects(&w, "demo", "worker-0").await;
+
+    let lm = w
+        .wait_for::<LibvirtMachine>("worker-0", "DomainRunning True while waiting for the lease", |lm| {
+            has(machine_conditions(lm), "DomainRunning", "True", None)
+        })
+        .await;
+    let running = condition(machine_conditions(&lm), "DomainRunning").unwrap();
+    assert!(running.message.contains("DHCP lease"), "{running:?}");
+    assert!(
+        !lm.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"))
+    );
+
+    let before = manager.reconciles("libvirtmachine");
+    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+    let runs = manager.reconciles("libvirtmachine") - before;
+    println!("lease wait: {runs} reconciles in 15 s");
+    // Backoff 2, 4, 8 s: a few looks in 15 s; a loop would make hundreds. And
+    // it keeps looking (no watch event announces a lease).
+    assert!((1..=8).contains(&runs), "{runs} reconciles in 15 s while waiting for a lease");
 }

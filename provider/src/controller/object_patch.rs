@@ -9,8 +9,10 @@ use serde_json::json;
 
 use super::{CONTROLLER_NAME, Error};
 
+/// Every write names the manager, so `managedFields` says who set the
+/// finalizer and `spec.providerID` (instead of "unknown").
 fn params() -> PatchParams {
-    PatchParams::default()
+    PatchParams { field_manager: Some(CONTROLLER_NAME.into()), ..PatchParams::default() }
 }
 
 /// Adds `finalizer`; the resourceVersion makes a concurrent change fail
@@ -62,7 +64,7 @@ where
     S: Serialize,
 {
     let patch = json!({ "status": status });
-    api.patch_status(name, &PatchParams { field_manager: Some(CONTROLLER_NAME.into()), ..params() }, &Patch::Merge(&patch))
+    api.patch_status(name, &params(), &Patch::Merge(&patch))
         .await?;
     Ok(())
 }
