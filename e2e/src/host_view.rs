@@ -78,10 +78,10 @@ impl HostView {
         self.virsh(&["destroy", domain]).map(drop)
     }
 
-    /// Volume names in `pool`.
+    /// Volume names in `pool`, as libvirt lists them. No `pool-refresh`:
+    /// libvirt refuses it while a volume upload runs ("asynchronous jobs
+    /// running"), and volumes made through libvirt are listed without one.
     pub fn volumes(&self, pool: &str) -> Result<Vec<String>> {
-        // Refresh first: a pool's list is a cache of its directory.
-        self.virsh(&["pool-refresh", pool])?;
         Ok(self
             .virsh(&["vol-list", pool])?
             .lines()

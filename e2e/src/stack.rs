@@ -54,11 +54,12 @@ pub struct StackConfig {
 }
 
 impl StackConfig {
-    /// From the environment, building what is missing: the URI from
-    /// `CAPL_TEST_LIBVIRT_URI` (for libvirt; missing is an error naming
-    /// `cargo xtask host up`), the image from `CAPL_GUEST_IMAGE` or
-    /// `cargo xtask guest-image`, the provider from `CAPL_PROVIDER_BIN` or
-    /// `cargo build`.
+    /// From the environment: the URI from `CAPL_TEST_LIBVIRT_URI` (libvirt
+    /// only), the image from `CAPL_GUEST_IMAGE` or the built xtask's
+    /// `guest-image`, the provider from `CAPL_PROVIDER_BIN` or the binary next
+    /// to this one. Never runs cargo (a nested cargo deadlocks on the lock of
+    /// a `cargo test` that runs us). Missing pieces are errors naming the
+    /// command that provides them.
     pub fn from_env(sim: bool) -> Result<Self> {
         let backend = if sim {
             Backend::Sim
@@ -74,11 +75,16 @@ impl StackConfig {
         let guest_image = match (&backend, std::env::var_os(GUEST_IMAGE_ENV)) {
             (Backend::Sim, _) => None,
             (_, Some(path)) => Some(PathBuf::from(path)),
-            (_, None) => Some(build_guest_image()?),
+            (_, None) => Some(guest_image_from_xtask()?),
         };
         let provider_binary = match std::env::var_os(PROVIDER_BIN_ENV) {
             Some(path) => PathBuf::from(path),
-            None => build_provider()?,
+            None => built_binary("cluster-api-provider-libvirt").with_context(|| {
+                format!(
+                    "the provider binary is not built: run `cargo build -p cluster-api-provider-libvirt \
+                     --bin cluster-api-provider-libvirt` or set {PROVIDER_BIN_ENV}"
+                )
+            })?,
         };
         Ok(Self { backend, provider_binary, guest_image })
     }
@@ -89,31 +95,28 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the e2e crate lives in the repository").to_path_buf()
 }
 
-fn build_guest_image() -> Result<PathBuf> {
-    let out = Command::new("cargo")
-        .args(["xtask", "guest-image"])
+/// A binary of the workspace in the target directory this process runs
+/// from (`target/debug/` for `capl-e2e`, `target/debug/deps/..` for tests).
+fn built_binary(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)).find(|path| path.is_file())
+}
+
+/// Runs the built xtask's `guest-image` (builds or reuses the cached image).
+fn guest_image_from_xtask() -> Result<PathBuf> {
+    let xtask = built_binary("xtask").with_context(|| {
+        format!("no guest image: run `cargo xtask guest-image` and set {GUEST_IMAGE_ENV} to the path it prints")
+    })?;
+    let out = Command::new(&xtask)
+        .arg("guest-image")
         .current_dir(repo_root())
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("running `cargo xtask guest-image`")?;
+        .with_context(|| format!("running {} guest-image", xtask.display()))?;
     if !out.status.success() {
         bail!("`cargo xtask guest-image` failed ({}); see its output above", out.status);
     }
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Ok(PathBuf::from(path))
-}
-
-fn build_provider() -> Result<PathBuf> {
-    let status = Command::new("cargo")
-        .args(["build", "-p", "cluster-api-provider-libvirt", "--bin", "cluster-api-provider-libvirt"])
-        .current_dir(repo_root())
-        .status()
-        .context("running cargo build for the provider binary")?;
-    if !status.success() {
-        bail!("`cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt` failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
-    Ok(target.join("debug/cluster-api-provider-libvirt"))
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// A running stack.
