@@ -211,6 +211,11 @@ impl Stack {
         Ok(name)
     }
 
+    /// The namespace most recently made by [`Stack::namespace`].
+    pub fn last_namespace(&self) -> Option<&str> {
+        self.namespaces.last().map(String::as_str)
+    }
+
     /// The libvirt host, or an error saying the scenario needs one.
     pub fn libvirt(&self) -> Result<&HostView> {
         self.host.as_ref().context("this check needs a real libvirt host (not --hypervisor sim)")

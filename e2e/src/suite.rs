@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::scenarios::{self, Scenario};
-use crate::stack::{Stack, StackConfig};
+use crate::stack::{Stack, StackConfig, delete_all_clusters};
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone)]
@@ -65,6 +65,13 @@ pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> 
                 // The provider may have been killed by the scenario.
                 if stack.provider.ensure_running().is_err() {
                     let _ = stack.provider.restart().await;
+                }
+                // Free the host for the next scenario (best effort; the
+                // teardown tries again and reports what is left).
+                if let Some(ns) = stack.last_namespace().map(str::to_string)
+                    && let Err(err) = delete_all_clusters(&stack.client(), &ns).await
+                {
+                    eprintln!("e2e: cleaning up {ns} after the failure: {err:#}");
                 }
                 Outcome { name: scenario.name.into(), passed: false, seconds, detail: format!("{err:#}") }
             }
