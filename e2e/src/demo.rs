@@ -89,14 +89,15 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
             let lm = objects::get(&client, &ns, Kind::LibvirtMachine, name).await?;
             let phase =
                 machine.as_ref().and_then(|m| objects::str_at(m, &["status", "phase"])).unwrap_or("-").to_string();
-            let (state, ip, domain, is_ready) = match &lm {
+            let (state, ip, domain, is_ready, why) = match &lm {
                 Some(lm) => (
                     objects::str_at(lm, &["status", "state"]).unwrap_or("-").to_string(),
                     objects::internal_ip(lm).unwrap_or_else(|| "-".into()),
                     objects::str_at(lm, &["status", "domainName"]).unwrap_or("-").to_string(),
                     objects::condition(lm, "Ready").map(|c| c.0) == Some("True"),
+                    ready_message(lm),
                 ),
-                None => ("-".into(), "-".into(), "-".into(), false),
+                None => ("-".into(), "-".into(), "-".into(), false, String::new()),
             };
             if is_ready && ip != "-" {
                 ready += 1;
@@ -106,6 +107,11 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
             if shown.get(name) != Some(&line) {
                 println!("{} {line}", at());
                 shown.insert(name.to_string(), line);
+            }
+            let why_key = format!("{name}/why");
+            if !is_ready && !why.is_empty() && shown.get(&why_key) != Some(&why) {
+                println!("{}   {name} not ready: {why}", at());
+                shown.insert(why_key, why);
             }
             if domain != "-" {
                 let log = stack.console_log(&domain);
@@ -146,4 +152,14 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     }
     println!("{} done: everything stopped and removed", at());
     Ok(())
+}
+
+/// The message of the Ready condition (why a machine is not ready yet).
+fn ready_message(lm: &kube::api::DynamicObject) -> String {
+    lm.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .replace('\n', " ")
 }

@@ -155,9 +155,10 @@ pub fn machine(namespace: &str, name: &str, cluster: &str, secret: &str) -> Valu
     })
 }
 
-/// The smallest machine the guest boots in: 1 vCPU, 256 MiB, 1 GiB disk.
+/// A small machine: 1 vCPU, 256 MiB, a 2 GiB disk (the root disk may not be
+/// smaller than the base image: the simulator's is 2 GiB; the overlay is sparse).
 fn machine_spec(image: &str) -> Value {
-    json!({"vcpu": 1, "memoryMiB": 256, "diskGiB": 1, "image": image})
+    json!({"vcpu": 1, "memoryMiB": 256, "diskGiB": 2, "image": image})
 }
 
 /// A LibvirtMachine; with `owner` (Machine name and UID) it carries the owner
