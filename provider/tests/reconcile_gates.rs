@@ -280,3 +280,25 @@ async fn paused_deleted_machine_leaves_the_host_untouched() {
     w.wait_gone::<LibvirtMachine>("m0").await;
     assert_eq!(w.host_objects(), host_before);
 }
+
+/// The `cluster.x-k8s.io/paused` annotation on the LibvirtMachine pauses it
+/// like Cluster.spec.paused; removing it resumes (a change to the object itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_annotation_creates_nothing_until_removed() {
+    let w = World::new("rg-annot").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    create_bootstrap_secret(&w, "m0-bootstrap", cloud_config("m0")).await;
+    let m: Machine = w.apply(machine_json("m0", "demo", "m0", Some("m0-bootstrap"))).await;
+    let mut lm = libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())));
+    lm["metadata"]["annotations"] = json!({ "cluster.x-k8s.io/paused": "" });
+    let _: LibvirtMachine = w.apply(lm).await;
+
+    let lm = wait_reason(&w, "m0", "Paused", "True", "Paused").await;
+    assert!(message(&lm, "Paused").contains("cluster.x-k8s.io/paused"), "{}", message(&lm, "Paused"));
+    assert_nothing_created(&w, "m0");
+
+    let _: LibvirtMachine =
+        w.merge("m0", json!({ "metadata": { "annotations": { "cluster.x-k8s.io/paused": null } } })).await;
+    w.wait_for::<LibvirtMachine>("m0", "Ready after the annotation was removed", machine_ready).await;
+}
