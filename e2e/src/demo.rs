@@ -71,6 +71,8 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     let mut announced_ready = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    // SIGTERM (e.g. `timeout`, a CI runner) cleans up like Ctrl-C.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         let mut ready = 0;
         let cluster = objects::get(&client, &ns, Kind::LibvirtCluster, CLUSTER).await?;
@@ -142,6 +144,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
         stack.provider.ensure_running()?;
         tokio::select! {
             _ = &mut ctrl_c => { println!(); break; }
+            _ = term.recv() => { println!(); break; }
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
     }
