@@ -97,8 +97,20 @@ async fn serve(addr: SocketAddr, router: Router) -> Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// How long the process waits, after the controllers stopped, for work still
+/// on the blocking pool (libvirt calls) before it exits anyway.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(run());
+    // Dropping the runtime would wait for every blocking task without bound;
+    // a libvirt call stuck on a dead host must not keep the Pod terminating.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    result
+}
+
+async fn run() -> Result<()> {
     let flags = Flags::parse();
     init_logging(flags.log_format);
     let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
@@ -187,22 +199,44 @@ async fn main() -> Result<()> {
         }
         tracing::info!("leading");
         let _ = ready_tx.send(true);
-        let lost = async move {
-            let _ = leading.wait_for(|l| !*l).await;
+        let lost = tokio::select! {
+            () = within_grace(controller::run(ctx, shutdown), stop_rx.clone()) => false,
+            _ = leading.wait_for(|l| !*l) => true,
         };
-        tokio::select! {
-            () = controller::run(ctx, shutdown) => {}
-            () = lost => {
-                tracing::error!("lost leadership; exiting so that another replica takes over");
-                std::process::exit(1);
-            }
+        if lost {
+            tracing::error!("lost leadership; exiting so that another replica takes over");
+            std::process::exit(1);
         }
-        drop(task);
+        // Hand the Lease over at once rather than letting it expire.
+        drop(leading);
+        match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
+            Ok(Ok(Ok(manager))) => {
+                if let Err(err) = manager.release().await {
+                    tracing::warn!(%err, "could not release the leader Lease; it expires on its own");
+                }
+            }
+            _ => tracing::warn!("leader election did not stop in time; the Lease expires on its own"),
+        }
     } else {
         let _ = ready_tx.send(true);
-        controller::run(ctx, shutdown).await;
+        within_grace(controller::run(ctx, shutdown), stop_rx.clone()).await;
     }
     Ok(())
+}
+
+/// Runs the controllers; once shutdown was asked for, waits at most
+/// [`SHUTDOWN_GRACE`] for them to finish the reconciles in flight. (The
+/// controllers' own graceful shutdown can wait much longer, e.g. on watches
+/// that are backing off.)
+async fn within_grace(controllers: impl std::future::Future<Output = ()>, mut stop: watch::Receiver<bool>) {
+    tokio::pin!(controllers);
+    tokio::select! {
+        () = &mut controllers => return,
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    if tokio::time::timeout(SHUTDOWN_GRACE, controllers).await.is_err() {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop within the grace period; exiting anyway");
+    }
 }
 
 async fn shutdown_signal() {

@@ -51,7 +51,7 @@ impl Manager {
             .arg(format!("--leader-election-namespace={namespace}"))
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
             .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(format!("/tmp/capl-manager-{health}.log")).unwrap())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -65,7 +65,11 @@ impl Manager {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "manager did not exit on SIGTERM");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "manager did not exit on SIGTERM; its log:\n{}",
+                std::fs::read_to_string(format!("/tmp/capl-manager-{}.log", self.health)).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
