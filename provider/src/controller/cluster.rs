@@ -88,6 +88,9 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         }
     };
 
+    if let InfraCheck::Failed { transient: true, .. } = snapshot.host {
+        ctx.connections.host(&object.spec.uri).invalidate();
+    }
     report(object, ctx, &api, &plan).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }

@@ -256,8 +256,15 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             None
         }
         Requeue::WaitingForAddress => Some(ctx.lease_backoff(&uid)),
-        Requeue::After(after) => Some(after),
+        Requeue::After(after) => {
+            ctx.lease_found(&uid);
+            Some(after)
+        }
     };
+    // A lost connection folded into a host error: reconnect on the next look.
+    if let (Host::Failed { transient: true, .. }, Some(lc)) = (&snapshot.host, &g.libvirt_cluster) {
+        ctx.connections.host(&lc.spec.uri).invalidate();
+    }
     Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 

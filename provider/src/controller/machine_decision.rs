@@ -96,6 +96,10 @@ pub const RETRY_AFTER_PERMANENT_FAILURE: Duration = Duration::from_secs(300);
 pub const RETRY_AFTER_TRANSIENT_FAILURE: Duration = Duration::from_secs(20);
 /// How often to look at a domain in a state we do not act on (paused, ...).
 pub const RECHECK_ODD_STATE: Duration = Duration::from_secs(60);
+/// How often to look at a running machine: nothing on the Kubernetes side
+/// changes when a domain is stopped on the host, so only a periodic look
+/// notices it (3 libvirt calls per look).
+pub const RECHECK_RUNNING: Duration = Duration::from_secs(60);
 
 /// The condition types the Ready summary is made of.
 pub const SUMMARIZED: &[&str] = &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING];
@@ -206,7 +210,7 @@ fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionU
     let created = ConditionUpdate::true_(MACHINE_CREATED, reasons::DOMAIN_CREATED, "");
     let (action, running, requeue) = match state {
         DomainState::Running | DomainState::Blocked => {
-            let requeue = if has_address { Requeue::Never } else { Requeue::WaitingForAddress };
+            let requeue = if has_address { Requeue::After(RECHECK_RUNNING) } else { Requeue::WaitingForAddress };
             let message = if has_address { "" } else { "waiting for the guest's DHCP lease" };
             (MachineAction::Nothing, ConditionUpdate::true_(DOMAIN_RUNNING, reasons::DOMAIN_RUNNING, message), requeue)
         }
@@ -366,6 +370,8 @@ mod tests {
         assert_eq!(p.requeue, Requeue::WaitingForAddress);
         let absent = decide(&MachineSnapshot { host: Host::Absent, ..ready_machine() });
         assert!(!absent.provisioned);
+        let addressed = MachineSnapshot { host: Host::Present { state: DomainState::Running, has_address: true }, ..ready_machine() };
+        assert_eq!(decide(&addressed).requeue, Requeue::After(RECHECK_RUNNING), "a running machine is looked at again");
     }
 
     #[rstest]
