@@ -55,3 +55,23 @@ fn names_table_example_is_what_the_code_computes() {
     let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
     assert!(provider_id[1].starts_with(&format!("`{}", capl::api::PROVIDER_ID_PREFIX)));
 }
+
+#[test]
+fn machine_failure_reasons_are_documented() {
+    use capl::host::error::FailureReason::*;
+    let rows = table_rows("| Resource | Condition | Meaning |");
+    let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::DOMAIN_PROVISIONING_READY).unwrap();
+    for reason in [InfrastructureMissing, InfrastructureInactive, InfrastructureProvisioningFailed, InvalidMachineSpec, ObjectCollision, HostUnreachable] {
+        assert!(row[2].contains(reason.as_str()), "README does not list reason {reason}");
+    }
+    for reason in [
+        conditions::reasons::WAITING_FOR_BOOTSTRAP_DATA,
+        conditions::reasons::INVALID_BOOTSTRAP_DATA,
+        conditions::reasons::DOMAIN_PROVISIONING,
+        conditions::reasons::DOMAIN_NAME_COLLISION,
+        conditions::reasons::INVALID_MACHINE_SPEC,
+        conditions::reasons::OBJECT_COLLISION,
+    ] {
+        assert!(row[2].contains(reason), "README does not list reason {reason}");
+    }
+}

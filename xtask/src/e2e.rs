@@ -23,9 +23,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, guest_image, libvirt_host, repo_root};
+use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Default)]
 pub struct Args {
     /// Only these scenarios (ids: single, md, pause, restart, stopped, delete); repeatable.
     #[arg(long)]
@@ -37,6 +37,13 @@ pub struct Args {
     /// (machines with docker, kind and internet; not what CI runs).
     #[arg(long)]
     kind: bool,
+}
+
+impl Args {
+    /// What `cargo xtask test` runs: every scenario, on the libvirtd it started.
+    pub fn for_test_command() -> Self {
+        Self { keep_host: true, ..Self::default() }
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -109,16 +116,4 @@ fn kind_prerequisites() -> Result<()> {
          cluster, clusterctl init, the provider against the kind kubeconfig) is not implemented \
          yet; run `cargo xtask e2e` (local control plane)"
     )
-}
-
-fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    eprintln!("==> {name}");
-    let started = Instant::now();
-    let out = f();
-    eprintln!(
-        "==> {name}: {} in {:.1} s",
-        if out.is_ok() { "done" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    out
 }

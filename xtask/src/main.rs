@@ -110,3 +110,12 @@ fn main() -> Result<()> {
 pub fn repo_root() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
 }
+
+/// Runs one named step of a longer command, printing its start, outcome and duration.
+pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    eprintln!("==> {name}");
+    let started = std::time::Instant::now();
+    let out = f();
+    eprintln!("==> {name}: {} in {:.1} s", if out.is_ok() { "done" } else { "FAILED" }, started.elapsed().as_secs_f64());
+    out
+}

@@ -10,14 +10,16 @@
 //!    `CAPL_TEST_LIBVIRT_URI`, and then the libvirt conformance suite on its
 //!    own with its output shown (it prints how many scenarios ran on each
 //!    backend: libvirt-sim, `test:///default` and the real libvirtd);
-//! 5. the private libvirtd is stopped again (unless `--keep-host`).
+//! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
+//!    table (skipped only when a test name filter was given);
+//! 6. the private libvirtd is stopped again (unless `--keep-host`).
 
 use std::time::Instant;
 
 use anyhow::Result;
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, libvirt_host, repo_root};
+use crate::{control_plane, e2e, libvirt_host, repo_root, step};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -40,7 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
     let extra = &args.cargo_test_args;
     let workspace = step("cargo test", || {
-        cmd!(sh, "cargo test --workspace --locked --no-fail-fast -- --skip conformance {extra...}")
+        cmd!(sh, "cargo test --workspace --exclude e2e --locked --no-fail-fast -- --skip conformance {extra...}")
             .run()
             .map_err(anyhow::Error::from)
     });
@@ -49,19 +51,15 @@ pub fn run(args: Args) -> Result<()> {
             .run()
             .map_err(anyhow::Error::from)
     });
-    let result = workspace.and(conformance);
+    let e2e_units = step("e2e crate unit tests", || {
+        cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
+    });
+    let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
+    let result = workspace.and(conformance).and(e2e_units).and(e2e);
 
     if !args.keep_host {
         step("stop private libvirtd", libvirt_host::down)?;
     }
     eprintln!("xtask test: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
-}
-
-fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    eprintln!("==> {name}");
-    let started = Instant::now();
-    let out = f();
-    eprintln!("==> {name}: {} in {:.1} s", if out.is_ok() { "done" } else { "FAILED" }, started.elapsed().as_secs_f64());
-    out
 }

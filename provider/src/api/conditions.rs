@@ -60,4 +60,8 @@ pub mod reasons {
     pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
     pub const INVALID_BOOTSTRAP_DATA: &str = "InvalidBootstrapData";
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+    /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).
+    pub const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
+    /// A volume or DHCP entry with our name exists on the host but is not ours.
+    pub const OBJECT_COLLISION: &str = "ObjectCollision";
 }
