@@ -175,7 +175,7 @@ async fn waiting_for_a_lease_backs_off() {
     tokio::time::sleep(std::time::Duration::from_secs(15)).await;
     let runs = manager.reconciles("libvirtmachine") - before;
     println!("lease wait: {runs} reconciles in 15 s");
-    // Backoff 2, 4, 8 s: a few looks in 15 s; a loop would make hundreds. And
+    // Looks 2 to 10 s apart: a few in 15 s; a loop would make hundreds. And
     // it keeps looking (no watch event announces a lease).
     assert!((1..=8).contains(&runs), "{runs} reconciles in 15 s while waiting for a lease");
 }

@@ -31,6 +31,10 @@ use crate::api::{LibvirtCluster, LibvirtMachine};
 use crate::host::domain_xml::DomainTypePreference;
 use crate::hypervisor::connections::Connections;
 
+/// Bounds of the interval between looks at a guest that has no lease yet.
+const LEASE_LOOK_MIN: Duration = Duration::from_secs(2);
+const LEASE_LOOK_MAX: Duration = Duration::from_secs(10);
+
 /// Name the controller reports events and field managers under.
 pub const CONTROLLER_NAME: &str = "cluster-api-provider-libvirt";
 
@@ -60,8 +64,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub settings: Settings,
     pub metrics: metrics::Metrics,
-    /// Looks at a running domain without a lease so far, per LibvirtMachine UID.
-    lease_waits: Mutex<HashMap<String, u32>>,
+    /// Since when a running domain has been waiting for its lease, per LibvirtMachine UID.
+    lease_waits: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Context {
@@ -71,12 +75,14 @@ impl Context {
         Self { client, connections, recorder, settings, metrics, lease_waits: Mutex::new(HashMap::new()) }
     }
 
-    /// Backoff while a guest has no lease yet: 2, 4, 8, ... up to 60 seconds.
+    /// When to look again while a guest has no lease yet: half the time it
+    /// has waited so far, between 2 and 10 seconds. It depends on the time
+    /// waited, not on the number of reconciles, so reconciles triggered by
+    /// our own status writes do not stretch it.
     fn lease_backoff(&self, uid: &str) -> Duration {
         let mut waits = self.lease_waits.lock().expect("lease backoff lock");
-        let n = waits.entry(uid.to_string()).or_insert(0);
-        *n = (*n + 1).min(6);
-        Duration::from_secs((1u64 << *n).min(60))
+        let since = waits.entry(uid.to_string()).or_insert_with(std::time::Instant::now);
+        (since.elapsed() / 2).clamp(LEASE_LOOK_MIN, LEASE_LOOK_MAX)
     }
 
     fn lease_found(&self, uid: &str) {
