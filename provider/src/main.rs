@@ -128,7 +128,8 @@ async fn run() -> Result<()> {
         }
     };
 
-    let client = kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
+    let client =
+        kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let settings = Settings {
         namespace: (!flags.namespace.is_empty()).then(|| flags.namespace.clone()),
         domain_type,
@@ -152,7 +153,11 @@ async fn run() -> Result<()> {
             .route(
                 "/readyz",
                 get(|State(p): State<Probe>| async move {
-                    if *p.ready.borrow() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not leading yet") }
+                    if *p.ready.borrow() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not leading yet")
+                    }
                 }),
             )
             .with_state(probe);
@@ -180,11 +185,12 @@ async fn run() -> Result<()> {
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| client.default_namespace().to_string());
-        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "cluster-api-provider-libvirt-leader")
-            .with_namespace(&namespace)
-            .build()
-            .await
-            .context("setting up leader election")?;
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "cluster-api-provider-libvirt-leader")
+                .with_namespace(&namespace)
+                .build()
+                .await
+                .context("setting up leader election")?;
         let (mut leading, task) = manager.watch().await;
         tracing::info!(%namespace, "waiting for leadership");
         let mut stop = stop_rx.clone();

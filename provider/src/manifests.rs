@@ -381,16 +381,8 @@ pub fn release_components(settings: &DeploymentSettings) -> Vec<Value> {
 }
 
 fn add_label(doc: &mut Value, key: &str, value: &str) {
-    let metadata = doc
-        .as_object_mut()
-        .expect("a manifest is an object")
-        .entry("metadata")
-        .or_insert_with(|| json!({}));
-    let labels = metadata
-        .as_object_mut()
-        .expect("metadata is an object")
-        .entry("labels")
-        .or_insert_with(|| json!({}));
+    let metadata = doc.as_object_mut().expect("a manifest is an object").entry("metadata").or_insert_with(|| json!({}));
+    let labels = metadata.as_object_mut().expect("metadata is an object").entry("labels").or_insert_with(|| json!({}));
     labels.as_object_mut().expect("labels are an object").insert(key.into(), Value::String(value.into()));
 }
 

@@ -19,10 +19,7 @@ fn ldd(binary: &Path) -> BTreeSet<String> {
     assert!(output.status.success(), "ldd {}: {}", binary.display(), String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8(output.stdout).unwrap();
     assert!(!text.contains("not found"), "unresolved libraries for {}:\n{text}", binary.display());
-    text.lines()
-        .filter(|l| l.contains("=> /"))
-        .map(|l| l.split_whitespace().next().unwrap().to_string())
-        .collect()
+    text.lines().filter(|l| l.contains("=> /")).map(|l| l.split_whitespace().next().unwrap().to_string()).collect()
 }
 
 /// Libraries gcr.io/distroless/cc-debian13 ships (libc6, libgcc-s1, libstdc++6).
@@ -49,7 +46,12 @@ fn the_image_copies_every_library_the_manager_needs() {
     let out = std::env::temp_dir().join(format!("capl-rootfs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let libvirt = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0").expect("libvirt.so.0 installed");
-    let status = Command::new(repo_root().join("hack/copy-runtime-libs.sh")).arg(&out).arg(&manager).arg(&libvirt).status().unwrap();
+    let status = Command::new(repo_root().join("hack/copy-runtime-libs.sh"))
+        .arg(&out)
+        .arg(&manager)
+        .arg(&libvirt)
+        .status()
+        .unwrap();
     assert!(status.success());
 
     let mut copied = BTreeSet::new();
@@ -58,7 +60,8 @@ fn the_image_copies_every_library_the_manager_needs() {
             copied.extend(entries.map(|e| e.unwrap().file_name().to_string_lossy().to_string()));
         }
     }
-    let missing: Vec<_> = needed.iter().filter(|s| !DISTROLESS_CC.contains(&s.as_str()) && !copied.contains(*s)).collect();
+    let missing: Vec<_> =
+        needed.iter().filter(|s| !DISTROLESS_CC.contains(&s.as_str()) && !copied.contains(*s)).collect();
     assert!(missing.is_empty(), "the image would lack {missing:?}");
     assert!(copied.contains("libvirt.so.0"));
     let _ = std::fs::remove_dir_all(&out);

@@ -58,9 +58,7 @@ fn infra_is_there_and_missing_objects_are_classified() {
     assert_eq!((e.kind, e.code), (ErrorKind::NoNetwork, 43), "{e}");
     let e = h.pool_is_active("capl-real-missing").unwrap_err();
     assert_eq!((e.kind, e.code), (ErrorKind::NoStoragePool, 49), "{e}");
-    let e = h
-        .volume_xml(DISK_POOL, "capl-real-missing.qcow2")
-        .unwrap_err();
+    let e = h.volume_xml(DISK_POOL, "capl-real-missing.qcow2").unwrap_err();
     assert_eq!((e.kind, e.code), (ErrorKind::NoStorageVol, 50), "{e}");
     let e = h.domain_state("capl-real-missing").unwrap_err();
     assert_eq!((e.kind, e.code), (ErrorKind::NoDomain, 42), "{e}");
@@ -92,33 +90,13 @@ fn volume_upload_download_and_overlay_with_backing_store() {
          <target><format type='raw'/></target></volume>",
         bytes.len()
     );
-    assert_eq!(
-        timed("volume_create raw", || h
-            .volume_create(BASE_POOL, &base_xml))
-        .unwrap(),
-        base
-    );
-    timed("volume_upload 300 KiB", || {
-        h.volume_upload(BASE_POOL, base, &bytes)
-    })
-    .unwrap();
-    let back = timed("volume_download 300 KiB", || {
-        h.volume_download(BASE_POOL, base)
-    })
-    .unwrap();
-    assert!(
-        back == bytes,
-        "downloaded {} bytes differ from the {} uploaded",
-        back.len(),
-        bytes.len()
-    );
+    assert_eq!(timed("volume_create raw", || h.volume_create(BASE_POOL, &base_xml)).unwrap(), base);
+    timed("volume_upload 300 KiB", || h.volume_upload(BASE_POOL, base, &bytes)).unwrap();
+    let back = timed("volume_download 300 KiB", || h.volume_download(BASE_POOL, base)).unwrap();
+    assert!(back == bytes, "downloaded {} bytes differ from the {} uploaded", back.len(), bytes.len());
 
     let dup = h.volume_create(BASE_POOL, &base_xml).unwrap_err();
-    assert_eq!(
-        (dup.kind, dup.code),
-        (ErrorKind::StorageVolExists, 90),
-        "{dup}"
-    );
+    assert_eq!((dup.kind, dup.code), (ErrorKind::StorageVolExists, 90), "{dup}");
 
     let base_path = "/var/lib/capl-libvirt/pools/base/capl-real-base.raw";
     assert!(h.volume_xml(BASE_POOL, base).unwrap().contains(base_path));
@@ -127,29 +105,14 @@ fn volume_upload_download_and_overlay_with_backing_store() {
          <target><format type='qcow2'/></target>\
          <backingStore><path>{base_path}</path><format type='raw'/></backingStore></volume>"
     );
-    assert_eq!(
-        timed("volume_create qcow2 overlay", || h
-            .volume_create(DISK_POOL, &overlay_xml))
-        .unwrap(),
-        overlay
-    );
+    assert_eq!(timed("volume_create qcow2 overlay", || h.volume_create(DISK_POOL, &overlay_xml)).unwrap(), overlay);
     let xml = h.volume_xml(DISK_POOL, overlay).unwrap();
-    assert!(
-        xml.contains("<backingStore>") && xml.contains(base_path),
-        "{xml}"
-    );
-    assert!(
-        h.volume_list(DISK_POOL)
-            .unwrap()
-            .contains(&overlay.to_string())
-    );
+    assert!(xml.contains("<backingStore>") && xml.contains(base_path), "{xml}");
+    assert!(h.volume_list(DISK_POOL).unwrap().contains(&overlay.to_string()));
 
     h.volume_delete(DISK_POOL, overlay).unwrap();
     h.volume_delete(BASE_POOL, base).unwrap();
-    assert_eq!(
-        h.volume_xml(BASE_POOL, base).unwrap_err().kind,
-        ErrorKind::NoStorageVol
-    );
+    assert_eq!(h.volume_xml(BASE_POOL, base).unwrap_err().kind, ErrorKind::NoStorageVol);
 }
 
 #[test]
@@ -161,19 +124,13 @@ fn dhcp_host_add_duplicate_bad_mac_outside_subnet_and_delete() {
     let _ = h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, host);
     let _ = h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, outside);
 
-    timed("dhcp host add (live+config)", || {
-        h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::AddLast, host)
-    })
-    .unwrap();
+    timed("dhcp host add (live+config)", || h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::AddLast, host))
+        .unwrap();
     assert!(h.network_xml(NETWORK).unwrap().contains("10.251.0.201"));
 
     let add = |xml: &str| h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::AddLast, xml);
     let dup = add(host).unwrap_err();
-    assert_eq!(
-        (dup.kind, dup.code),
-        (ErrorKind::OperationInvalid, 55),
-        "{dup}"
-    );
+    assert_eq!((dup.kind, dup.code), (ErrorKind::OperationInvalid, 55), "{dup}");
     assert!(dup.message.contains("existing dhcp host entry"), "{dup}");
 
     let bad = add("<host mac='zz' name='capl-real-bad' ip='10.251.0.202'/>").unwrap_err();
@@ -183,22 +140,13 @@ fn dhcp_host_add_duplicate_bad_mac_outside_subnet_and_delete() {
     // the subnet is accepted (the provider must check that itself).
     add(outside).unwrap();
     assert!(h.network_xml(NETWORK).unwrap().contains("10.99.0.5"));
-    h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, outside)
-        .unwrap();
+    h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, outside).unwrap();
 
-    timed("dhcp host delete (live+config)", || {
-        h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, host)
-    })
-    .unwrap();
+    timed("dhcp host delete (live+config)", || h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, host))
+        .unwrap();
     assert!(!h.network_xml(NETWORK).unwrap().contains("10.251.0.201"));
-    let absent = h
-        .network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, host)
-        .unwrap_err();
-    assert_eq!(
-        (absent.kind, absent.code),
-        (ErrorKind::OperationInvalid, 55),
-        "{absent}"
-    );
+    let absent = h.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::Delete, host).unwrap_err();
+    assert_eq!((absent.kind, absent.code), (ErrorKind::OperationInvalid, 55), "{absent}");
     // The lease list is readable (empty or not, depending on other guests).
     timed("dhcp leases", || h.network_dhcp_leases(NETWORK)).unwrap();
 }
@@ -219,10 +167,7 @@ fn domain_define_start_twice_destroy_undefine() {
          <mac address='52:54:00:c0:ff:10'/><model type='virtio'/></interface>\
          <serial type='pty'/><console type='pty'/></devices></domain>"
     );
-    assert_eq!(
-        timed("domain_define", || h.domain_define(&xml)).unwrap(),
-        name
-    );
+    assert_eq!(timed("domain_define", || h.domain_define(&xml)).unwrap(), name);
     assert_eq!(h.domain_state(name).unwrap(), DomainState::Shutoff);
     h.domain_set_autostart(name, true).unwrap();
     assert!(h.domain_autostart(name).unwrap());
@@ -230,18 +175,11 @@ fn domain_define_start_twice_destroy_undefine() {
     timed("domain_start (TCG)", || h.domain_start(name)).unwrap();
     assert_eq!(h.domain_state(name).unwrap(), DomainState::Running);
     let twice = h.domain_start(name).unwrap_err();
-    assert_eq!(
-        (twice.kind, twice.code),
-        (ErrorKind::OperationInvalid, 55),
-        "{twice}"
-    );
+    assert_eq!((twice.kind, twice.code), (ErrorKind::OperationInvalid, 55), "{twice}");
 
     timed("domain_destroy", || h.domain_destroy(name)).unwrap();
     assert_eq!(h.domain_state(name).unwrap(), DomainState::Shutoff);
-    timed("domain_undefine", || {
-        h.domain_undefine(name, UndefineFlags::all())
-    })
-    .unwrap();
+    timed("domain_undefine", || h.domain_undefine(name, UndefineFlags::all())).unwrap();
     assert_eq!(h.domain_state(name).unwrap_err().kind, ErrorKind::NoDomain);
 }
 
@@ -264,15 +202,12 @@ impl SocketProxy {
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
-                let server =
-                    UnixStream::connect(&upstream).expect("connecting to the daemon socket");
+                let server = UnixStream::connect(&upstream).expect("connecting to the daemon socket");
                 let mut list = tracked.lock().unwrap();
                 list.push(client.try_clone().unwrap());
                 list.push(server.try_clone().unwrap());
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
                     std::thread::spawn(move || {
                         let _ = std::io::copy(&mut from, &mut to);
                         let _ = to.shutdown(std::net::Shutdown::Both);
@@ -298,9 +233,10 @@ impl SocketProxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_reported_lost_and_replaced() {
     let uri = uri();
-    let socket = uri.split("socket=").nth(1).unwrap_or_else(|| {
-        panic!("{uri} has no socket= parameter (the URI of `cargo xtask host up` has)")
-    });
+    let socket = uri
+        .split("socket=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{uri} has no socket= parameter (the URI of `cargo xtask host up` has)"));
     let proxy = SocketProxy::start(socket.split('&').next().unwrap().into());
     let connector = Arc::new(LibvirtConnector::new(KeepAlive::default()));
     let cache = Arc::new(Connections::new(connector.clone(), 4));
@@ -325,9 +261,5 @@ async fn a_cut_connection_is_reported_lost_and_replaced() {
         Err(e) => assert_eq!(e.kind, ErrorKind::ConnectionLost, "{e}"),
     }
     assert!(host.call(|h| h.network_is_active(NETWORK)).await.unwrap());
-    assert_eq!(
-        connector.connections_opened(),
-        2,
-        "the cache reconnected once"
-    );
+    assert_eq!(connector.connections_opened(), 2, "the cache reconnected once");
 }

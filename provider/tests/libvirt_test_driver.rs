@@ -14,8 +14,7 @@ use std::time::Duration;
 use capl::hypervisor::connections::{Connections, Connector, KeepAlive, LibvirtConnector};
 use capl::hypervisor::libvirt::LibvirtHypervisor;
 use capl::hypervisor::{
-    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
-    UndefineFlags,
+    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
 };
 
 const URI: &str = "test:///default";
@@ -51,9 +50,7 @@ fn connect_reports_uri_capabilities_and_liveness() {
 
 #[test]
 fn connect_to_a_bad_uri_names_the_uri() {
-    let err = LibvirtHypervisor::connect("bogus-driver:///nothing")
-        .err()
-        .expect("unknown driver fails");
+    let err = LibvirtHypervisor::connect("bogus-driver:///nothing").err().expect("unknown driver fails");
     assert!(err.message.contains("bogus-driver:///nothing"), "{err}");
     assert_ne!(err.code, 0);
 }
@@ -87,33 +84,21 @@ fn network_lifecycle_and_dhcp_hosts_live_and_inactive() {
 
     // Inactive, persistent network: the update goes to the config only.
     let host = "<host mac='52:54:00:aa:00:01' name='vm1' ip='10.77.1.10'/>";
-    h.network_update_dhcp_host(name, NetworkUpdateCommand::AddLast, host)
-        .unwrap();
+    h.network_update_dhcp_host(name, NetworkUpdateCommand::AddLast, host).unwrap();
     assert!(h.network_xml(name).unwrap().contains("10.77.1.10"));
 
     h.network_start(name).unwrap();
     assert!(h.network_is_active(name).unwrap());
-    assert!(
-        h.network_xml(name).unwrap().contains("10.77.1.10"),
-        "config survives start"
-    );
+    assert!(h.network_xml(name).unwrap().contains("10.77.1.10"), "config survives start");
     let host2 = "<host mac='52:54:00:aa:00:02' name='vm2' ip='10.77.1.11'/>";
-    h.network_update_dhcp_host(name, NetworkUpdateCommand::AddLast, host2)
-        .unwrap();
-    h.network_update_dhcp_host(name, NetworkUpdateCommand::Delete, host)
-        .unwrap();
+    h.network_update_dhcp_host(name, NetworkUpdateCommand::AddLast, host2).unwrap();
+    h.network_update_dhcp_host(name, NetworkUpdateCommand::Delete, host).unwrap();
     let xml = h.network_xml(name).unwrap();
-    assert!(
-        xml.contains("10.77.1.11") && !xml.contains("10.77.1.10"),
-        "{xml}"
-    );
+    assert!(xml.contains("10.77.1.11") && !xml.contains("10.77.1.10"), "{xml}");
 
     h.network_stop(name).unwrap();
     h.network_undefine(name).unwrap();
-    assert_eq!(
-        h.network_is_active(name).unwrap_err().kind,
-        ErrorKind::NoNetwork
-    );
+    assert_eq!(h.network_is_active(name).unwrap_err().kind, ErrorKind::NoNetwork);
 }
 
 #[test]
@@ -131,46 +116,22 @@ fn volume_create_read_back_duplicate_and_delete() {
          <target><format type='qcow2'/></target></volume>"
     );
     assert_eq!(h.volume_create("default-pool", &xml).unwrap(), vol);
-    assert!(
-        h.volume_list("default-pool")
-            .unwrap()
-            .contains(&vol.to_string())
-    );
-    assert!(
-        h.volume_xml("default-pool", vol)
-            .unwrap()
-            .contains(&format!("<name>{vol}</name>"))
-    );
+    assert!(h.volume_list("default-pool").unwrap().contains(&vol.to_string()));
+    assert!(h.volume_xml("default-pool", vol).unwrap().contains(&format!("<name>{vol}</name>")));
     let dup = h.volume_create("default-pool", &xml).unwrap_err();
     // test:/// says VIR_ERR_OPERATION_FAILED; a dir pool on libvirtd says
     // VIR_ERR_STORAGE_VOL_EXIST (see libvirt_real.rs).
-    assert_eq!(
-        (dup.kind, dup.code),
-        (ErrorKind::OperationFailed, 9),
-        "{dup}"
-    );
+    assert_eq!((dup.kind, dup.code), (ErrorKind::OperationFailed, 9), "{dup}");
     h.volume_delete("default-pool", vol).unwrap();
-    assert_eq!(
-        h.volume_xml("default-pool", vol).unwrap_err().kind,
-        ErrorKind::NoStorageVol
-    );
+    assert_eq!(h.volume_xml("default-pool", vol).unwrap_err().kind, ErrorKind::NoStorageVol);
 }
 
 #[test]
 fn test_driver_has_no_volume_streams() {
     let h = hv();
     let vol = "capl-td-stream.raw";
-    h.volume_create(
-        "default-pool",
-        &format!("<volume><name>{vol}</name><capacity>4096</capacity></volume>"),
-    )
-    .unwrap();
-    assert_eq!(
-        h.volume_upload("default-pool", vol, b"hello")
-            .unwrap_err()
-            .code,
-        3
-    );
+    h.volume_create("default-pool", &format!("<volume><name>{vol}</name><capacity>4096</capacity></volume>")).unwrap();
+    assert_eq!(h.volume_upload("default-pool", vol, b"hello").unwrap_err().code, 3);
     assert_eq!(h.volume_download("default-pool", vol).unwrap_err().code, 3);
     h.volume_delete("default-pool", vol).unwrap();
 }
@@ -179,9 +140,7 @@ fn test_driver_has_no_volume_streams() {
 fn pool_define_build_start_stop_undefine() {
     let h = hv();
     let name = "capl-td-pool1";
-    let xml = format!(
-        "<pool type='dir'><name>{name}</name><target><path>/capl-td-pool1</path></target></pool>"
-    );
+    let xml = format!("<pool type='dir'><name>{name}</name><target><path>/capl-td-pool1</path></target></pool>");
     assert_eq!(h.pool_define(&xml).unwrap(), name);
     assert!(!h.pool_is_active(name).unwrap());
     h.pool_build(name).unwrap();
@@ -190,10 +149,7 @@ fn pool_define_build_start_stop_undefine() {
     h.pool_refresh(name).unwrap();
     h.pool_stop(name).unwrap();
     h.pool_undefine(name).unwrap();
-    assert_eq!(
-        h.pool_is_active(name).unwrap_err().kind,
-        ErrorKind::NoStoragePool
-    );
+    assert_eq!(h.pool_is_active(name).unwrap_err().kind, ErrorKind::NoStoragePool);
 }
 
 #[test]
@@ -207,14 +163,8 @@ fn domain_define_start_twice_destroy_undefine() {
     assert_eq!(h.domain_state(name).unwrap(), DomainState::Shutoff);
 
     // Same name, another UUID: refused.
-    let clash = h
-        .domain_define(&domain_xml(name, "6f2c1b52-1d3a-4c36-9a44-3a7b0c1d0002"))
-        .unwrap_err();
-    assert_eq!(
-        (clash.kind, clash.code),
-        (ErrorKind::OperationFailed, 9),
-        "{clash}"
-    );
+    let clash = h.domain_define(&domain_xml(name, "6f2c1b52-1d3a-4c36-9a44-3a7b0c1d0002")).unwrap_err();
+    assert_eq!((clash.kind, clash.code), (ErrorKind::OperationFailed, 9), "{clash}");
     assert!(clash.message.contains("already exists"), "{clash}");
 
     assert!(!h.domain_autostart(name).unwrap());
@@ -231,23 +181,13 @@ fn domain_define_start_twice_destroy_undefine() {
 
     h.domain_destroy(name).unwrap();
     assert_eq!(h.domain_state(name).unwrap(), DomainState::Shutoff);
-    h.domain_undefine(
-        name,
-        UndefineFlags {
-            managed_save: true,
-            snapshots_metadata: true,
-            nvram: false,
-        },
-    )
-    .unwrap();
+    h.domain_undefine(name, UndefineFlags { managed_save: true, snapshots_metadata: true, nvram: false }).unwrap();
     assert_eq!(h.domain_state(name).unwrap_err().kind, ErrorKind::NoDomain);
 }
 
 #[test]
 fn malformed_xml_is_an_xml_error() {
-    let e = hv()
-        .domain_define("<domain type='test'><name>broken")
-        .unwrap_err();
+    let e = hv().domain_define("<domain type='test'><name>broken").unwrap_err();
     assert_eq!(e.kind, ErrorKind::XmlError, "{e}");
 }
 
@@ -258,31 +198,20 @@ async fn steady_state_calls_reuse_one_connection() {
     let connector = Arc::new(LibvirtConnector::new(KeepAlive::default()));
     let cache = Arc::new(Connections::new(connector.clone(), 4));
     let host = cache.host(URI);
-    assert_eq!(
-        connector.connections_opened(),
-        0,
-        "a handle opens nothing by itself"
-    );
+    assert_eq!(connector.connections_opened(), 0, "a handle opens nothing by itself");
     for _ in 0..5 {
         let state = host.call(|h| h.domain_state("test")).await.unwrap();
         assert_eq!(state, DomainState::Running);
     }
     // Another handle on the same URI shares the connection.
     let again = cache.host(URI);
-    again
-        .call(|h| h.network_is_active("default"))
-        .await
-        .unwrap();
+    again.call(|h| h.network_is_active("default")).await.unwrap();
     assert_eq!(connector.connections_opened(), 1);
     assert_eq!(cache.connections_opened(), 1);
 
     cache.invalidate(URI);
     host.call(|h| h.pool_list()).await.unwrap();
-    assert_eq!(
-        connector.connections_opened(),
-        2,
-        "an invalidated host reconnects on the next call"
-    );
+    assert_eq!(connector.connections_opened(), 2, "an invalidated host reconnects on the next call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,10 +219,7 @@ async fn not_found_errors_keep_the_connection() {
     let connector = Arc::new(LibvirtConnector::default());
     let cache = Arc::new(Connections::new(connector.clone(), 4));
     let host = cache.host(URI);
-    let e = host
-        .call(|h| h.domain_state("capl-td-missing"))
-        .await
-        .unwrap_err();
+    let e = host.call(|h| h.domain_state("capl-td-missing")).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::NoDomain);
     host.call(|h| h.domain_list()).await.unwrap();
     assert_eq!(connector.connections_opened(), 1);
@@ -324,10 +250,7 @@ async fn calls_per_host_are_bounded() {
         t.await.unwrap().unwrap();
     }
     let peak = peak.load(Ordering::SeqCst);
-    assert!(
-        (1..=2).contains(&peak),
-        "at most 2 calls at once on the host, saw {peak}"
-    );
+    assert!((1..=2).contains(&peak), "at most 2 calls at once on the host, saw {peak}");
 }
 
 /// A connection that delegates to test:///default until told to behave like
@@ -341,11 +264,7 @@ struct Flaky {
 impl Flaky {
     fn check(&self) -> Result<()> {
         if self.lost.swap(false, Ordering::SeqCst) {
-            return Err(HypervisorError::new(
-                ErrorKind::ConnectionLost,
-                39,
-                "client socket is closed",
-            ));
+            return Err(HypervisorError::new(ErrorKind::ConnectionLost, 39, "client socket is closed"));
         }
         Ok(())
     }
@@ -411,38 +330,19 @@ struct FlakyConnector {
 
 impl FlakyConnector {
     fn lose_next_call(&self) {
-        self.switches
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .0
-            .store(true, Ordering::SeqCst);
+        self.switches.lock().unwrap().as_ref().unwrap().0.store(true, Ordering::SeqCst);
     }
     fn kill(&self) {
-        self.switches
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .1
-            .store(true, Ordering::SeqCst);
+        self.switches.lock().unwrap().as_ref().unwrap().1.store(true, Ordering::SeqCst);
     }
 }
 
 impl Connector for FlakyConnector {
     fn connect(&self, uri: &str) -> Result<Arc<dyn Hypervisor>> {
-        let (lost, dead) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
+        let (lost, dead) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         *self.switches.lock().unwrap() = Some((lost.clone(), dead.clone()));
         self.opened.fetch_add(1, Ordering::SeqCst);
-        Ok(Arc::new(Flaky {
-            inner: LibvirtHypervisor::connect(uri)?,
-            lost,
-            dead,
-        }))
+        Ok(Arc::new(Flaky { inner: LibvirtHypervisor::connect(uri)?, lost, dead }))
     }
 }
 
@@ -456,25 +356,13 @@ async fn a_lost_connection_is_replaced_on_the_next_call() {
 
     connector.lose_next_call();
     let e = host.call(|h| h.domain_list()).await.unwrap_err();
-    assert_eq!(
-        e.kind,
-        ErrorKind::ConnectionLost,
-        "the error is returned, not retried"
-    );
+    assert_eq!(e.kind, ErrorKind::ConnectionLost, "the error is returned, not retried");
     host.call(|h| h.domain_list()).await.unwrap();
-    assert_eq!(
-        connector.opened.load(Ordering::SeqCst),
-        2,
-        "reconnected after ConnectionLost"
-    );
+    assert_eq!(connector.opened.load(Ordering::SeqCst), 2, "reconnected after ConnectionLost");
 
     connector.kill();
     host.call(|h| h.domain_list()).await.unwrap();
-    assert_eq!(
-        connector.opened.load(Ordering::SeqCst),
-        3,
-        "a connection that is not alive is replaced"
-    );
+    assert_eq!(connector.opened.load(Ordering::SeqCst), 3, "a connection that is not alive is replaced");
     host.call(|h| h.domain_list()).await.unwrap();
     assert_eq!(connector.opened.load(Ordering::SeqCst), 3);
 }

@@ -93,8 +93,12 @@ async fn a_second_replica_waits_for_the_lease_and_takes_over() {
     let kc = kubeconfig.clone();
     let first = tokio::task::spawn_blocking(move || {
         let m = Manager::start(&kc, &ns);
-        wait_for("the first manager's /healthz", Duration::from_secs(60), || get(m.health, "/healthz").is_some_and(|(c, _)| c == 200));
-        wait_for("the first manager to lead", Duration::from_secs(60), || get(m.health, "/readyz").is_some_and(|(c, _)| c == 200));
+        wait_for("the first manager's /healthz", Duration::from_secs(60), || {
+            get(m.health, "/healthz").is_some_and(|(c, _)| c == 200)
+        });
+        wait_for("the first manager to lead", Duration::from_secs(60), || {
+            get(m.health, "/readyz").is_some_and(|(c, _)| c == 200)
+        });
         m
     })
     .await
@@ -105,7 +109,9 @@ async fn a_second_replica_waits_for_the_lease_and_takes_over() {
     let kc = kubeconfig.clone();
     let second = tokio::task::spawn_blocking(move || {
         let m = Manager::start(&kc, &ns);
-        wait_for("the second manager's /healthz", Duration::from_secs(60), || get(m.health, "/healthz").is_some_and(|(c, _)| c == 200));
+        wait_for("the second manager's /healthz", Duration::from_secs(60), || {
+            get(m.health, "/healthz").is_some_and(|(c, _)| c == 200)
+        });
         std::thread::sleep(Duration::from_secs(3));
         assert_eq!(get(m.health, "/readyz").map(|(c, _)| c), Some(503), "only one replica leads");
         m
@@ -117,7 +123,9 @@ async fn a_second_replica_waits_for_the_lease_and_takes_over() {
     let status = tokio::task::spawn_blocking(move || {
         let mut first = first;
         first.terminate()
-    }).await.unwrap();
+    })
+    .await
+    .unwrap();
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
     tokio::task::spawn_blocking(move || {
         wait_for("the second manager to take over the lease", Duration::from_secs(90), || {

@@ -15,7 +15,10 @@ fn committed_manifests_match_the_code() {
     let root = repo_root();
     let mut stale = Vec::new();
     let mut files = manifests::config_files();
-    files.push(manifests::ManifestFile { path: "metadata.yaml".into(), documents: vec![manifests::clusterctl_metadata()] });
+    files.push(manifests::ManifestFile {
+        path: "metadata.yaml".into(),
+        documents: vec![manifests::clusterctl_metadata()],
+    });
     for file in files {
         let committed = std::fs::read_to_string(root.join(&file.path)).unwrap_or_default();
         if committed != file.to_yaml() {
@@ -151,7 +154,8 @@ fn release_has_the_shape_clusterctl_expects() {
         for doc in &docs {
             assert_eq!(
                 doc["metadata"]["labels"]["cluster.x-k8s.io/provider"], "infrastructure-libvirt",
-                "{artifact}: {} {} lacks the provider label", doc["kind"], doc["metadata"]["name"]
+                "{artifact}: {} {} lacks the provider label",
+                doc["kind"], doc["metadata"]["name"]
             );
         }
         let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();

@@ -8,9 +8,9 @@
 mod clusterctl_template;
 
 use clusterctl_template::{parse_documents, repo_root, substitute, template_files};
+use kube::Api;
 use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Scope, pinned_kind};
-use kube::Api;
 
 #[tokio::test]
 async fn every_template_object_is_accepted_by_the_api_server() {
@@ -102,7 +102,10 @@ async fn machine_templates_are_immutable_but_topology_dry_runs_pass() {
     let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
     env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
     let client = env.client();
-    let policy: Vec<_> = release_documents().into_iter().filter(|d| d["kind"].as_str().unwrap().starts_with("ValidatingAdmissionPolicy")).collect();
+    let policy: Vec<_> = release_documents()
+        .into_iter()
+        .filter(|d| d["kind"].as_str().unwrap().starts_with("ValidatingAdmissionPolicy"))
+        .collect();
     assert_eq!(policy.len(), 2);
     apply_documents(&client, &policy, false).await;
 
@@ -163,19 +166,23 @@ async fn the_api_server_enforces_our_schema() {
     };
 
     // Defaults come from the server, not from the client.
-    let raw: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
-        &namespace,
-        &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()),
-    );
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()));
     let created = raw
-        .create(&Default::default(), &serde_json::from_value(serde_json::json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
-            "metadata": {"name": "defaults"}, "spec": {"image": "base.qcow2"}
-        })).unwrap())
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+                "metadata": {"name": "defaults"}, "spec": {"image": "base.qcow2"}
+            }))
+            .unwrap(),
+        )
         .await
         .unwrap();
-    assert_eq!(created.data["spec"], serde_json::json!({"image": "base.qcow2", "vcpu": 1, "memoryMiB": 1024, "diskGiB": 20}));
+    assert_eq!(
+        created.data["spec"],
+        serde_json::json!({"image": "base.qcow2", "vcpu": 1, "memoryMiB": 1024, "diskGiB": 20})
+    );
 
     // Bounds and patterns.
     for (name, spec, field) in [
@@ -214,10 +221,18 @@ async fn the_api_server_enforces_our_schema() {
         }))
         .unwrap()
     };
-    let err = clusters.create(&Default::default(), &cluster("http", "https://lab/system", None)).await.unwrap_err().to_string();
+    let err = clusters
+        .create(&Default::default(), &cluster("http", "https://lab/system", None))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("spec.uri"), "{err}");
     let port = serde_json::json!({"host": "10.0.0.1", "port": 70000});
-    let err = clusters.create(&Default::default(), &cluster("port", "qemu:///system", Some(port))).await.unwrap_err().to_string();
+    let err = clusters
+        .create(&Default::default(), &cluster("port", "qemu:///system", Some(port)))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("spec.controlPlaneEndpoint.port"), "{err}");
     clusters.create(&Default::default(), &cluster("c", "qemu+tcp://lab/system", None)).await.unwrap();
     let err = clusters

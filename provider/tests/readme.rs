@@ -24,7 +24,9 @@ fn table_rows(header: &str) -> Vec<Vec<String>> {
 #[test]
 fn conditions_table_matches_the_constants() {
     let rows = table_rows("| Resource | Condition | Meaning |");
-    for (kind, constants) in [("LibvirtCluster", conditions::CLUSTER_CONDITIONS), ("LibvirtMachine", conditions::MACHINE_CONDITIONS)] {
+    for (kind, constants) in
+        [("LibvirtCluster", conditions::CLUSTER_CONDITIONS), ("LibvirtMachine", conditions::MACHINE_CONDITIONS)]
+    {
         let documented: BTreeSet<&str> = rows.iter().filter(|r| r[0] == kind).map(|r| r[1].as_str()).collect();
         let code: BTreeSet<&str> = constants.iter().copied().collect();
         assert_eq!(documented, code, "README conditions of {kind} differ from the code");
@@ -61,7 +63,14 @@ fn machine_failure_reasons_are_documented() {
     use capl::host::error::FailureReason::*;
     let rows = table_rows("| Resource | Condition | Meaning |");
     let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::DOMAIN_PROVISIONING_READY).unwrap();
-    for reason in [InfrastructureMissing, InfrastructureInactive, InfrastructureProvisioningFailed, InvalidMachineSpec, ObjectCollision, HostUnreachable] {
+    for reason in [
+        InfrastructureMissing,
+        InfrastructureInactive,
+        InfrastructureProvisioningFailed,
+        InvalidMachineSpec,
+        ObjectCollision,
+        HostUnreachable,
+    ] {
         assert!(row[2].contains(reason.as_str()), "README does not list reason {reason}");
     }
     for reason in [

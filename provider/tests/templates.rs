@@ -44,10 +44,8 @@ fn references(value: &Value, out: &mut Vec<(String, String)>) {
     match value {
         Value::Object(map) => {
             for (key, child) in map {
-                let is_ref = matches!(
-                    key.as_str(),
-                    "infrastructureRef" | "controlPlaneRef" | "configRef" | "templateRef"
-                );
+                let is_ref =
+                    matches!(key.as_str(), "infrastructureRef" | "controlPlaneRef" | "configRef" | "templateRef");
                 if is_ref && child["kind"].is_string() {
                     out.push((child["kind"].as_str().unwrap().into(), child["name"].as_str().unwrap().into()));
                 }
@@ -88,7 +86,11 @@ fn every_template_parses_and_its_references_resolve() {
             let mut refs = Vec::new();
             references(doc, &mut refs);
             for reference in refs {
-                assert!(defined.contains(&reference), "{origin}: {} refers to {reference:?}, which the file does not define", doc["kind"]);
+                assert!(
+                    defined.contains(&reference),
+                    "{origin}: {} refers to {reference:?}, which the file does not define",
+                    doc["kind"]
+                );
             }
         }
         assert!(namespaces.len() <= 1, "{origin}: one namespace at most, found {namespaces:?}");
@@ -107,12 +109,27 @@ fn clusterclass_files_carry_no_variables_and_flavors_use_the_standard_ones() {
             assert!(names.is_empty(), "{origin} must not use clusterctl variables: {names:?}");
         }
         if origin.starts_with("cluster-template") {
-            for standard in ["CLUSTER_NAME", "NAMESPACE", "KUBERNETES_VERSION", "CONTROL_PLANE_MACHINE_COUNT", "WORKER_MACHINE_COUNT"] {
+            for standard in [
+                "CLUSTER_NAME",
+                "NAMESPACE",
+                "KUBERNETES_VERSION",
+                "CONTROL_PLANE_MACHINE_COUNT",
+                "WORKER_MACHINE_COUNT",
+            ] {
                 assert!(names.contains(standard), "{origin} does not use ${{{standard}}}");
             }
             for name in &names {
-                let standard = ["CLUSTER_NAME", "NAMESPACE", "KUBERNETES_VERSION", "CONTROL_PLANE_MACHINE_COUNT", "WORKER_MACHINE_COUNT"];
-                assert!(standard.contains(&name.as_str()) || name.starts_with("CAPL_"), "{origin}: ${{{name}}} is neither standard nor CAPL_-prefixed");
+                let standard = [
+                    "CLUSTER_NAME",
+                    "NAMESPACE",
+                    "KUBERNETES_VERSION",
+                    "CONTROL_PLANE_MACHINE_COUNT",
+                    "WORKER_MACHINE_COUNT",
+                ];
+                assert!(
+                    standard.contains(&name.as_str()) || name.starts_with("CAPL_"),
+                    "{origin}: ${{{name}}} is neither standard nor CAPL_-prefixed"
+                );
             }
         }
     }
@@ -124,7 +141,11 @@ fn every_template_variable_is_documented() {
     for path in template_files() {
         let (_, names) = substitute(&std::fs::read_to_string(&path).unwrap());
         for name in names {
-            assert!(doc.contains(&format!("| `{name}` |")), "${{{name}}} of {} is not in templates/README.md", path.display());
+            assert!(
+                doc.contains(&format!("| `{name}` |")),
+                "${{{name}}} of {} is not in templates/README.md",
+                path.display()
+            );
         }
     }
 }
@@ -136,7 +157,12 @@ fn kubeadm_configs_set_the_provider_id_the_provider_uses() {
         if text.contains("kubeletExtraArgs") {
             assert!(text.contains("value: \"libvirt://{{ ds.meta_data.instance_id }}\""), "{}", path.display());
             let occurrences = text.matches("kubeletExtraArgs").count();
-            assert_eq!(text.matches("name: provider-id").count(), occurrences, "{}: every kubeletExtraArgs sets provider-id", path.display());
+            assert_eq!(
+                text.matches("name: provider-id").count(),
+                occurrences,
+                "{}: every kubeletExtraArgs sets provider-id",
+                path.display()
+            );
         }
     }
 }
@@ -148,7 +174,9 @@ fn readme_yaml_blocks() -> Vec<String> {
     let mut current: Option<String> = None;
     for line in readme.lines() {
         match (&mut current, line.trim_start().starts_with("```")) {
-            (None, true) if line.trim_start().trim_start_matches('`').starts_with("yaml") => current = Some(String::new()),
+            (None, true) if line.trim_start().trim_start_matches('`').starts_with("yaml") => {
+                current = Some(String::new())
+            }
             (Some(block), true) => {
                 blocks.push(std::mem::take(block));
                 current = None;
@@ -181,7 +209,8 @@ fn readme_examples_parse_into_our_types() {
 
 #[test]
 fn the_example_machine_uses_the_readme_defaults() {
-    let (text, _) = substitute(&std::fs::read_to_string(repo_root().join("templates/example-single-machine.yaml")).unwrap());
+    let (text, _) =
+        substitute(&std::fs::read_to_string(repo_root().join("templates/example-single-machine.yaml")).unwrap());
     let docs = parse_documents(&text);
     let machine: LibvirtMachine =
         serde_json::from_value(docs.iter().find(|d| d["kind"] == "LibvirtMachine").unwrap().clone()).unwrap();

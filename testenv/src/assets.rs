@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::control_plane_versions::{
-    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN,
-    KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
+    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
+    KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
 };
 
 /// The command that builds every asset.
@@ -56,10 +56,7 @@ impl Assets {
 
     /// `kubectl`, when present next to kube-apiserver or in the control-plane directory.
     pub fn kubectl(&self) -> Option<PathBuf> {
-        [&self.binaries_dir, &self.control_plane_dir]
-            .into_iter()
-            .map(|dir| dir.join(KUBECTL_BIN))
-            .find(|p| p.is_file())
+        [&self.binaries_dir, &self.control_plane_dir].into_iter().map(|dir| dir.join(KUBECTL_BIN)).find(|p| p.is_file())
     }
 
     pub fn capi_manager(&self) -> Result<PathBuf> {
@@ -70,17 +67,10 @@ impl Assets {
         self.required_in_control_plane_dir(CAPI_CRDS_DIR, Path::is_dir)
     }
 
-    fn required_in_control_plane_dir(
-        &self,
-        name: &str,
-        exists: fn(&Path) -> bool,
-    ) -> Result<PathBuf> {
+    fn required_in_control_plane_dir(&self, name: &str, exists: fn(&Path) -> bool) -> Result<PathBuf> {
         let path = self.control_plane_dir.join(name);
         if !exists(&path) {
-            bail!(
-                "the CAPI part of the local control plane is missing: no {} ; run `{BUILD_COMMAND}`",
-                path.display()
-            );
+            bail!("the CAPI part of the local control plane is missing: no {} ; run `{BUILD_COMMAND}`", path.display());
         }
         Ok(path)
     }
@@ -92,8 +82,7 @@ mod tests {
 
     #[test]
     fn missing_control_plane_names_the_build_command() {
-        let empty =
-            std::env::temp_dir().join(format!("capl-testenv-no-assets-{}", std::process::id()));
+        let empty = std::env::temp_dir().join(format!("capl-testenv-no-assets-{}", std::process::id()));
         // SAFETY: the only test of this binary that touches the environment.
         unsafe {
             std::env::remove_var(KUBEBUILDER_ASSETS_ENV);

@@ -34,13 +34,9 @@ impl CapiManager {
     pub(crate) async fn start(env: &TestEnv) -> Result<Self> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let binary = env.assets().capi_manager()?;
-        let dir = env.scratch_dir().join(format!(
-            "capi-manager-{}",
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = env.scratch_dir().join(format!("capi-manager-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let cert_dir = dir.join("webhook-certs");
-        std::fs::create_dir_all(&cert_dir)
-            .with_context(|| format!("creating {}", cert_dir.display()))?;
+        std::fs::create_dir_all(&cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
         let pki = Pki::new_ca("capi-webhook-ca")?;
         let (cert, key) = pki.serving_cert("capi-webhook")?;
         std::fs::write(cert_dir.join("tls.crt"), cert)?;
@@ -62,11 +58,7 @@ impl CapiManager {
             &[("KUBECONFIG", env.kubeconfig_path())],
             &dir.join("capi-manager.log"),
         )?;
-        let manager = Self {
-            process,
-            health_port,
-            dir,
-        };
+        let manager = Self { process, health_port, dir };
         manager.wait_ready().await?;
         Ok(manager)
     }
@@ -107,9 +99,7 @@ impl CapiManager {
 /// The status code of a plain-HTTP `GET` on 127.0.0.1 (the manager's probe endpoint).
 async fn http_get_status(port: u16, path: &str) -> Result<u16> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let response = String::from_utf8_lossy(&response);

@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 
 /// The files written by [`Pki::generate`], all PEM.
@@ -31,19 +30,11 @@ impl Pki {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.distinguished_name.push(DnType::CommonName, common_name);
         let cert = params.self_signed(&key)?;
-        Ok(Self {
-            ca_pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        })
+        Ok(Self { ca_pem: cert.pem(), issuer: Issuer::new(params, key) })
     }
 
     pub fn ca_pem(&self) -> &str {
@@ -53,15 +44,9 @@ impl Pki {
     /// A serving certificate for `localhost` and `127.0.0.1`: `(cert_pem, key_pem)`.
     pub fn serving_cert(&self, common_name: &str) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
+        let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -72,13 +57,8 @@ impl Pki {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(DnType::CommonName, user);
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, group);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
+        params.distinguished_name.push(DnType::OrganizationName, group);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -107,10 +87,7 @@ impl Pki {
             (&files.admin_cert, admin_cert),
             (&files.admin_key, admin_key),
             (&files.service_account_key, service_account.serialize_pem()),
-            (
-                &files.service_account_public_key,
-                service_account.public_key_pem(),
-            ),
+            (&files.service_account_public_key, service_account.public_key_pem()),
         ] {
             std::fs::write(path, pem).with_context(|| format!("writing {}", path.display()))?;
         }

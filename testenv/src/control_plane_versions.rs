@@ -54,10 +54,7 @@ pub fn control_plane_dir() -> Result<PathBuf, String> {
             }
         },
     };
-    Ok(cache
-        .join("cluster-api-provider-libvirt")
-        .join("control-plane")
-        .join(version_key()))
+    Ok(cache.join("cluster-api-provider-libvirt").join("control-plane").join(version_key()))
 }
 
 /// `$KUBEBUILDER_ASSETS` when it is set and holds both `kube-apiserver` and `etcd`.

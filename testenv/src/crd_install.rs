@@ -37,18 +37,12 @@ pub fn parse_crds(yaml: &str, origin: &str) -> Result<Vec<CustomResourceDefiniti
         if value.is_null() {
             continue;
         }
-        let kind = value
-            .get("kind")
-            .and_then(serde_yaml::Value::as_str)
-            .unwrap_or("<none>");
+        let kind = value.get("kind").and_then(serde_yaml::Value::as_str).unwrap_or("<none>");
         if kind != "CustomResourceDefinition" {
-            bail!(
-                "document {index} of {origin} has kind {kind:?}, expected CustomResourceDefinition"
-            );
+            bail!("document {index} of {origin} has kind {kind:?}, expected CustomResourceDefinition");
         }
-        let crd: CustomResourceDefinition = serde_yaml::from_value(value).with_context(|| {
-            format!("document {index} of {origin} is not a valid apiextensions.k8s.io/v1 CRD")
-        })?;
+        let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+            .with_context(|| format!("document {index} of {origin} is not a valid apiextensions.k8s.io/v1 CRD"))?;
         crds.push(crd);
     }
     if crds.is_empty() {
@@ -63,21 +57,14 @@ pub fn read_crd_dir(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
         .with_context(|| format!("listing CRD files in {}", dir.display()))?
         .map(|entry| entry.map(|entry| entry.path()))
         .collect::<std::io::Result<_>>()?;
-    files.retain(|path| {
-        path.extension()
-            .is_some_and(|ext| ext == "yaml" || ext == "yml")
-    });
+    files.retain(|path| path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"));
     files.sort();
     if files.is_empty() {
-        bail!(
-            "no *.yaml file in {}: expected CRD manifests there",
-            dir.display()
-        );
+        bail!("no *.yaml file in {}: expected CRD manifests there", dir.display());
     }
     let mut crds = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
         crds.extend(parse_crds(&text, &file.display().to_string())?);
     }
     Ok(crds)
@@ -92,35 +79,22 @@ pub async fn install(
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
     for mut crd in crds {
-        let name = crd
-            .metadata
-            .name
-            .clone()
-            .context("a CRD without metadata.name cannot be installed")?;
+        let name = crd.metadata.name.clone().context("a CRD without metadata.name cannot be installed")?;
         crd.status = None;
         crd.metadata.creation_timestamp = None;
         if conversion == Conversion::StripWebhook {
-            crd.spec.conversion = Some(CustomResourceConversion {
-                strategy: "None".to_owned(),
-                webhook: None,
-            });
+            crd.spec.conversion = Some(CustomResourceConversion { strategy: "None".to_owned(), webhook: None });
         }
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("the API server rejected CRD {name}"))?;
+        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("the API server rejected CRD {name}"))?;
         names.push(name);
     }
     for name in &names {
         let established = await_condition(api.clone(), name, conditions::is_crd_established());
         tokio::time::timeout(ESTABLISHED_TIMEOUT, established)
             .await
-            .with_context(|| {
-                format!("CRD {name} was not Established within {ESTABLISHED_TIMEOUT:?}")
-            })?
+            .with_context(|| format!("CRD {name} was not Established within {ESTABLISHED_TIMEOUT:?}"))?
             .with_context(|| format!("watching CRD {name} for the Established condition"))?;
     }
     Ok(names)

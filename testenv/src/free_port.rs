@@ -9,8 +9,8 @@ pub fn free_loopback_ports<const N: usize>() -> Result<[u16; N]> {
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0; N];
     for port in &mut ports {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-            .context("binding 127.0.0.1:0 to find a free port")?;
+        let listener =
+            std::net::TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0 to find a free port")?;
         *port = listener.local_addr()?.port();
         listeners.push(listener);
     }

@@ -112,8 +112,7 @@ impl TestEnv {
                 env
             })
             .await;
-        env.as_ref()
-            .map_err(|err| anyhow!("the shared test control plane did not start: {err}"))
+        env.as_ref().map_err(|err| anyhow!("the shared test control plane did not start: {err}"))
     }
 
     /// Starts a private etcd and kube-apiserver on free loopback ports and waits until the
@@ -123,8 +122,7 @@ impl TestEnv {
         let assets = Assets::locate()?;
         let scratch = ScratchDir::create()?;
         let dir = scratch.path().to_owned();
-        let pki =
-            Pki::generate(&dir).context("generating the test control plane's certificates")?;
+        let pki = Pki::generate(&dir).context("generating the test control plane's certificates")?;
         let [etcd_client_port, etcd_peer_port, apiserver_port] = free_loopback_ports()?;
 
         let etcd_client_url = format!("http://127.0.0.1:{etcd_client_port}");
@@ -141,8 +139,7 @@ impl TestEnv {
             "--unsafe-no-fsync=true".to_owned(),
             "--log-level=warn".to_owned(),
         ];
-        let etcd =
-            SupervisedProcess::start("etcd", &assets.etcd, &etcd_args, &[], &dir.join("etcd.log"))?;
+        let etcd = SupervisedProcess::start("etcd", &assets.etcd, &etcd_args, &[], &dir.join("etcd.log"))?;
         wait_for_tcp(&etcd, etcd_client_port, ETCD_READY_TIMEOUT).await?;
 
         let server_url = format!("https://127.0.0.1:{apiserver_port}");
@@ -157,14 +154,8 @@ impl TestEnv {
             format!("--tls-private-key-file={}", path(&pki.serving_key)),
             format!("--client-ca-file={}", path(&pki.ca_cert)),
             format!("--service-account-issuer={server_url}"),
-            format!(
-                "--service-account-key-file={}",
-                path(&pki.service_account_public_key)
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                path(&pki.service_account_key)
-            ),
+            format!("--service-account-key-file={}", path(&pki.service_account_public_key)),
+            format!("--service-account-signing-key-file={}", path(&pki.service_account_key)),
             format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
             "--authorization-mode=RBAC".to_owned(),
             "--allow-privileged=true".to_owned(),
@@ -201,31 +192,15 @@ impl TestEnv {
         // JSON is YAML: kubectl, client-go and kube-rs all read this file.
         std::fs::write(&kubeconfig_path, serde_json::to_vec_pretty(&kubeconfig)?)
             .with_context(|| format!("writing {}", kubeconfig_path.display()))?;
-        let config = Config::from_custom_kubeconfig(
-            Kubeconfig::read_from(&kubeconfig_path)?,
-            &KubeConfigOptions::default(),
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "loading the generated kubeconfig {}",
-                kubeconfig_path.display()
-            )
-        })?;
+        let config =
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(&kubeconfig_path)?, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading the generated kubeconfig {}", kubeconfig_path.display()))?;
         wait_for_readyz(&config, &apiserver, &etcd, APISERVER_READY_TIMEOUT).await?;
 
         let startup_time = started.elapsed();
         tracing::info!(?startup_time, %server_url, dir = %dir.display(), "test control plane ready");
-        Ok(Self {
-            assets,
-            apiserver,
-            etcd,
-            kubeconfig_path,
-            config,
-            server_url,
-            startup_time,
-            scratch,
-        })
+        Ok(Self { assets, apiserver, etcd, kubeconfig_path, config, server_url, startup_time, scratch })
     }
 
     /// A client with cluster-admin rights (group `system:masters`), bound to the calling
@@ -274,12 +249,7 @@ impl TestEnv {
     /// Installs every CRD of a YAML text (several documents allowed) as written, and waits
     /// until each is Established. Returns the CRD names.
     pub async fn install_crd_yaml(&self, yaml: &str) -> Result<Vec<String>> {
-        crd_install::install(
-            &self.client(),
-            parse_crds(yaml, "the given CRD YAML")?,
-            Conversion::AsWritten,
-        )
-        .await
+        crd_install::install(&self.client(), parse_crds(yaml, "the given CRD YAML")?, Conversion::AsWritten).await
     }
 
     /// Installs every CRD of every `*.yaml`/`*.yml` file in `dir` as written (for the
@@ -292,21 +262,13 @@ impl TestEnv {
     /// conversion webhooks replaced by `strategy: None`: only v1beta2 is used here.
     pub async fn install_capi_crds(&self) -> Result<Vec<String>> {
         let dir = self.assets.capi_crds_dir()?;
-        crd_install::install(
-            &self.client(),
-            read_crd_dir(&dir)?,
-            Conversion::StripWebhook,
-        )
-        .await
+        crd_install::install(&self.client(), read_crd_dir(&dir)?, Conversion::StripWebhook).await
     }
 
     /// Creates namespace `name`; fails if it exists.
     pub async fn create_namespace(&self, name: &str) -> Result<()> {
         let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                ..Default::default()
-            },
+            metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
             ..Default::default()
         };
         Api::<Namespace>::all(self.client())
@@ -319,15 +281,9 @@ impl TestEnv {
     /// Creates and returns a namespace `<prefix>-<pid>-<n>` that no other test uses.
     pub async fn unique_namespace(&self, prefix: &str) -> Result<String> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "{prefix}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         if name.len() > 63 {
-            bail!(
-                "namespace name {name:?} is longer than 63 characters: use a shorter prefix than {prefix:?}"
-            );
+            bail!("namespace name {name:?} is longer than 63 characters: use a shorter prefix than {prefix:?}");
         }
         self.create_namespace(&name).await?;
         Ok(name)
@@ -359,10 +315,7 @@ async fn wait_for_tcp(process: &SupervisedProcess, port: u16, timeout: Duration)
     let deadline = Instant::now() + timeout;
     loop {
         process.ensure_running()?;
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -383,8 +336,7 @@ async fn wait_for_readyz(
     etcd: &SupervisedProcess,
     timeout: Duration,
 ) -> Result<()> {
-    let client = Client::try_from(config.clone())
-        .context("building a kube client from the generated kubeconfig")?;
+    let client = Client::try_from(config.clone()).context("building a kube client from the generated kubeconfig")?;
     let deadline = Instant::now() + timeout;
     loop {
         etcd.ensure_running()?;

@@ -19,14 +19,9 @@ impl ScratchDir {
         let root = std::env::temp_dir().join("capl-testenv");
         std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         remove_dirs_of_dead_processes(&root);
-        let path = root.join(format!(
-            "{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = root.join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
         if path.exists() {
-            std::fs::remove_dir_all(&path)
-                .with_context(|| format!("removing the stale {}", path.display()))?;
+            std::fs::remove_dir_all(&path).with_context(|| format!("removing the stale {}", path.display()))?;
         }
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(Self { path })
@@ -54,10 +49,7 @@ fn remove_dirs_of_dead_processes(root: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|name| name.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
+        let Some(pid) = name.to_str().and_then(|name| name.split('-').next()).and_then(|pid| pid.parse::<i32>().ok())
         else {
             continue;
         };

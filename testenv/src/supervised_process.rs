@@ -28,21 +28,11 @@ pub struct SupervisedProcess {
 
 impl SupervisedProcess {
     /// Starts `program args...` with output appended to `log`.
-    pub fn start(
-        name: &str,
-        program: &Path,
-        args: &[String],
-        envs: &[(&str, &Path)],
-        log: &Path,
-    ) -> Result<Self> {
-        let log_file = File::create(log)
-            .with_context(|| format!("creating the log file {} of {name}", log.display()))?;
+    pub fn start(name: &str, program: &Path, args: &[String], envs: &[(&str, &Path)], log: &Path) -> Result<Self> {
+        let log_file =
+            File::create(log).with_context(|| format!("creating the log file {} of {name}", log.display()))?;
         let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file);
+        command.args(args).stdin(Stdio::null()).stdout(log_file.try_clone()?).stderr(log_file);
         for (key, value) in envs {
             command.env(key, value);
         }
@@ -56,20 +46,14 @@ impl SupervisedProcess {
                 }
                 // The parent may have died before prctl took effect.
                 if libc::getppid() as u32 != parent {
-                    return Err(io::Error::other(
-                        "the test process exited while starting the child",
-                    ));
+                    return Err(io::Error::other("the test process exited while starting the child"));
                 }
                 Ok(())
             });
         }
         let child = spawn_from_long_lived_thread(command)
             .with_context(|| format!("starting {name} ({})", program.display()))?;
-        Ok(Self {
-            name: name.to_owned(),
-            child: Mutex::new(child),
-            log: log.to_owned(),
-        })
+        Ok(Self { name: name.to_owned(), child: Mutex::new(child), log: log.to_owned() })
     }
 
     /// `Some(status)` once the process has exited.
@@ -119,9 +103,7 @@ impl SupervisedProcess {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Child> {
-        self.child
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.child.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -151,7 +133,5 @@ fn spawn_from_long_lived_thread(command: Command) -> io::Result<Child> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .send((command, reply))
         .map_err(|_| io::Error::other("the testenv spawner thread is gone"))?;
-    result
-        .recv()
-        .map_err(|_| io::Error::other("the testenv spawner thread is gone"))?
+    result.recv().map_err(|_| io::Error::other("the testenv spawner thread is gone"))?
 }

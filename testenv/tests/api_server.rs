@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 use serde_json::json;
@@ -69,10 +67,7 @@ fn project_crd_dir() -> PathBuf {
 async fn install_project_crds(env: &TestEnv) -> Result<Vec<String>> {
     let dir = project_crd_dir();
     if !dir.is_dir() {
-        bail!(
-            "{} does not exist: generate the project's CRDs with `cargo xtask manifests`",
-            dir.display()
-        );
+        bail!("{} does not exist: generate the project's CRDs with `cargo xtask manifests`", dir.display());
     }
     env.install_crds_from_dir(&dir).await
 }
@@ -82,10 +77,7 @@ async fn widgets(env: &TestEnv) -> Result<(Api<DynamicObject>, String)> {
     let namespace = env.unique_namespace("widgets").await?;
     let gvk = GroupVersionKind::gvk("testenv.capl.dev", "v1alpha1", "Widget");
     let resource = ApiResource::from_gvk_with_plural(&gvk, "widgets");
-    Ok((
-        Api::namespaced_with(env.client(), &namespace, &resource),
-        namespace,
-    ))
+    Ok((Api::namespaced_with(env.client(), &namespace, &resource), namespace))
 }
 
 fn widget(name: &str, spec: serde_json::Value) -> DynamicObject {
@@ -111,21 +103,13 @@ async fn crd_is_accepted_and_its_schema_enforced() -> Result<()> {
     let env = TestEnv::shared().await?;
     let (api, _) = widgets(env).await?;
     let status = api_error(
-        api.create(
-            &PostParams::default(),
-            &widget("no-uuid", json!({"replicas": 1})),
-        )
-        .await,
+        api.create(&PostParams::default(), &widget("no-uuid", json!({"replicas": 1}))).await,
         "a Widget without the required spec.uuid",
     );
     assert_eq!(status.code, 422, "{status:?}");
     assert!(status.message.contains("spec.uuid"), "{status:?}");
     let status = api_error(
-        api.create(
-            &PostParams::default(),
-            &widget("negative", json!({"uuid": "u", "replicas": -1})),
-        )
-        .await,
+        api.create(&PostParams::default(), &widget("negative", json!({"uuid": "u", "replicas": -1}))).await,
         "a Widget with replicas below the minimum",
     );
     assert_eq!(status.code, 422, "{status:?}");
@@ -136,20 +120,11 @@ async fn crd_is_accepted_and_its_schema_enforced() -> Result<()> {
 async fn cel_immutability_rule_rejects_a_change() -> Result<()> {
     let env = TestEnv::shared().await?;
     let (api, _) = widgets(env).await?;
-    api.create(
-        &PostParams::default(),
-        &widget("immutable", json!({"uuid": "first", "replicas": 1})),
-    )
-    .await?;
+    api.create(&PostParams::default(), &widget("immutable", json!({"uuid": "first", "replicas": 1}))).await?;
 
     let change_uuid = json!({"spec": {"uuid": "second"}});
     let status = api_error(
-        api.patch(
-            "immutable",
-            &PatchParams::default(),
-            &Patch::Merge(&change_uuid),
-        )
-        .await,
+        api.patch("immutable", &PatchParams::default(), &Patch::Merge(&change_uuid)).await,
         "changing the immutable spec.uuid",
     );
     assert_eq!(status.code, 422, "{status:?}");
@@ -157,17 +132,8 @@ async fn cel_immutability_rule_rejects_a_change() -> Result<()> {
 
     // Other fields stay mutable, and the rejected change left uuid untouched.
     let change_replicas = json!({"spec": {"replicas": 3}});
-    let patched = api
-        .patch(
-            "immutable",
-            &PatchParams::default(),
-            &Patch::Merge(&change_replicas),
-        )
-        .await?;
-    assert_eq!(
-        patched.data["spec"],
-        json!({"uuid": "first", "replicas": 3})
-    );
+    let patched = api.patch("immutable", &PatchParams::default(), &Patch::Merge(&change_replicas)).await?;
+    assert_eq!(patched.data["spec"], json!({"uuid": "first", "replicas": 3}));
     Ok(())
 }
 
@@ -178,34 +144,14 @@ async fn status_changes_only_through_the_status_subresource() -> Result<()> {
     let mut created = widget("status", json!({"uuid": "u"}));
     created.data["status"] = json!({"ready": true});
     let created = api.create(&PostParams::default(), &created).await?;
-    assert_eq!(
-        created.data.get("status"),
-        None,
-        "status given at create must be dropped: {created:?}"
-    );
+    assert_eq!(created.data.get("status"), None, "status given at create must be dropped: {created:?}");
 
     let through_main = json!({"status": {"ready": true}});
-    let after_main = api
-        .patch(
-            "status",
-            &PatchParams::default(),
-            &Patch::Merge(&through_main),
-        )
-        .await?;
-    assert_eq!(
-        after_main.data.get("status"),
-        None,
-        "status patched through the main resource must be ignored"
-    );
+    let after_main = api.patch("status", &PatchParams::default(), &Patch::Merge(&through_main)).await?;
+    assert_eq!(after_main.data.get("status"), None, "status patched through the main resource must be ignored");
     assert_eq!(api.get("status").await?.data.get("status"), None);
 
-    let after_status = api
-        .patch_status(
-            "status",
-            &PatchParams::default(),
-            &Patch::Merge(&through_main),
-        )
-        .await?;
+    let after_status = api.patch_status("status", &PatchParams::default(), &Patch::Merge(&through_main)).await?;
     assert_eq!(after_status.data["status"], json!({"ready": true}));
     let stored = api.get("status").await?;
     assert_eq!(stored.data["status"], json!({"ready": true}));
@@ -221,35 +167,18 @@ async fn object_with_finalizer_stays_until_the_finalizer_is_removed() -> Result<
     let mut object = widget("finalized", json!({"uuid": "u"}));
     object.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
     let created = api.create(&PostParams::default(), &object).await?;
-    let uid = created
-        .metadata
-        .uid
-        .clone()
-        .context("a created object has a uid")?;
+    let uid = created.metadata.uid.clone().context("a created object has a uid")?;
 
     api.delete("finalized", &DeleteParams::default()).await?;
-    let terminating = api
-        .get("finalized")
-        .await
-        .context("the object must still exist after delete")?;
-    assert!(
-        terminating.metadata.deletion_timestamp.is_some(),
-        "{terminating:?}"
-    );
-    assert_eq!(
-        terminating.metadata.finalizers.as_deref(),
-        Some(&[FINALIZER.to_owned()][..])
-    );
+    let terminating = api.get("finalized").await.context("the object must still exist after delete")?;
+    assert!(terminating.metadata.deletion_timestamp.is_some(), "{terminating:?}");
+    assert_eq!(terminating.metadata.finalizers.as_deref(), Some(&[FINALIZER.to_owned()][..]));
 
     let remove = json!({"metadata": {"finalizers": null}});
-    api.patch("finalized", &PatchParams::default(), &Patch::Merge(&remove))
-        .await?;
-    tokio::time::timeout(
-        WAIT,
-        await_condition(api.clone(), "finalized", conditions::is_deleted(&uid)),
-    )
-    .await
-    .context("the object was not deleted after its finalizer was removed")??;
+    api.patch("finalized", &PatchParams::default(), &Patch::Merge(&remove)).await?;
+    tokio::time::timeout(WAIT, await_condition(api.clone(), "finalized", conditions::is_deleted(&uid)))
+        .await
+        .context("the object was not deleted after its finalizer was removed")??;
     assert!(api.get_opt("finalized").await?.is_none());
     Ok(())
 }
@@ -269,14 +198,8 @@ async fn crds_install_from_a_directory() -> Result<()> {
 #[tokio::test]
 async fn invalid_crd_yaml_is_reported_with_its_kind() -> Result<()> {
     let env = TestEnv::shared().await?;
-    let error = env
-        .install_crd_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
-        .await
-        .unwrap_err();
-    assert!(
-        format!("{error:#}").contains("has kind \"ConfigMap\""),
-        "{error:#}"
-    );
+    let error = env.install_crd_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n").await.unwrap_err();
+    assert!(format!("{error:#}").contains("has kind \"ConfigMap\""), "{error:#}");
     Ok(())
 }
 
@@ -301,11 +224,7 @@ async fn project_crds_are_accepted() -> Result<()> {
 
 fn capi_cluster_api(client: Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
-    Api::namespaced_with(
-        client,
-        namespace,
-        &ApiResource::from_gvk_with_plural(&gvk, "clusters"),
-    )
+    Api::namespaced_with(client, namespace, &ApiResource::from_gvk_with_plural(&gvk, "clusters"))
 }
 
 fn capi_cluster(name: &str) -> DynamicObject {
@@ -322,27 +241,13 @@ fn capi_cluster(name: &str) -> DynamicObject {
 async fn capi_crds_install_and_accept_a_v1beta2_cluster() -> Result<()> {
     let env = TestEnv::shared().await?;
     let installed = env.install_capi_crds().await?;
-    assert!(
-        installed.contains(&"clusters.cluster.x-k8s.io".to_owned()),
-        "{installed:?}"
-    );
-    assert!(
-        installed.contains(&"machines.cluster.x-k8s.io".to_owned()),
-        "{installed:?}"
-    );
+    assert!(installed.contains(&"clusters.cluster.x-k8s.io".to_owned()), "{installed:?}");
+    assert!(installed.contains(&"machines.cluster.x-k8s.io".to_owned()), "{installed:?}");
 
     let namespace = env.unique_namespace("capi").await?;
     let clusters = capi_cluster_api(env.client(), &namespace);
-    let created = clusters
-        .create(&PostParams::default(), &capi_cluster("demo"))
-        .await?;
-    assert_eq!(
-        created.types.as_ref().map(|t| t.api_version.as_str()),
-        Some("cluster.x-k8s.io/v1beta2")
-    );
-    assert_eq!(
-        created.data["spec"]["clusterNetwork"]["pods"]["cidrBlocks"],
-        json!(["192.168.0.0/16"])
-    );
+    let created = clusters.create(&PostParams::default(), &capi_cluster("demo")).await?;
+    assert_eq!(created.types.as_ref().map(|t| t.api_version.as_str()), Some("cluster.x-k8s.io/v1beta2"));
+    assert_eq!(created.data["spec"]["clusterNetwork"]["pods"]["cidrBlocks"], json!(["192.168.0.0/16"]));
     Ok(())
 }

@@ -21,11 +21,8 @@ async fn capi_manager_reconciles_a_v1beta2_cluster() -> Result<()> {
     let manager = env.start_capi_manager().await?;
     let namespace = env.unique_namespace("capi-manager").await?;
     let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
-        &namespace,
-        &ApiResource::from_gvk_with_plural(&gvk, "clusters"),
-    );
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), &namespace, &ApiResource::from_gvk_with_plural(&gvk, "clusters"));
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Cluster",
@@ -36,12 +33,7 @@ async fn capi_manager_reconciles_a_v1beta2_cluster() -> Result<()> {
 
     let reconciled = |object: Option<&DynamicObject>| {
         object.is_some_and(|cluster| {
-            let has_finalizer = cluster
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == CLUSTER_FINALIZER);
+            let has_finalizer = cluster.metadata.finalizers.iter().flatten().any(|f| f == CLUSTER_FINALIZER);
             has_finalizer && cluster.data["status"]["phase"].is_string()
         })
     };
@@ -56,10 +48,6 @@ async fn capi_manager_reconciles_a_v1beta2_cluster() -> Result<()> {
         .context("the Cluster vanished")?;
     manager.ensure_running()?;
     // Without infrastructure and control plane the Cluster cannot go further than Pending.
-    assert_eq!(
-        reconciled.data["status"]["phase"],
-        json!("Pending"),
-        "{reconciled:?}"
-    );
+    assert_eq!(reconciled.data["status"]["phase"], json!("Pending"), "{reconciled:?}");
     Ok(())
 }

@@ -23,9 +23,12 @@ pub fn run(args: Args) -> Result<()> {
     let domains = args.domains.to_string();
     for threads in [1, args.threads] {
         let threads = threads.to_string();
-        cmd!(sh, "cargo run --quiet --release -p libvirt-sim --example bench_10k -- --domains {domains} --threads {threads}")
-            .run()
-            .with_context(|| format!("benchmark with {threads} caller(s) failed"))?;
+        cmd!(
+            sh,
+            "cargo run --quiet --release -p libvirt-sim --example bench_10k -- --domains {domains} --threads {threads}"
+        )
+        .run()
+        .with_context(|| format!("benchmark with {threads} caller(s) failed"))?;
     }
     Ok(())
 }

@@ -26,8 +26,8 @@ use xshell::{Shell, cmd};
 mod versions;
 
 use versions::{
-    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CAPI_VERSION, ETCD_BIN, ETCD_VERSION, KUBE_APISERVER_BIN,
-    KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
+    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CAPI_VERSION, ETCD_BIN, ETCD_VERSION, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
+    KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
 };
 
 /// The marker of a staging module in kubernetes' go.mod: `k8s.io/api => ./staging/src/k8s.io/api`.
@@ -60,8 +60,7 @@ fn control_plane_dir() -> Result<PathBuf> {
 /// Builds what is missing and returns the control-plane directory.
 fn build() -> Result<PathBuf> {
     let dir = control_plane_dir()?;
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating the control-plane directory {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating the control-plane directory {}", dir.display()))?;
     let sh = Shell::new()?;
     sh.set_var("GOTOOLCHAIN", "local");
     sh.set_var("GOWORK", "off");
@@ -92,11 +91,7 @@ fn build() -> Result<PathBuf> {
     }
     // The kubeadm bootstrap and control plane CRDs came later; a cache without
     // them is copied again.
-    if !dir
-        .join(CAPI_CRDS_DIR)
-        .join(KUBEADM_CONTROL_PLANE_CRD)
-        .is_file()
-    {
+    if !dir.join(CAPI_CRDS_DIR).join(KUBEADM_CONTROL_PLANE_CRD).is_file() {
         copy_capi_crds(&sh, &dir)?;
     }
     Ok(dir)
@@ -123,10 +118,8 @@ fn build_kubernetes(sh: &Shell, dir: &Path) -> Result<()> {
              the way kubernetes publishes its staging modules changed: update build_kubernetes"
         );
     }
-    let replaces: String = staging
-        .iter()
-        .map(|module| format!("\t{module} => {module} {KUBERNETES_STAGING_VERSION}\n"))
-        .collect();
+    let replaces: String =
+        staging.iter().map(|module| format!("\t{module} => {module} {KUBERNETES_STAGING_VERSION}\n")).collect();
     let go_mod = format!(
         "module capl.local/control-plane/kubernetes\n\ngo 1.26.0\n\n\
          require k8s.io/kubernetes {KUBERNETES_VERSION}\n\nreplace (\n{replaces})\n"
@@ -136,46 +129,23 @@ fn build_kubernetes(sh: &Shell, dir: &Path) -> Result<()> {
         dir,
         "kubernetes",
         &go_mod,
-        &[
-            "k8s.io/kubernetes/cmd/kube-apiserver",
-            "k8s.io/kubernetes/cmd/kubectl",
-        ],
+        &["k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubectl"],
     )?;
 
     // The version the binaries report (kubectl version, /version); CAPI refuses to run
     // against a server that reports the default "v0.0.0-master".
     let (major, minor) = major_minor(KUBERNETES_VERSION)?;
     let mut ldflags = vec!["-s".to_owned(), "-w".to_owned()];
-    for package in [
-        "k8s.io/component-base/version",
-        "k8s.io/client-go/pkg/version",
-    ] {
-        for (var, value) in [
-            ("gitVersion", KUBERNETES_VERSION),
-            ("gitMajor", major),
-            ("gitMinor", minor),
-            ("gitTreeState", "clean"),
-        ] {
+    for package in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+        for (var, value) in
+            [("gitVersion", KUBERNETES_VERSION), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")]
+        {
             ldflags.push(format!("-X {package}.{var}={value}"));
         }
     }
     let ldflags = ldflags.join(" ");
-    go_build(
-        sh,
-        &module,
-        dir,
-        KUBE_APISERVER_BIN,
-        "k8s.io/kubernetes/cmd/kube-apiserver",
-        &ldflags,
-    )?;
-    go_build(
-        sh,
-        &module,
-        dir,
-        KUBECTL_BIN,
-        "k8s.io/kubernetes/cmd/kubectl",
-        &ldflags,
-    )?;
+    go_build(sh, &module, dir, KUBE_APISERVER_BIN, "k8s.io/kubernetes/cmd/kube-apiserver", &ldflags)?;
+    go_build(sh, &module, dir, KUBECTL_BIN, "k8s.io/kubernetes/cmd/kubectl", &ldflags)?;
     Ok(())
 }
 
@@ -186,14 +156,7 @@ fn build_etcd(sh: &Shell, dir: &Path) -> Result<()> {
          require go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
     );
     let module = prepare_module(sh, dir, "etcd", &go_mod, &["go.etcd.io/etcd/server/v3"])?;
-    go_build(
-        sh,
-        &module,
-        dir,
-        ETCD_BIN,
-        "go.etcd.io/etcd/server/v3",
-        "-s -w",
-    )
+    go_build(sh, &module, dir, ETCD_BIN, "go.etcd.io/etcd/server/v3", "-s -w")
 }
 
 /// The CAPI core manager: package `sigs.k8s.io/cluster-api/core` (its `main.go`).
@@ -214,14 +177,7 @@ fn build_capi_manager(sh: &Shell, dir: &Path) -> Result<()> {
          -X sigs.k8s.io/cluster-api/version.gitMinor={minor} \
          -X sigs.k8s.io/cluster-api/version.gitTreeState=clean"
     );
-    go_build(
-        sh,
-        &module,
-        dir,
-        CAPI_MANAGER_BIN,
-        "sigs.k8s.io/cluster-api/core",
-        &ldflags,
-    )
+    go_build(sh, &module, dir, CAPI_MANAGER_BIN, "sigs.k8s.io/cluster-api/core", &ldflags)
 }
 
 /// Copies the core CRDs (`core/config/crd/bases` of the CAPI module) to `<dir>/capi-crds`.
@@ -232,11 +188,8 @@ const KUBEADM_CONTROL_PLANE_CRD: &str = "controlplane.cluster.x-k8s.io_kubeadmco
 /// Where the CRDs live in the CAPI module: core, and the kubeadm bootstrap and
 /// control plane providers (the templates use KubeadmControlPlane and
 /// KubeadmConfigTemplate, and tests validate them against the real schemas).
-const CAPI_CRD_BASES: &[&str] = &[
-    "core/config/crd/bases",
-    "bootstrap/kubeadm/config/crd/bases",
-    "controlplane/kubeadm/config/crd/bases",
-];
+const CAPI_CRD_BASES: &[&str] =
+    &["core/config/crd/bases", "bootstrap/kubeadm/config/crd/bases", "controlplane/kubeadm/config/crd/bases"];
 
 fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
@@ -250,9 +203,9 @@ fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let mut entries = Vec::new();
     for base in CAPI_CRD_BASES {
         let bases = Path::new(&module_dir).join(base);
-        for entry in std::fs::read_dir(&bases).with_context(|| {
-            format!("listing CAPI's CRDs in {} (module {capi})", bases.display())
-        })? {
+        for entry in std::fs::read_dir(&bases)
+            .with_context(|| format!("listing CAPI's CRDs in {} (module {capi})", bases.display()))?
+        {
             entries.push(entry);
         }
     }
@@ -268,39 +221,24 @@ fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
         }
     }
     if copied == 0 {
-        bail!(
-            "no CRD YAML in {} (module {capi}): its layout changed",
-            bases.display()
-        );
+        bail!("no CRD YAML in {} (module {capi}): its layout changed", bases.display());
     }
     let target = dir.join(CAPI_CRDS_DIR);
     if target.exists() {
         std::fs::remove_dir_all(&target)?;
     }
     std::fs::rename(&partial, target)?;
-    eprintln!(
-        "control plane: copied {copied} CAPI CRDs to {}",
-        dir.join(CAPI_CRDS_DIR).display()
-    );
+    eprintln!("control plane: copied {copied} CAPI CRDs to {}", dir.join(CAPI_CRDS_DIR).display());
     Ok(())
 }
 
 /// Writes `<dir>/src/<name>/{go.mod,tools.go}` and resolves the dependency graph (`go mod tidy`).
 /// `tools.go` imports the commands to build, behind the `tools` build tag, so that `go mod
 /// tidy` records every module they need.
-fn prepare_module(
-    sh: &Shell,
-    dir: &Path,
-    name: &str,
-    go_mod: &str,
-    commands: &[&str],
-) -> Result<PathBuf> {
+fn prepare_module(sh: &Shell, dir: &Path, name: &str, go_mod: &str, commands: &[&str]) -> Result<PathBuf> {
     let module = dir.join("src").join(name);
     std::fs::create_dir_all(&module)?;
-    let imports: String = commands
-        .iter()
-        .map(|command| format!("\t_ \"{command}\"\n"))
-        .collect();
+    let imports: String = commands.iter().map(|command| format!("\t_ \"{command}\"\n")).collect();
     let tools_go = format!(
         "//go:build tools\n\n// Package tools pins the commands built from this module.\n\
          package tools\n\nimport (\n{imports})\n"
@@ -308,8 +246,8 @@ fn prepare_module(
     sh.write_file(module.join("tools.go"), tools_go)?;
     // Only a changed go.mod needs a new `go mod tidy` (which rewrites it with the indirect requirements).
     let template = module.join("go.mod.template");
-    let unchanged = std::fs::read_to_string(&template).is_ok_and(|old| old == go_mod)
-        && module.join("go.sum").is_file();
+    let unchanged =
+        std::fs::read_to_string(&template).is_ok_and(|old| old == go_mod) && module.join("go.sum").is_file();
     if !unchanged {
         sh.write_file(module.join("go.mod"), go_mod)?;
         let _ = std::fs::remove_file(module.join("go.sum"));
@@ -322,10 +260,7 @@ fn prepare_module(
                 module.display()
             )
         })?;
-        eprintln!(
-            "control plane: go mod tidy ({name}) took {:.0?}",
-            started.elapsed()
-        );
+        eprintln!("control plane: go mod tidy ({name}) took {:.0?}", started.elapsed());
         sh.write_file(&template, go_mod)?;
     }
     Ok(module)
@@ -333,26 +268,14 @@ fn prepare_module(
 
 /// `go build -o <dir>/<binary> <package>`, through a temporary name so that an interrupted
 /// build never leaves a binary that later runs would take for a complete one.
-fn go_build(
-    sh: &Shell,
-    module: &Path,
-    dir: &Path,
-    binary: &str,
-    package: &str,
-    ldflags: &str,
-) -> Result<()> {
+fn go_build(sh: &Shell, module: &Path, dir: &Path, binary: &str, package: &str, ldflags: &str) -> Result<()> {
     let partial = dir.join(format!(".partial-{binary}"));
     let _dir = sh.push_dir(module);
     let started = Instant::now();
     eprintln!("control plane: building {binary} from {package} ...");
     cmd!(sh, "go build -ldflags {ldflags} -o {partial} {package}")
         .run()
-        .with_context(|| {
-            format!(
-                "`go build {package}` (for {binary}) failed in {}",
-                module.display()
-            )
-        })?;
+        .with_context(|| format!("`go build {package}` (for {binary}) failed in {}", module.display()))?;
     std::fs::rename(&partial, dir.join(binary))?;
     eprintln!("control plane: built {binary} in {:.0?}", started.elapsed());
     Ok(())
@@ -366,9 +289,8 @@ fn downloaded_field(sh: &Shell, module_at_version: &str, field: &str) -> Result<
         .quiet()
         .read()
         .with_context(|| format!("`go mod download {module_at_version}` failed"))?;
-    json_string_field(&json, field).with_context(|| {
-        format!("`go mod download -json {module_at_version}` printed no {field:?}: {json}")
-    })
+    json_string_field(&json, field)
+        .with_context(|| format!("`go mod download -json {module_at_version}` printed no {field:?}: {json}"))
 }
 
 fn downloaded_go_mod(sh: &Shell, module_at_version: &str) -> Result<String> {
@@ -378,14 +300,8 @@ fn downloaded_go_mod(sh: &Shell, module_at_version: &str) -> Result<String> {
 /// The value of `"field": "value"` in the flat JSON object that `go mod download -json` prints.
 fn json_string_field(json: &str, field: &str) -> Option<String> {
     let key = format!("\"{field}\":");
-    let rest = json
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(key.as_str()))?;
-    let value = rest
-        .trim()
-        .trim_end_matches(',')
-        .strip_prefix('"')?
-        .strip_suffix('"')?;
+    let rest = json.lines().find_map(|line| line.trim().strip_prefix(key.as_str()))?;
+    let value = rest.trim().trim_end_matches(',').strip_prefix('"')?.strip_suffix('"')?;
     Some(value.replace("\\\\", "\\"))
 }
 
@@ -427,10 +343,7 @@ mod tests {
     #[test]
     fn json_field_is_extracted() {
         let json = "{\n\t\"Path\": \"k8s.io/kubernetes\",\n\t\"GoMod\": \"/m/k8s.io/kubernetes/@v/v1.36.3.mod\",\n}";
-        assert_eq!(
-            json_string_field(json, "GoMod").as_deref(),
-            Some("/m/k8s.io/kubernetes/@v/v1.36.3.mod")
-        );
+        assert_eq!(json_string_field(json, "GoMod").as_deref(), Some("/m/k8s.io/kubernetes/@v/v1.36.3.mod"));
         assert_eq!(json_string_field(json, "Dir"), None);
     }
 

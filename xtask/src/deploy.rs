@@ -8,7 +8,9 @@ use crate::repo_root;
 
 fn kubectl_present(sh: &Shell) -> Result<()> {
     if cmd!(sh, "kubectl version --client").quiet().ignore_stdout().ignore_stderr().run().is_err() {
-        bail!("kubectl not found on PATH: install it (e.g. `cargo xtask control-plane build` puts one in its cache directory)");
+        bail!(
+            "kubectl not found on PATH: install it (e.g. `cargo xtask control-plane build` puts one in its cache directory)"
+        );
     }
     Ok(())
 }

@@ -36,14 +36,7 @@ pub const CACHE_ENV: &str = "CAPL_GUEST_CACHE_DIR";
 
 /// Modules the guest needs, by name; each is loaded with its dependencies
 /// unless the kernel has it built in.
-const NEEDED_MODULES: &[&str] = &[
-    "virtio_pci",
-    "virtio_net",
-    "virtio_blk",
-    "ata_piix",
-    "sr_mod",
-    "isofs",
-];
+const NEEDED_MODULES: &[&str] = &["virtio_pci", "virtio_net", "virtio_blk", "ata_piix", "sr_mod", "isofs"];
 
 /// Size of the FAT image in KiB (kernel ~10 MiB, initramfs ~3 MiB).
 const FAT_KIB: &str = "65536";
@@ -138,11 +131,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let modules = module_load_order(&kernel.modules, NEEDED_MODULES)?;
     let names: Vec<String> = modules.iter().map(|m| module_name(m)).collect();
     let init = INIT_SCRIPT.replace("@MODULES@", &names.join(" "));
-    let key = format!(
-        "{}-{}",
-        kernel.version,
-        &short_hash(&[&init, UDHCPC_SCRIPT, SYSLINUX_CFG, FAT_KIB])
-    );
+    let key = format!("{}-{}", kernel.version, &short_hash(&[&init, UDHCPC_SCRIPT, SYSLINUX_CFG, FAT_KIB]));
     let dir = cache_root()?.join(&key);
     let image = dir.join(IMAGE_FILE);
     if image.is_file() && !force {
@@ -178,19 +167,14 @@ pub fn build(force: bool) -> Result<PathBuf> {
         cpio.dir(d);
     }
     cpio.char_device("dev/console", 5, 1);
-    let busybox_bytes =
-        fs::read(&busybox).with_context(|| format!("reading {}", busybox.display()))?;
+    let busybox_bytes = fs::read(&busybox).with_context(|| format!("reading {}", busybox.display()))?;
     cpio.file("bin/busybox", 0o755, &busybox_bytes);
     cpio.symlink("bin/sh", "busybox");
     cpio.file("init", 0o755, init.as_bytes());
     cpio.file("etc/udhcpc.script", 0o755, UDHCPC_SCRIPT.as_bytes());
     for module in &modules {
         let bytes = read_module(&sh, &kernel.modules, module)?;
-        cpio.file(
-            &format!("lib/modules/{}.ko", module_name(module)),
-            0o644,
-            &bytes,
-        );
+        cpio.file(&format!("lib/modules/{}.ko", module_name(module)), 0o644, &bytes);
     }
     let initrd = work.join("initrd.img");
     fs::write(&initrd, cpio.finish()).with_context(|| format!("writing {}", initrd.display()))?;
@@ -200,37 +184,24 @@ pub fn build(force: bool) -> Result<PathBuf> {
     // FAT superfloppy, syslinux, files; all without mounting.
     let raw = work.join("disk.raw");
     let vmlinuz = &kernel.vmlinuz;
-    cmd!(sh, "mkfs.vfat -n CAPLGUEST -C {raw} {FAT_KIB}")
-        .quiet()
-        .ignore_stdout()
-        .run()
-        .context("mkfs.vfat failed")?;
-    cmd!(sh, "syslinux --install {raw}")
-        .quiet()
-        .run()
-        .context("syslinux --install failed")?;
-    for (src, name) in [
-        (vmlinuz.as_path(), "::vmlinuz"),
-        (initrd.as_path(), "::initrd.img"),
-        (cfg.as_path(), "::syslinux.cfg"),
-    ] {
+    cmd!(sh, "mkfs.vfat -n CAPLGUEST -C {raw} {FAT_KIB}").quiet().ignore_stdout().run().context("mkfs.vfat failed")?;
+    cmd!(sh, "syslinux --install {raw}").quiet().run().context("syslinux --install failed")?;
+    for (src, name) in
+        [(vmlinuz.as_path(), "::vmlinuz"), (initrd.as_path(), "::initrd.img"), (cfg.as_path(), "::syslinux.cfg")]
+    {
         cmd!(sh, "mcopy -o -i {raw} {src} {name}")
             .quiet()
             .run()
             .with_context(|| format!("mcopy {} into the FAT image failed", src.display()))?;
     }
     let qcow2 = work.join(IMAGE_FILE);
-    cmd!(sh, "qemu-img convert -f raw -O qcow2 {raw} {qcow2}")
-        .quiet()
-        .run()
-        .context("qemu-img convert failed")?;
+    cmd!(sh, "qemu-img convert -f raw -O qcow2 {raw} {qcow2}").quiet().run().context("qemu-img convert failed")?;
     fs::remove_file(&raw).ok();
     fs::write(work.join("init"), &init).ok();
     if dir.exists() {
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
-    fs::rename(&work, &dir)
-        .with_context(|| format!("moving {} to {}", work.display(), dir.display()))?;
+    fs::rename(&work, &dir).with_context(|| format!("moving {} to {}", work.display(), dir.display()))?;
     eprintln!(
         "guest-image: built {} (kernel {}, modules: {}) in {:.1} s",
         image.display(),
@@ -245,9 +216,8 @@ fn cache_root() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(CACHE_ENV) {
         return Ok(PathBuf::from(dir));
     }
-    let home = std::env::var_os("HOME").context(
-        "HOME is not set: cannot place the guest image cache (or set CAPL_GUEST_CACHE_DIR)",
-    )?;
+    let home = std::env::var_os("HOME")
+        .context("HOME is not set: cannot place the guest image cache (or set CAPL_GUEST_CACHE_DIR)")?;
     Ok(PathBuf::from(home).join(".cache/cluster-api-provider-libvirt/guest"))
 }
 
@@ -255,21 +225,12 @@ fn require_tools(sh: &Shell) -> Result<()> {
     let missing: Vec<&str> = ["mkfs.vfat", "syslinux", "mcopy", "qemu-img", "xz"]
         .into_iter()
         .filter(|tool| {
-            let check =
-                format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /sbin/{tool}");
-            cmd!(sh, "sh -c {check}")
-                .quiet()
-                .ignore_stdout()
-                .ignore_stderr()
-                .run()
-                .is_err()
+            let check = format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /sbin/{tool}");
+            cmd!(sh, "sh -c {check}").quiet().ignore_stdout().ignore_stderr().run().is_err()
         })
         .collect();
     if !missing.is_empty() {
-        bail!(
-            "guest-image needs {} on PATH: run `cargo xtask host deps` (as root)",
-            missing.join(", ")
-        );
+        bail!("guest-image needs {} on PATH: run `cargo xtask host deps` (as root)", missing.join(", "));
     }
     Ok(())
 }
@@ -285,11 +246,7 @@ fn find_kernel() -> Result<Kernel> {
         };
         let modules = Path::new("/lib/modules").join(version);
         if modules.join("modules.dep").is_file() {
-            candidates.push(Kernel {
-                version: version.to_string(),
-                vmlinuz: entry.path(),
-                modules,
-            });
+            candidates.push(Kernel { version: version.to_string(), vmlinuz: entry.path(), modules });
         }
     }
     candidates.sort_by_key(|k| (k.version.contains("cloud"), version_key(&k.version)));
@@ -301,10 +258,7 @@ fn find_kernel() -> Result<Kernel> {
 
 /// Numeric parts of a kernel version, for ordering (6.12.9 < 6.12.10).
 fn version_key(version: &str) -> Vec<u64> {
-    version
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|p| p.parse().ok())
-        .collect()
+    version.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok()).collect()
 }
 
 fn find_busybox() -> Result<PathBuf> {
@@ -335,8 +289,7 @@ fn module_name(path: &str) -> String {
 /// dependencies before dependents, each once; built-in modules are skipped.
 fn module_load_order(modules_dir: &Path, needed: &[&str]) -> Result<Vec<String>> {
     let dep_file = modules_dir.join("modules.dep");
-    let deps_text =
-        fs::read_to_string(&dep_file).with_context(|| format!("reading {}", dep_file.display()))?;
+    let deps_text = fs::read_to_string(&dep_file).with_context(|| format!("reading {}", dep_file.display()))?;
     let builtin_text = fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
     let builtin: BTreeSet<String> = builtin_text.lines().map(module_name).collect();
     let mut deps: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
@@ -344,13 +297,7 @@ fn module_load_order(modules_dir: &Path, needed: &[&str]) -> Result<Vec<String>>
         let Some((module, rest)) = line.split_once(':') else {
             continue;
         };
-        deps.insert(
-            module_name(module),
-            (
-                module.to_string(),
-                rest.split_whitespace().map(str::to_string).collect(),
-            ),
-        );
+        deps.insert(module_name(module), (module.to_string(), rest.split_whitespace().map(str::to_string).collect()));
     }
     let mut order = Vec::new();
     let mut seen = BTreeSet::new();
@@ -399,9 +346,7 @@ fn read_module(sh: &Shell, modules_dir: &Path, module: &str) -> Result<Vec<u8>> 
         let out = cmd!(sh, "zstd -dc {path}")
             .quiet()
             .output()
-            .with_context(|| {
-                format!("decompressing {} with zstd (install zstd)", path.display())
-            })?;
+            .with_context(|| format!("decompressing {} with zstd (install zstd)", path.display()))?;
         Ok(out.stdout)
     } else if module.ends_with(".gz") {
         let out = cmd!(sh, "gzip -dc {path}")
@@ -436,21 +381,8 @@ struct Cpio {
 impl Cpio {
     fn entry(&mut self, name: &str, mode: u32, rdev: (u32, u32), data: &[u8]) {
         self.next_ino += 1;
-        let fields = [
-            self.next_ino,
-            mode,
-            0,
-            0,
-            1,
-            0,
-            data.len() as u32,
-            0,
-            0,
-            rdev.0,
-            rdev.1,
-            name.len() as u32 + 1,
-            0,
-        ];
+        let fields =
+            [self.next_ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
         self.out.extend_from_slice(b"070701");
         for f in fields {
             self.out.extend_from_slice(format!("{f:08x}").as_bytes());
@@ -496,10 +428,7 @@ mod tests {
 
     #[test]
     fn module_names_drop_directories_and_compression() {
-        assert_eq!(
-            module_name("kernel/drivers/net/virtio_net.ko.xz"),
-            "virtio_net"
-        );
+        assert_eq!(module_name("kernel/drivers/net/virtio_net.ko.xz"), "virtio_net");
         assert_eq!(module_name("kernel/fs/isofs/isofs.ko"), "isofs");
     }
 
@@ -517,10 +446,7 @@ mod tests {
         fs::write(dir.join("modules.builtin"), "kernel/v/virtio_pci.ko\n").unwrap();
         let order = module_load_order(&dir, &["virtio_pci", "sr_mod", "isofs"]).unwrap();
         let names: Vec<String> = order.iter().map(|m| module_name(m)).collect();
-        assert_eq!(
-            names,
-            ["scsi_common", "scsi_mod", "cdrom", "sr_mod", "isofs"]
-        );
+        assert_eq!(names, ["scsi_common", "scsi_mod", "cdrom", "sr_mod", "isofs"]);
         assert!(module_load_order(&dir, &["nonexistent"]).is_err());
         fs::remove_dir_all(&dir).ok();
     }

@@ -97,54 +97,28 @@ struct Package {
 }
 
 const fn pkg(debian: &'static str, why: &'static str) -> Package {
-    Package {
-        debian,
-        ubuntu: None,
-        why,
-    }
+    Package { debian, ubuntu: None, why }
 }
 
 /// Everything the host side of the project needs, in one place.
 const PACKAGES: &[Package] = &[
     pkg("libvirt-daemon", "libvirtd"),
     pkg("libvirt-daemon-driver-qemu", "libvirtd's QEMU driver"),
-    pkg(
-        "libvirt-daemon-driver-network",
-        "libvirtd's network driver (NAT network, dnsmasq)",
-    ),
-    pkg(
-        "libvirt-daemon-driver-storage",
-        "libvirtd's storage driver (dir pools)",
-    ),
+    pkg("libvirt-daemon-driver-network", "libvirtd's network driver (NAT network, dnsmasq)"),
+    pkg("libvirt-daemon-driver-storage", "libvirtd's storage driver (dir pools)"),
     pkg("libvirt-clients", "virsh"),
-    pkg(
-        "libvirt-dev",
-        "libvirt's headers and libvirt.so for the virt crate",
-    ),
+    pkg("libvirt-dev", "libvirt's headers and libvirt.so for the virt crate"),
     pkg("qemu-system-x86", "QEMU"),
     pkg("qemu-utils", "qemu-img"),
-    pkg(
-        "ipxe-qemu",
-        "QEMU's NIC option ROMs (a virtio NIC does not start without them)",
-    ),
+    pkg("ipxe-qemu", "QEMU's NIC option ROMs (a virtio NIC does not start without them)"),
     pkg("dnsmasq-base", "DHCP and DNS on the NAT network"),
     pkg("iptables", "libvirt's NAT firewall rules"),
-    pkg(
-        "pkg-config",
-        "locating libvirt when building the virt crate",
-    ),
+    pkg("pkg-config", "locating libvirt when building the virt crate"),
     pkg("xorriso", "reading cloud-init ISOs back in tests"),
-    Package {
-        debian: "linux-image-cloud-amd64",
-        ubuntu: Some("linux-image-virtual"),
-        why: "the test guest's kernel",
-    },
+    Package { debian: "linux-image-cloud-amd64", ubuntu: Some("linux-image-virtual"), why: "the test guest's kernel" },
     pkg("busybox-static", "the test guest's userland"),
     pkg("syslinux", "booting the test guest's disk"),
-    pkg(
-        "mtools",
-        "writing the test guest's FAT disk without loop devices",
-    ),
+    pkg("mtools", "writing the test guest's FAT disk without loop devices"),
     pkg("dosfstools", "mkfs.vfat for the test guest's disk"),
 ];
 
@@ -156,8 +130,7 @@ enum Distro {
 }
 
 fn distro() -> Result<Distro> {
-    let text = fs::read_to_string("/etc/os-release")
-        .context("reading /etc/os-release to find the distribution")?;
+    let text = fs::read_to_string("/etc/os-release").context("reading /etc/os-release to find the distribution")?;
     let field = |key: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{key}=")))
@@ -168,9 +141,7 @@ fn distro() -> Result<Distro> {
         "debian" => {
             let codename = field("VERSION_CODENAME");
             if codename.is_empty() {
-                bail!(
-                    "/etc/os-release has no VERSION_CODENAME: cannot name the Debian backports suite"
-                );
+                bail!("/etc/os-release has no VERSION_CODENAME: cannot name the Debian backports suite");
             }
             Ok(Distro::Debian(codename))
         }
@@ -178,11 +149,7 @@ fn distro() -> Result<Distro> {
         other => bail!(
             "host deps supports Debian and Ubuntu (apt); /etc/os-release says ID={other:?}. \
              Install the equivalents of: {}",
-            PACKAGES
-                .iter()
-                .map(|p| p.debian)
-                .collect::<Vec<_>>()
-                .join(" ")
+            PACKAGES.iter().map(|p| p.debian).collect::<Vec<_>>().join(" ")
         ),
     }
 }
@@ -205,19 +172,12 @@ pub fn deps() -> Result<()> {
     let sh = Shell::new()?;
     let missing = missing_packages(&sh, &names)?;
     if missing.is_empty() {
-        eprintln!(
-            "host deps: all {} packages installed ({:.2?})",
-            names.len(),
-            started.elapsed()
-        );
+        eprintln!("host deps: all {} packages installed ({:.2?})", names.len(), started.elapsed());
         return Ok(());
     }
     require_root("host deps", "it installs packages with apt-get")?;
     for name in &missing {
-        let why = PACKAGES
-            .iter()
-            .find(|p| p.debian == *name || p.ubuntu == Some(name))
-            .map_or("", |p| p.why);
+        let why = PACKAGES.iter().find(|p| p.debian == *name || p.ubuntu == Some(name)).map_or("", |p| p.why);
         eprintln!("host deps: missing {name} ({why})");
     }
     sh.set_var("DEBIAN_FRONTEND", "noninteractive");
@@ -227,51 +187,33 @@ pub fn deps() -> Result<()> {
             let suite = format!("{codename}-backports");
             ensure_backports_source(codename)?;
             let to_install = &missing;
-            cmd!(sh, "apt-get {lock...} update")
+            cmd!(sh, "apt-get {lock...} update").run().context("apt-get update failed")?;
+            cmd!(sh, "apt-get {lock...} install -y --no-install-recommends -t {suite} {to_install...}")
                 .run()
-                .context("apt-get update failed")?;
-            cmd!(
-                sh,
-                "apt-get {lock...} install -y --no-install-recommends -t {suite} {to_install...}"
-            )
-            .run()
-            .with_context(|| format!("installing {} from {suite} failed", missing.join(" ")))?;
+                .with_context(|| format!("installing {} from {suite} failed", missing.join(" ")))?;
         }
         Distro::Ubuntu => {
-            cmd!(sh, "apt-get {lock...} update")
-                .run()
-                .context("apt-get update failed")?;
+            cmd!(sh, "apt-get {lock...} update").run().context("apt-get update failed")?;
             // Ubuntu folds some of Debian's split libvirt packages into
             // libvirt-daemon: install what the archive has.
             let mut available = Vec::new();
             for name in &missing {
-                let policy = cmd!(sh, "apt-cache policy {name}")
-                    .quiet()
-                    .read()
-                    .unwrap_or_default();
+                let policy = cmd!(sh, "apt-cache policy {name}").quiet().read().unwrap_or_default();
                 if policy.contains("Candidate:") && !policy.contains("Candidate: (none)") {
                     available.push(*name);
                 } else {
-                    eprintln!(
-                        "host deps: {name} is not in this Ubuntu archive; assuming libvirt-daemon covers it"
-                    );
+                    eprintln!("host deps: {name} is not in this Ubuntu archive; assuming libvirt-daemon covers it");
                 }
             }
             let to_install = &available;
-            cmd!(
-                sh,
-                "apt-get {lock...} install -y --no-install-recommends {to_install...}"
-            )
-            .run()
-            .with_context(|| format!("installing {} failed", available.join(" ")))?;
+            cmd!(sh, "apt-get {lock...} install -y --no-install-recommends {to_install...}")
+                .run()
+                .with_context(|| format!("installing {} failed", available.join(" ")))?;
         }
     }
     let still = missing_packages(&sh, &names)?;
     if matches!(distro, Distro::Debian(_)) && !still.is_empty() {
-        bail!(
-            "after apt-get install these packages are still not installed: {}",
-            still.join(" ")
-        );
+        bail!("after apt-get install these packages are still not installed: {}", still.join(" "));
     }
     eprintln!("host deps: done in {:.1?}", started.elapsed());
     Ok(())
@@ -294,11 +236,7 @@ fn missing_packages<'a>(sh: &Shell, names: &[&'a str]) -> Result<Vec<&'a str>> {
         .filter(|(_, status)| status.ends_with(" installed") && status.starts_with("install "))
         .map(|(name, _)| name.split(':').next().unwrap_or(name))
         .collect();
-    Ok(names
-        .iter()
-        .copied()
-        .filter(|n| !installed.contains(n))
-        .collect())
+    Ok(names.iter().copied().filter(|n| !installed.contains(n)).collect())
 }
 
 /// Adds `<codename>-backports` as a deb822 source with the mirror and keyring
@@ -324,22 +262,14 @@ fn apt_sources_mention(suite: &str) -> Result<bool> {
     if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
         for entry in dir.flatten() {
             let path = entry.path();
-            if matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("list" | "sources")
-            ) {
+            if matches!(path.extension().and_then(|e| e.to_str()), Some("list" | "sources")) {
                 files.push(path);
             }
         }
     }
-    Ok(files
-        .iter()
-        .filter_map(|f| fs::read_to_string(f).ok())
-        .any(|text| {
-            text.lines()
-                .map(|l| l.split('#').next().unwrap_or(""))
-                .any(|l| l.split_whitespace().any(|word| word == suite))
-        }))
+    Ok(files.iter().filter_map(|f| fs::read_to_string(f).ok()).any(|text| {
+        text.lines().map(|l| l.split('#').next().unwrap_or("")).any(|l| l.split_whitespace().any(|word| word == suite))
+    }))
 }
 
 const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
@@ -372,10 +302,7 @@ fn main_suite_source(codename: &str) -> Result<(String, String)> {
 fn deb822_main_stanza(text: &str, codename: &str) -> Option<(String, String)> {
     for stanza in text.split("\n\n") {
         let field = |key: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(':')))
-                .map(str::trim)
+            stanza.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(':'))).map(str::trim)
         };
         let suites = field("Suites").unwrap_or("");
         if !suites.split_whitespace().any(|s| s == codename) {
@@ -499,44 +426,30 @@ fn probe_domain_xml() -> String {
 
 /// `cargo xtask host up`: returns the URI.
 pub fn up() -> Result<String> {
-    require_root(
-        "host up",
-        "it starts a root libvirtd in a private mount namespace",
-    )?;
+    require_root("host up", "it starts a root libvirtd in a private mount namespace")?;
     require_binaries()?;
     let started = Instant::now();
     let sh = Shell::new()?;
     let lay = layout();
     let uri = uri();
     if daemon_responds(&sh, &uri) {
-        eprintln!(
-            "host up: reusing the private libvirtd at {}",
-            lay.socket().display()
-        );
+        eprintln!("host up: reusing the private libvirtd at {}", lay.socket().display());
     } else {
         start_daemon(&sh, &lay)?;
         wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
-        eprintln!(
-            "host up: private libvirtd started ({:.1?})",
-            started.elapsed()
-        );
+        eprintln!("host up: private libvirtd started ({:.1?})", started.elapsed());
     }
     ensure_network(&sh, &uri, &lay)?;
     ensure_pool(&sh, &uri, &lay, BASE_POOL)?;
     ensure_pool(&sh, &uri, &lay, DISK_POOL)?;
     check_latency(&sh, &uri, &lay)?;
     fs::write(URI_FILE, format!("{uri}\n")).with_context(|| format!("writing {URI_FILE}"))?;
-    eprintln!(
-        "host up: ready in {:.1?}; the URI is also in {URI_FILE}",
-        started.elapsed()
-    );
+    eprintln!("host up: ready in {:.1?}; the URI is also in {URI_FILE}", started.elapsed());
     Ok(uri)
 }
 
 fn require_root(what: &str, why: &str) -> Result<()> {
-    let uid = fs::metadata("/proc/self")
-        .context("reading /proc/self to find the user id")?
-        .uid();
+    let uid = fs::metadata("/proc/self").context("reading /proc/self to find the user id")?.uid();
     if uid != 0 {
         bail!("`cargo xtask {what}` must run as root ({why}); run it as root or with sudo -E");
     }
@@ -544,40 +457,20 @@ fn require_root(what: &str, why: &str) -> Result<()> {
 }
 
 fn require_binaries() -> Result<()> {
-    let needed = [
-        "libvirtd",
-        "virtlogd",
-        "virsh",
-        "unshare",
-        "mount",
-        "dnsmasq",
-        "qemu-system-x86_64",
-        "qemu-img",
-    ];
+    let needed = ["libvirtd", "virtlogd", "virsh", "unshare", "mount", "dnsmasq", "qemu-system-x86_64", "qemu-img"];
     let path = std::env::var("PATH").unwrap_or_default();
     let dirs: Vec<&str> = path.split(':').chain(["/usr/sbin", "/sbin"]).collect();
-    let missing: Vec<&str> = needed
-        .iter()
-        .copied()
-        .filter(|b| !dirs.iter().any(|d| Path::new(d).join(b).is_file()))
-        .collect();
+    let missing: Vec<&str> =
+        needed.iter().copied().filter(|b| !dirs.iter().any(|d| Path::new(d).join(b).is_file())).collect();
     if !missing.is_empty() {
-        bail!(
-            "{} not found: run `cargo xtask host deps` (as root) first",
-            missing.join(", ")
-        );
+        bail!("{} not found: run `cargo xtask host deps` (as root) first", missing.join(", "));
     }
     Ok(())
 }
 
 fn daemon_responds(sh: &Shell, uri: &str) -> bool {
     layout().socket().exists()
-        && cmd!(sh, "virsh -q -c {uri} version")
-            .quiet()
-            .ignore_stdout()
-            .ignore_stderr()
-            .run()
-            .is_ok()
+        && cmd!(sh, "virsh -q -c {uri} version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
 }
 
 fn wait_until_responding(sh: &Shell, uri: &str, limit: Duration) -> Result<()> {
@@ -608,11 +501,7 @@ fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
         fs::create_dir_all(system).with_context(|| format!("creating the mount point {system}"))?;
     }
     fs::create_dir_all(&lay.pools).with_context(|| format!("creating {}", lay.pools.display()))?;
-    for (name, body) in [
-        ("libvirtd.conf", LIBVIRTD_CONF),
-        ("qemu.conf", QEMU_CONF),
-        ("virtlogd.conf", VIRTLOGD_CONF),
-    ] {
+    for (name, body) in [("libvirtd.conf", LIBVIRTD_CONF), ("qemu.conf", QEMU_CONF), ("virtlogd.conf", VIRTLOGD_CONF)] {
         let path = lay.etc.join(name);
         fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -638,25 +527,14 @@ fn virsh(sh: &Shell, uri: &str, args: &[&str]) -> Result<String> {
 }
 
 fn virsh_ok(sh: &Shell, uri: &str, args: &[&str]) -> bool {
-    cmd!(sh, "virsh -q -c {uri} {args...}")
-        .quiet()
-        .ignore_stdout()
-        .ignore_stderr()
-        .run()
-        .is_ok()
+    cmd!(sh, "virsh -q -c {uri} {args...}").quiet().ignore_stdout().ignore_stderr().run().is_ok()
 }
 
 /// `virsh <kind>-info <name>`: `None` when the object does not exist, else
 /// whether it is active.
 fn object_active(sh: &Shell, uri: &str, info: &str, name: &str) -> Option<bool> {
-    let out = cmd!(sh, "virsh -q -c {uri} {info} {name}")
-        .quiet()
-        .ignore_stderr()
-        .read()
-        .ok()?;
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("Active:") || l.starts_with("State:"))?;
+    let out = cmd!(sh, "virsh -q -c {uri} {info} {name}").quiet().ignore_stderr().read().ok()?;
+    let line = out.lines().find(|l| l.starts_with("Active:") || l.starts_with("State:"))?;
     Some(line.contains("yes") || line.contains("running"))
 }
 
@@ -676,9 +554,7 @@ fn ensure_network(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
             )
         })?;
     }
-    eprintln!(
-        "host up: network {NETWORK} active (bridge {BRIDGE}, {SUBNET_PREFIX}.0/24, DHCP .2-.99)"
-    );
+    eprintln!("host up: network {NETWORK} active (bridge {BRIDGE}, {SUBNET_PREFIX}.0/24, DHCP .2-.99)");
     Ok(())
 }
 
@@ -686,8 +562,7 @@ fn ensure_pool(sh: &Shell, uri: &str, lay: &Layout, name: &str) -> Result<()> {
     let dir = lay.pools.join(name.trim_start_matches("capl-test-"));
     if object_active(sh, uri, "pool-info", name).is_none() {
         let file = lay.etc.join(format!("{name}.xml"));
-        fs::write(&file, pool_xml(name, &dir))
-            .with_context(|| format!("writing {}", file.display()))?;
+        fs::write(&file, pool_xml(name, &dir)).with_context(|| format!("writing {}", file.display()))?;
         let file = file.display().to_string();
         virsh(sh, uri, &["pool-define", &file])?;
         virsh(sh, uri, &["pool-build", name])?;
@@ -717,9 +592,7 @@ fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
     virsh(sh, uri, &["define", &file])?;
     let define = t.elapsed();
     virsh(sh, uri, &["undefine", PROBE_DOMAIN])?;
-    eprintln!(
-        "host up: virsh version {version:.0?}, define {define:.0?} (each includes connecting)"
-    );
+    eprintln!("host up: virsh version {version:.0?}, define {define:.0?} (each includes connecting)");
     if define > SLOW_DEFINE {
         bail!(
             "a domain define took {define:.1?}: libvirtd is re-probing QEMU on every call. \
@@ -739,34 +612,23 @@ fn live_pid(file: &Path, name: &str) -> Option<u32> {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     // /proc/<pid>/stat is "pid (comm) state ...": a zombie (Z) has exited.
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.trim_start().chars().next());
+    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next());
     (comm.trim() == name && state != Some(Some('Z'))).then_some(pid)
 }
 
 /// Stops libvirtd, then virtlogd (SIGTERM, then SIGKILL after 20 s).
 fn stop_daemons(lay: &Layout) -> Result<()> {
     let sh = Shell::new()?;
-    for (file, name) in [
-        (lay.libvirtd_pid_file(), "libvirtd"),
-        (lay.virtlogd_pid_file(), "virtlogd"),
-    ] {
+    for (file, name) in [(lay.libvirtd_pid_file(), "libvirtd"), (lay.virtlogd_pid_file(), "virtlogd")] {
         let Some(pid) = live_pid(&file, name) else {
             continue;
         };
         let pid_arg = pid.to_string();
-        cmd!(sh, "kill -TERM {pid_arg}")
-            .quiet()
-            .run()
-            .with_context(|| format!("stopping {name} (pid {pid})"))?;
+        cmd!(sh, "kill -TERM {pid_arg}").quiet().run().with_context(|| format!("stopping {name} (pid {pid})"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while live_pid(&file, name).is_some() {
             if Instant::now() > deadline {
-                cmd!(sh, "kill -KILL {pid_arg}")
-                    .quiet()
-                    .ignore_status()
-                    .run()?;
+                cmd!(sh, "kill -KILL {pid_arg}").quiet().ignore_status().run()?;
                 std::thread::sleep(Duration::from_millis(200));
                 break;
             }
@@ -796,11 +658,7 @@ pub fn down() -> Result<()> {
     }
     let mut failures = Vec::new();
     if daemon_responds(&sh, &uri) {
-        let running = virsh(
-            &sh,
-            &uri,
-            &["list", "--name", "--state-running", "--state-paused"],
-        )?;
+        let running = virsh(&sh, &uri, &["list", "--name", "--state-running", "--state-paused"])?;
         for dom in running.lines().map(str::trim).filter(|d| !d.is_empty()) {
             // A test may stop its domain at the same moment: only a domain
             // that is still running afterwards is a failure.
@@ -810,16 +668,10 @@ pub fn down() -> Result<()> {
                 Err(_) => {}
             }
         }
-        for net in virsh(&sh, &uri, &["net-list", "--name"])?
-            .lines()
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-        {
+        for net in virsh(&sh, &uri, &["net-list", "--name"])?.lines().map(str::trim).filter(|n| !n.is_empty()) {
             match virsh(&sh, &uri, &["net-destroy", net]) {
                 Ok(_) => eprintln!("host down: destroyed network {net}"),
-                Err(e) if object_active(&sh, &uri, "net-info", net) == Some(true) => {
-                    failures.push(format!("{e:#}"))
-                }
+                Err(e) if object_active(&sh, &uri, "net-info", net) == Some(true) => failures.push(format!("{e:#}")),
                 Err(_) => {}
             }
         }
@@ -842,8 +694,7 @@ pub fn down() -> Result<()> {
 }
 
 fn domain_running(sh: &Shell, uri: &str, dom: &str) -> bool {
-    virsh(sh, uri, &["domstate", dom])
-        .is_ok_and(|state| state.trim() == "running" || state.trim() == "paused")
+    virsh(sh, uri, &["domstate", dom]).is_ok_and(|state| state.trim() == "running" || state.trim() == "paused")
 }
 
 /// `cargo xtask host status`.
@@ -851,10 +702,7 @@ pub fn status() -> Result<()> {
     let lay = layout();
     let sh = Shell::new()?;
     let uri = uri();
-    for (file, name) in [
-        (lay.libvirtd_pid_file(), "libvirtd"),
-        (lay.virtlogd_pid_file(), "virtlogd"),
-    ] {
+    for (file, name) in [(lay.libvirtd_pid_file(), "libvirtd"), (lay.virtlogd_pid_file(), "virtlogd")] {
         match live_pid(&file, name) {
             Some(pid) => println!("{name}: running (pid {pid})"),
             None => println!("{name}: not running"),
@@ -888,30 +736,21 @@ mod tests {
                     Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
         assert_eq!(
             deb822_main_stanza(text, "bookworm"),
-            Some((
-                "http://mirror.example/debian".into(),
-                "/usr/share/keyrings/debian-archive-keyring.gpg".into()
-            ))
+            Some(("http://mirror.example/debian".into(), "/usr/share/keyrings/debian-archive-keyring.gpg".into()))
         );
         assert_eq!(deb822_main_stanza(text, "trixie"), None);
     }
 
     #[test]
     fn inline_keys_fall_back_to_the_archive_keyring() {
-        let text =
-            "Types: deb\nURIs: http://m/debian\nSuites: bookworm\nSigned-By:\n -----BEGIN PGP\n";
-        assert_eq!(
-            deb822_main_stanza(text, "bookworm").unwrap().1,
-            DEBIAN_KEYRING
-        );
+        let text = "Types: deb\nURIs: http://m/debian\nSuites: bookworm\nSigned-By:\n -----BEGIN PGP\n";
+        assert_eq!(deb822_main_stanza(text, "bookworm").unwrap().1, DEBIAN_KEYRING);
     }
 
     #[test]
     fn ubuntu_names_replace_debian_only_packages() {
         let ubuntu = package_names(&Distro::Ubuntu);
-        assert!(
-            ubuntu.contains(&"linux-image-virtual") && !ubuntu.contains(&"linux-image-cloud-amd64")
-        );
+        assert!(ubuntu.contains(&"linux-image-virtual") && !ubuntu.contains(&"linux-image-cloud-amd64"));
         let debian = package_names(&Distro::Debian("bookworm".into()));
         assert!(debian.contains(&"linux-image-cloud-amd64"));
         assert_eq!(ubuntu.len(), debian.len());
@@ -921,12 +760,8 @@ mod tests {
     fn network_and_uri_use_the_private_names() {
         let xml = network_xml();
         assert!(
-            xml.contains("<bridge name='capltest0'")
-                && xml.contains("<range start='10.251.0.2' end='10.251.0.99'/>")
+            xml.contains("<bridge name='capltest0'") && xml.contains("<range start='10.251.0.2' end='10.251.0.99'/>")
         );
-        assert_eq!(
-            uri(),
-            "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock"
-        );
+        assert_eq!(uri(), "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock");
     }
 }

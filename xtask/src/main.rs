@@ -116,6 +116,10 @@ pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     eprintln!("==> {name}");
     let started = std::time::Instant::now();
     let out = f();
-    eprintln!("==> {name}: {} in {:.1} s", if out.is_ok() { "done" } else { "FAILED" }, started.elapsed().as_secs_f64());
+    eprintln!(
+        "==> {name}: {} in {:.1} s",
+        if out.is_ok() { "done" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
     out
 }

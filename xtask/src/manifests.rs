@@ -13,7 +13,8 @@ pub fn write() -> Result<()> {
     let sh = Shell::new()?;
     let root = repo_root();
     sh.change_dir(&root);
-    cmd!(sh, "cargo run --quiet --locked -p cluster-api-provider-libvirt --bin capl-manifests -- write --root {root}").run()?;
+    cmd!(sh, "cargo run --quiet --locked -p cluster-api-provider-libvirt --bin capl-manifests -- write --root {root}")
+        .run()?;
     Ok(())
 }
 

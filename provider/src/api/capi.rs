@@ -29,7 +29,14 @@ pub struct ObjectReference {
 
 /// The slice of Cluster.spec we read.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(group = "cluster.x-k8s.io", version = "v1beta2", kind = "Cluster", namespaced, status = "ClusterStatus", schema = "disabled")]
+#[kube(
+    group = "cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "Cluster",
+    namespaced,
+    status = "ClusterStatus",
+    schema = "disabled"
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,12 +23,33 @@ use super::shared::{ApiEndpoint, FailureDomain, Initialization};
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "LibvirtCluster points to a libvirt host and the network and storage pools the cluster's machines use.",
     derive = "PartialEq",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']", description = "Cluster this LibvirtCluster belongs to"),
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",
+        description = "Cluster this LibvirtCluster belongs to"
+    ),
     printcolumn(name = "URI", type_ = "string", json_path = ".spec.uri", description = "libvirt connection URI"),
     printcolumn(name = "Network", type_ = "string", json_path = ".spec.network", description = "libvirt network"),
-    printcolumn(name = "Provisioned", type_ = "boolean", json_path = ".status.initialization.provisioned", description = "Infrastructure is ready"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".spec.controlPlaneEndpoint.host", priority = 1, description = "Control plane endpoint"),
+    printcolumn(
+        name = "Provisioned",
+        type_ = "boolean",
+        json_path = ".status.initialization.provisioned",
+        description = "Infrastructure is ready"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Ready condition"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".spec.controlPlaneEndpoint.host",
+        priority = 1,
+        description = "Control plane endpoint"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -36,7 +57,10 @@ use super::shared::{ApiEndpoint, FailureDomain, Initialization};
 pub struct LibvirtClusterSpec {
     /// libvirt connection URI of the host, e.g. qemu+tcp://libvirt.lab/system,
     /// qemu+tls://host/system or qemu+libssh://user@host/system. Immutable.
-    #[schemars(length(min = 1, max = 1024), pattern(r"^(qemu|test)(\+(unix|tcp|tls|ssh|libssh|libssh2|ext))?://[^\s/]*/[^\s]*$"))]
+    #[schemars(
+        length(min = 1, max = 1024),
+        pattern(r"^(qemu|test)(\+(unix|tcp|tls|ssh|libssh|libssh2|ext))?://[^\s/]*/[^\s]*$")
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("uri is immutable: machines already run on this host; create a new LibvirtCluster instead"))]
     pub uri: String,
     /// Name of an existing libvirt network with IPv4 DHCP. Immutable.

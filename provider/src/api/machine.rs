@@ -20,12 +20,38 @@ use super::shared::{Initialization, MachineAddress};
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "LibvirtMachine is one virtual machine on the cluster's libvirt host.",
     derive = "PartialEq",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']", description = "Cluster this machine belongs to"),
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",
+        description = "Cluster this machine belongs to"
+    ),
     printcolumn(name = "State", type_ = "string", json_path = ".status.state", description = "libvirt domain state"),
-    printcolumn(name = "IP", type_ = "string", json_path = ".status.addresses[?(@.type==\"InternalIP\")].address", description = "Address leased by the network's DHCP"),
-    printcolumn(name = "Domain", type_ = "string", json_path = ".status.domainName", description = "libvirt domain name"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
-    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", priority = 1, description = "Provider ID"),
+    printcolumn(
+        name = "IP",
+        type_ = "string",
+        json_path = ".status.addresses[?(@.type==\"InternalIP\")].address",
+        description = "Address leased by the network's DHCP"
+    ),
+    printcolumn(
+        name = "Domain",
+        type_ = "string",
+        json_path = ".status.domainName",
+        description = "libvirt domain name"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Ready condition"
+    ),
+    printcolumn(
+        name = "ProviderID",
+        type_ = "string",
+        json_path = ".spec.providerID",
+        priority = 1,
+        description = "Provider ID"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

@@ -2,6 +2,10 @@
 //! LibvirtMachine and their templates, plus the slices of CAPI's own
 //! `cluster.x-k8s.io/v1beta2` kinds that the reconcilers read.
 
+// kube's `printcolumn(...)` attributes repeat `type_ = "string"`, which this
+// lint mistakes for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod capi;
 mod cluster;
 pub mod conditions;
@@ -36,10 +40,5 @@ pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 /// Every CRD this crate defines, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![
-        LibvirtCluster::crd(),
-        LibvirtClusterTemplate::crd(),
-        LibvirtMachine::crd(),
-        LibvirtMachineTemplate::crd(),
-    ]
+    vec![LibvirtCluster::crd(), LibvirtClusterTemplate::crd(), LibvirtMachine::crd(), LibvirtMachineTemplate::crd()]
 }

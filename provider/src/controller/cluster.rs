@@ -133,7 +133,12 @@ fn infra_reason(host_reason: &str) -> &'static str {
     }
 }
 
-async fn report(object: &LibvirtCluster, ctx: &Context, api: &Api<LibvirtCluster>, plan: &ClusterPlan) -> Result<(), Error> {
+async fn report(
+    object: &LibvirtCluster,
+    ctx: &Context,
+    api: &Api<LibvirtCluster>,
+    plan: &ClusterPlan,
+) -> Result<(), Error> {
     if plan.conditions.is_empty() {
         return Ok(());
     }

@@ -81,7 +81,10 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
     if s.deleting {
         // Nothing on the host belongs to the cluster: only the finalizer goes.
         let action = if s.has_finalizer { ClusterAction::RemoveFinalizer } else { ClusterAction::Nothing };
-        return plan(action, vec![ConditionUpdate::false_(READY, reasons::DELETING, "deleting; the host is not changed")]);
+        return plan(
+            action,
+            vec![ConditionUpdate::false_(READY, reasons::DELETING, "deleting; the host is not changed")],
+        );
     }
     let Some((cluster, cluster_endpoint)) = &s.owner_cluster else {
         let message = "waiting for CAPI to set the owner Cluster";
@@ -103,7 +106,11 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
         return plan(
             ClusterAction::Nothing,
             with_summary(vec![
-                ConditionUpdate::false_(CONTROL_PLANE_ENDPOINT_READY, reasons::WAITING_FOR_CONTROL_PLANE_ENDPOINT, message.clone()),
+                ConditionUpdate::false_(
+                    CONTROL_PLANE_ENDPOINT_READY,
+                    reasons::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
+                    message.clone(),
+                ),
                 ConditionUpdate::unknown(INFRASTRUCTURE_READY, reasons::WAITING_FOR_CONTROL_PLANE_ENDPOINT, message),
             ]),
         );
@@ -120,14 +127,20 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
             requeue: Some(RECHECK_HOST),
             ..plan(
                 ClusterAction::Nothing,
-                with_summary(vec![endpoint_ready, ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::INFRASTRUCTURE_AVAILABLE, "")]),
+                with_summary(vec![
+                    endpoint_ready,
+                    ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::INFRASTRUCTURE_AVAILABLE, ""),
+                ]),
             )
         },
         InfraCheck::Failed { reason, message, transient } => ClusterPlan {
             requeue: Some(if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE }),
             ..plan(
                 ClusterAction::Nothing,
-                with_summary(vec![endpoint_ready, ConditionUpdate::false_(INFRASTRUCTURE_READY, reason, message.clone())]),
+                with_summary(vec![
+                    endpoint_ready,
+                    ConditionUpdate::false_(INFRASTRUCTURE_READY, reason, message.clone()),
+                ]),
             )
         },
     }
@@ -218,7 +231,8 @@ mod tests {
         let p = decide(&ClusterSnapshot { host: failed(r::INFRASTRUCTURE_MISSING, false), ..ready_cluster() });
         assert!(!p.provisioned);
         assert_eq!(p.requeue, Some(RETRY_AFTER_PERMANENT_FAILURE));
-        let p = decide(&ClusterSnapshot { host: failed(r::INFRASTRUCTURE_PROVISIONING_FAILED, true), ..ready_cluster() });
+        let p =
+            decide(&ClusterSnapshot { host: failed(r::INFRASTRUCTURE_PROVISIONING_FAILED, true), ..ready_cluster() });
         assert_eq!(p.requeue, Some(RETRY_AFTER_TRANSIENT_FAILURE));
     }
 

@@ -98,10 +98,16 @@ pub fn summary(updates: &[ConditionUpdate], types: &[&str]) -> ConditionUpdate {
             Some(u) if u.status == Status::True => {}
             Some(u) => {
                 let reason = if u.status == Status::Unknown { reasons::READY_UNKNOWN } else { reasons::NOT_READY };
-                let message = if u.message.is_empty() { format!("{} is {}", u.type_, u.status.as_str()) } else { u.message.clone() };
+                let message = if u.message.is_empty() {
+                    format!("{} is {}", u.type_, u.status.as_str())
+                } else {
+                    u.message.clone()
+                };
                 return ConditionUpdate::new(READY, u.status, reason, message);
             }
-            None => return ConditionUpdate::unknown(READY, reasons::READY_UNKNOWN, format!("{type_} is not reported yet")),
+            None => {
+                return ConditionUpdate::unknown(READY, reasons::READY_UNKNOWN, format!("{type_} is not reported yet"));
+            }
         }
     }
     ConditionUpdate::true_(READY, reasons::READY, "")

@@ -15,7 +15,9 @@ use super::machine_decision::{Bootstrap, Host, MachineAction, MachinePlan, Machi
 use super::{Context, Error, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, reasons};
-use crate::api::{Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress};
+use crate::api::{
+    Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
+};
 use crate::host::error::{HostError, ObjectKind};
 use crate::host::machine::{self as host_machine, MachineReport, MachineSpec};
 use crate::hypervisor::HypervisorError;
@@ -54,7 +56,9 @@ async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gath
         None => None,
     };
     let libvirt_cluster = match cluster.as_ref().and_then(|c| c.spec.infrastructure_ref.as_ref()) {
-        Some(r) if r.kind == "LibvirtCluster" => get_optional(&Api::<LibvirtCluster>::namespaced(client.clone(), ns), &r.name).await?,
+        Some(r) if r.kind == "LibvirtCluster" => {
+            get_optional(&Api::<LibvirtCluster>::namespaced(client.clone(), ns), &r.name).await?
+        }
         _ => None,
     };
     Ok(Gathered { machine, cluster, libvirt_cluster })
@@ -92,12 +96,15 @@ async fn bootstrap_data(ctx: &Context, ns: &str, machine: &Machine) -> Result<(B
     }
 }
 
-fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Cluster>, ctx: &Context, user_data: Vec<u8>) -> MachineSpec {
-    let endpoint = lc
-        .spec
-        .control_plane_endpoint
-        .clone()
-        .or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
+fn host_spec(
+    object: &LibvirtMachine,
+    lc: &LibvirtCluster,
+    cluster: Option<&Cluster>,
+    ctx: &Context,
+    user_data: Vec<u8>,
+) -> MachineSpec {
+    let endpoint =
+        lc.spec.control_plane_endpoint.clone().or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
     MachineSpec {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
@@ -127,7 +134,11 @@ fn machine_reason(err: &HostError) -> &'static str {
 }
 
 /// The host's answer, folded into the snapshot's terms.
-fn host_view(result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>, object: &LibvirtMachine, uri: &str) -> Host {
+fn host_view(
+    result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>,
+    object: &LibvirtMachine,
+    uri: &str,
+) -> Host {
     match result {
         Ok(Ok(None)) => Host::Absent,
         Ok(Ok(Some(report))) => Host::Present {
@@ -162,7 +173,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         paused: paused_reason(object, g.cluster.as_ref()),
         owner_machine: g.machine.as_ref().map(|m| m.name_any()),
         cluster: g.cluster.as_ref().map(|c| {
-            let provisioned = c.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.infrastructure_provisioned);
+            let provisioned =
+                c.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.infrastructure_provisioned);
             (c.name_any(), provisioned == Some(true))
         }),
         libvirt_cluster_found: g.libvirt_cluster.is_some(),
@@ -189,7 +201,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             MachineAction::ObserveHost => {
                 let lc = lc.expect("decide observes only with a LibvirtCluster");
                 let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
-                let result = timed(ctx, "observe", ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::observe_machine(h, &spec)))).await;
+                let result = timed(
+                    ctx,
+                    "observe",
+                    ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::observe_machine(h, &spec))),
+                )
+                .await;
                 snapshot.host = host_view(&result, object, &lc.spec.uri);
                 if let Ok(Ok(found)) = result {
                     report = found;
@@ -206,7 +223,14 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let lc = lc.expect("decide creates only with a LibvirtCluster");
                 let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, std::mem::take(&mut user_data));
                 let operation = if plan.action == MachineAction::Create { "create" } else { "start" };
-                let result = timed(ctx, operation, ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::ensure_machine(h, &spec).map(Some)))).await;
+                let result = timed(
+                    ctx,
+                    operation,
+                    ctx.connections
+                        .host(&lc.spec.uri)
+                        .call(move |h| Ok(host_machine::ensure_machine(h, &spec).map(Some))),
+                )
+                .await;
                 snapshot.host = host_view(&result, object, &lc.spec.uri);
                 match result {
                     Ok(Ok(Some(r))) => {
@@ -215,7 +239,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                         } else {
                             ("DomainStarted", format!("started domain {} on {}", r.domain, lc.spec.uri))
                         };
-                        ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note).await;
+                        ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note)
+                            .await;
                         report = Some(r);
                     }
                     _ => {
@@ -230,10 +255,24 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             MachineAction::Delete => {
                 let lc = lc.expect("decide deletes only with a LibvirtCluster");
                 let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
-                let result = timed(ctx, "delete", ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::delete_machine(h, &spec).map(|()| None)))).await;
+                let result = timed(
+                    ctx,
+                    "delete",
+                    ctx.connections
+                        .host(&lc.spec.uri)
+                        .call(move |h| Ok(host_machine::delete_machine(h, &spec).map(|()| None))),
+                )
+                .await;
                 match result {
                     Ok(Ok(_)) => {
-                        ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", "removed the domain, its volumes and its DHCP reservation").await;
+                        ctx.event(
+                            object,
+                            EventType::Normal,
+                            "DomainDeleted",
+                            "Delete",
+                            "removed the domain, its volumes and its DHCP reservation",
+                        )
+                        .await;
                         ctx.lease_found(&uid);
                         object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                         return Ok(Action::await_change());
@@ -325,7 +364,9 @@ async fn report_status(
         object_patch::patch_status(api, &name, &status).await?;
     }
     // One Warning event per new failure message.
-    if let Some(update) = plan.conditions.iter().find(|u| u.type_ == DOMAIN_PROVISIONING_READY && u.status == Status::False) {
+    if let Some(update) =
+        plan.conditions.iter().find(|u| u.type_ == DOMAIN_PROVISIONING_READY && u.status == Status::False)
+    {
         let is_failure = !matches!(update.reason, reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING);
         let was = old.conditions.as_ref().and_then(|c| c.iter().find(|c| c.type_ == update.type_));
         if is_failure && was.is_none_or(|c| c.message != update.message) {

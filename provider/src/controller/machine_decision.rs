@@ -144,7 +144,9 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
     let infrastructure = match &s.cluster {
         None => Some("waiting for the owner Machine's Cluster to exist".to_string()),
         Some((name, false)) => Some(format!("waiting for Cluster {name} to have its infrastructure provisioned")),
-        Some((name, true)) if !s.libvirt_cluster_found => Some(format!("waiting for the LibvirtCluster of Cluster {name}")),
+        Some((name, true)) if !s.libvirt_cluster_found => {
+            Some(format!("waiting for the LibvirtCluster of Cluster {name}"))
+        }
         Some(_) => None,
     };
     if let Some(message) = infrastructure {
@@ -174,8 +176,10 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
 }
 
 fn decide_creation(s: &MachineSnapshot, infra_ready: ConditionUpdate) -> MachinePlan {
-    let not_created = ConditionUpdate::false_(MACHINE_CREATED, reasons::DOMAIN_NOT_CREATED, "the domain does not exist yet");
-    let not_running = ConditionUpdate::false_(DOMAIN_RUNNING, reasons::DOMAIN_NOT_RUNNING, "the domain does not exist yet");
+    let not_created =
+        ConditionUpdate::false_(MACHINE_CREATED, reasons::DOMAIN_NOT_CREATED, "the domain does not exist yet");
+    let not_running =
+        ConditionUpdate::false_(DOMAIN_RUNNING, reasons::DOMAIN_NOT_RUNNING, "the domain does not exist yet");
     let (action, provisioning) = match &s.bootstrap {
         Bootstrap::NotSet => (
             MachineAction::Nothing,
@@ -228,7 +232,10 @@ fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionU
             ConditionUpdate::false_(
                 DOMAIN_RUNNING,
                 reasons::DOMAIN_NOT_RUNNING,
-                format!("the domain is {}; resume it on the host (virsh resume) if that was not intended", other.as_str()),
+                format!(
+                    "the domain is {}; resume it on the host (virsh resume) if that was not intended",
+                    other.as_str()
+                ),
             ),
             Requeue::After(RECHECK_ODD_STATE),
         ),
@@ -345,7 +352,13 @@ mod tests {
     #[case::without_libvirt_cluster(Host::NotObserved, false, MachineAction::RemoveFinalizer)]
     fn deletes_in_every_phase(#[case] host: Host, #[case] libvirt_cluster_found: bool, #[case] action: MachineAction) {
         for owner in [None, Some("m".to_string())] {
-            let s = MachineSnapshot { deleting: true, host: host.clone(), libvirt_cluster_found, owner_machine: owner, ..ready_machine() };
+            let s = MachineSnapshot {
+                deleting: true,
+                host: host.clone(),
+                libvirt_cluster_found,
+                owner_machine: owner,
+                ..ready_machine()
+            };
             let p = decide(&s);
             assert_eq!(p.action, action);
             assert_eq!(condition(&p, READY), (Status::False, r::DELETING));
@@ -364,13 +377,19 @@ mod tests {
 
     #[test]
     fn provisioned_once_the_domain_exists_and_backs_off_for_the_lease() {
-        let s = MachineSnapshot { host: Host::Present { state: DomainState::Running, has_address: false }, ..ready_machine() };
+        let s = MachineSnapshot {
+            host: Host::Present { state: DomainState::Running, has_address: false },
+            ..ready_machine()
+        };
         let p = decide(&s);
         assert!(p.provisioned);
         assert_eq!(p.requeue, Requeue::WaitingForAddress);
         let absent = decide(&MachineSnapshot { host: Host::Absent, ..ready_machine() });
         assert!(!absent.provisioned);
-        let addressed = MachineSnapshot { host: Host::Present { state: DomainState::Running, has_address: true }, ..ready_machine() };
+        let addressed = MachineSnapshot {
+            host: Host::Present { state: DomainState::Running, has_address: true },
+            ..ready_machine()
+        };
         assert_eq!(decide(&addressed).requeue, Requeue::After(RECHECK_RUNNING), "a running machine is looked at again");
     }
 

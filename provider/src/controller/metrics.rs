@@ -47,7 +47,11 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.001, 2.0, 16))
         });
         registry.register("reconciles", "Reconciles run, by controller", reconciles.clone());
-        registry.register("reconcile_errors", "Reconciles that failed or reported a failure, by controller and reason", errors.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed or reported a failure, by controller and reason",
+            errors.clone(),
+        );
         registry.register("reconcile_duration_seconds", "Reconcile duration, by controller", durations.clone());
         registry.register(
             "libvirt_operation_duration_seconds",
@@ -70,7 +74,9 @@ impl Metrics {
     }
 
     pub fn host_operation(&self, operation: &str, took: Duration) {
-        self.host_operations.get_or_create(&OperationLabels { operation: operation.into() }).observe(took.as_secs_f64());
+        self.host_operations
+            .get_or_create(&OperationLabels { operation: operation.into() })
+            .observe(took.as_secs_f64());
     }
 
     /// The text exposition format.

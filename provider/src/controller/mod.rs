@@ -90,7 +90,14 @@ impl Context {
     }
 
     /// Publishes an event on `object`; failures to publish are logged, not fatal.
-    async fn event<K: Resource<DynamicType = ()>>(&self, object: &K, type_: EventType, reason: &str, action: &str, note: &str) {
+    async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -126,7 +133,10 @@ impl Error {
 
 fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
     match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -164,9 +174,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // bootstrap Secrets to the LibvirtMachines they concern. A reflector keeps
     // the Machines at hand for the Secret mapping.
     let (machine_reader, machine_writer) = reflector::store::<Machine>();
-    let machine_stream = reflector::reflector(machine_writer, watcher(api::<Machine>(&client, &ns), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    let machine_stream =
+        reflector::reflector(machine_writer, watcher(api::<Machine>(&client, &ns), watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
     let machines: Api<LibvirtMachine> = api(&client, &ns);
     let machine_controller = Controller::new(machines, watcher::Config::default()).with_config(config);
     let libvirt_machines = machine_controller.store();
@@ -174,14 +185,20 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let for_libvirt_cluster = libvirt_machines.clone();
     let machine_controller = machine_controller
         .watches_stream(machine_stream, watch_mapping::libvirt_machine_of_machine)
-        .watches(capi_clusters, watcher::Config::default(), move |c| watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c))
+        .watches(capi_clusters, watcher::Config::default(), move |c| {
+            watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c)
+        })
         .watches(api::<LibvirtCluster>(&client, &ns), watcher::Config::default(), move |lc| {
             watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc)
         })
-        .watches(api::<Secret>(&client, &ns), watcher::Config::default().fields(watch_mapping::BOOTSTRAP_SECRET_FIELDS), {
-            let machines = machine_reader.clone();
-            move |s| watch_mapping::libvirt_machines_of_secret(&machines, &s)
-        })
+        .watches(
+            api::<Secret>(&client, &ns),
+            watcher::Config::default().fields(watch_mapping::BOOTSTRAP_SECRET_FIELDS),
+            {
+                let machines = machine_reader.clone();
+                move |s| watch_mapping::libvirt_machines_of_secret(&machines, &s)
+            },
+        )
         .graceful_shutdown_on(shutdown)
         .run(machine::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachine"), ctx.clone())
         .for_each(|result| async move {

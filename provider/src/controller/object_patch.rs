@@ -64,7 +64,6 @@ where
     S: Serialize,
 {
     let patch = json!({ "status": status });
-    api.patch_status(name, &params(), &Patch::Merge(&patch))
-        .await?;
+    api.patch_status(name, &params(), &Patch::Merge(&patch)).await?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! Which of our objects a change to another object concerns.
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use k8s_openapi::api::core::v1::Secret;
 
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::{GROUP, LibvirtCluster, LibvirtMachine};
@@ -34,7 +34,10 @@ fn machines_labelled(store: &Store<LibvirtMachine>, namespace: &str, cluster: &s
     store
         .state()
         .iter()
-        .filter(|m| m.namespace().as_deref() == Some(namespace) && m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
+        .filter(|m| {
+            m.namespace().as_deref() == Some(namespace)
+                && m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster)
+        })
         .map(|m| ObjectRef::from_obj(m.as_ref()))
         .collect()
 }
@@ -45,7 +48,10 @@ pub fn libvirt_machines_of_cluster(store: &Store<LibvirtMachine>, cluster: &Clus
 }
 
 /// A LibvirtCluster -> the LibvirtMachines of its Cluster.
-pub fn libvirt_machines_of_libvirt_cluster(store: &Store<LibvirtMachine>, cluster: &LibvirtCluster) -> Vec<ObjectRef<LibvirtMachine>> {
+pub fn libvirt_machines_of_libvirt_cluster(
+    store: &Store<LibvirtMachine>,
+    cluster: &LibvirtCluster,
+) -> Vec<ObjectRef<LibvirtMachine>> {
     match cluster.labels().get(CLUSTER_NAME_LABEL) {
         Some(name) => machines_labelled(store, &cluster.namespace().unwrap_or_default(), name),
         None => Vec::new(),

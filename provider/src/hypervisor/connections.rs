@@ -80,10 +80,7 @@ pub struct KeepAlive {
 
 impl Default for KeepAlive {
     fn default() -> Self {
-        Self {
-            interval_secs: 5,
-            count: 3,
-        }
+        Self { interval_secs: 5, count: 3 }
     }
 }
 
@@ -96,10 +93,7 @@ pub struct LibvirtConnector {
 
 impl LibvirtConnector {
     pub fn new(keepalive: KeepAlive) -> Self {
-        Self {
-            keepalive,
-            opened: AtomicU64::new(0),
-        }
+        Self { keepalive, opened: AtomicU64::new(0) }
     }
 
     /// How many connections this connector has opened successfully.
@@ -114,11 +108,10 @@ impl Connector for LibvirtConnector {
         let hv = LibvirtHypervisor::connect(uri)?;
         if self.keepalive.interval_secs > 0 {
             // Ok(false): a local driver (test:///) has no keepalive; fine.
-            hv.set_keepalive(self.keepalive.interval_secs, self.keepalive.count)
-                .map_err(|mut e| {
-                    e.message = format!("cannot enable keepalive on {uri}: {}", e.message);
-                    e
-                })?;
+            hv.set_keepalive(self.keepalive.interval_secs, self.keepalive.count).map_err(|mut e| {
+                e.message = format!("cannot enable keepalive on {uri}: {}", e.message);
+                e
+            })?;
         }
         self.opened.fetch_add(1, Ordering::SeqCst);
         Ok(Arc::new(hv))
@@ -137,10 +130,7 @@ pub fn ensure_event_loop() -> Result<()> {
         .get_or_init(|| {
             virt::event::event_register_default_impl().map_err(|e| {
                 let mut err = from_virt(e);
-                err.message = format!(
-                    "cannot register libvirt's default event loop: {}",
-                    err.message
-                );
+                err.message = format!("cannot register libvirt's default event loop: {}", err.message);
                 err
             })?;
             std::thread::Builder::new()
@@ -179,24 +169,13 @@ pub struct Connections {
 
 impl Connections {
     pub fn new(connector: Arc<dyn Connector>, max_calls_per_host: usize) -> Self {
-        assert!(
-            max_calls_per_host > 0,
-            "max_calls_per_host must be at least 1"
-        );
-        Self {
-            connector,
-            max_calls_per_host,
-            hosts: Mutex::new(HashMap::new()),
-            opened: AtomicU64::new(0),
-        }
+        assert!(max_calls_per_host > 0, "max_calls_per_host must be at least 1");
+        Self { connector, max_calls_per_host, hosts: Mutex::new(HashMap::new()), opened: AtomicU64::new(0) }
     }
 
     /// A cache over real libvirt with default keepalive and call bound.
     pub fn libvirt() -> Self {
-        Self::new(
-            Arc::new(LibvirtConnector::default()),
-            DEFAULT_MAX_CALLS_PER_HOST,
-        )
+        Self::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST)
     }
 
     /// The handle for one host. Cheap; opens nothing until the first call.
@@ -214,10 +193,7 @@ impl Connections {
                 })
                 .clone()
         };
-        HostHandle {
-            cache: self.clone(),
-            slot,
-        }
+        HostHandle { cache: self.clone(), slot }
     }
 
     /// Connections opened through this cache so far, over all hosts.
@@ -227,12 +203,7 @@ impl Connections {
 
     /// Drops the cached connection of `uri` (if any); the next call reconnects.
     pub fn invalidate(&self, uri: &str) {
-        let slot = self
-            .hosts
-            .lock()
-            .expect("connection cache lock poisoned")
-            .get(uri)
-            .cloned();
+        let slot = self.hosts.lock().expect("connection cache lock poisoned").get(uri).cloned();
         if let Some(slot) = slot {
             *slot.conn.lock().expect("host slot lock poisoned") = None;
         }
@@ -294,19 +265,9 @@ impl HostHandle {
         F: FnOnce(&dyn Hypervisor) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let permit = self
-            .slot
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| {
-                HypervisorError::new(
-                    ErrorKind::Other,
-                    0,
-                    format!("call bound of host {} was closed", self.slot.uri),
-                )
-            })?;
+        let permit = self.slot.permits.clone().acquire_owned().await.map_err(|_| {
+            HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {} was closed", self.slot.uri))
+        })?;
         let this = self.clone();
         let joined = tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -317,10 +278,7 @@ impl HostHandle {
             Err(HypervisorError::new(
                 ErrorKind::Other,
                 0,
-                format!(
-                    "libvirt call on host {} did not complete: {e}",
-                    self.slot.uri
-                ),
+                format!("libvirt call on host {} did not complete: {e}", self.slot.uri),
             ))
         })
     }

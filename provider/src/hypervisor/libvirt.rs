@@ -22,8 +22,7 @@ use virt::stream::Stream;
 use virt::sys;
 
 use super::{
-    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
-    UndefineFlags,
+    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -47,10 +46,7 @@ impl LibvirtHypervisor {
             err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
             err
         })?;
-        Ok(Self {
-            uri: uri.to_string(),
-            conn,
-        })
+        Ok(Self { uri: uri.to_string(), conn })
     }
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
@@ -77,9 +73,7 @@ impl LibvirtHypervisor {
     }
 
     fn pool(&self, name: &str) -> Result<StoragePool> {
-        self.conn
-            .lookup_storage_pool_by_name(name)
-            .map_err(from_virt)
+        self.conn.lookup_storage_pool_by_name(name).map_err(from_virt)
     }
 
     fn volume(&self, pool: &str, name: &str) -> Result<StorageVol> {
@@ -125,10 +119,7 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn network_define(&self, xml: &str) -> Result<String> {
-        self.conn
-            .define_network_xml(xml)
-            .and_then(|n| n.name())
-            .map_err(from_virt)
+        self.conn.define_network_xml(xml).and_then(|n| n.name()).map_err(from_virt)
     }
 
     fn network_start(&self, name: &str) -> Result<()> {
@@ -143,31 +134,16 @@ impl Hypervisor for LibvirtHypervisor {
         self.network(name)?.undefine().map_err(from_virt)
     }
 
-    fn network_update_dhcp_host(
-        &self,
-        network: &str,
-        command: NetworkUpdateCommand,
-        host_xml: &str,
-    ) -> Result<()> {
+    fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
         let net = self.network(network)?;
-        let flags = network_update_flags(
-            net.is_active().map_err(from_virt)?,
-            net.is_persistent().map_err(from_virt)?,
-        );
+        let flags = network_update_flags(net.is_active().map_err(from_virt)?, net.is_persistent().map_err(from_virt)?);
         let cmd = match command {
             NetworkUpdateCommand::Modify => sys::VIR_NETWORK_UPDATE_COMMAND_MODIFY,
             NetworkUpdateCommand::Delete => sys::VIR_NETWORK_UPDATE_COMMAND_DELETE,
             NetworkUpdateCommand::AddLast => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
             NetworkUpdateCommand::AddFirst => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_FIRST,
         };
-        net.update(
-            cmd,
-            sys::VIR_NETWORK_SECTION_IP_DHCP_HOST,
-            -1,
-            host_xml,
-            flags,
-        )
-        .map_err(from_virt)
+        net.update(cmd, sys::VIR_NETWORK_SECTION_IP_DHCP_HOST, -1, host_xml, flags).map_err(from_virt)
     }
 
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
@@ -191,10 +167,7 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn pool_define(&self, xml: &str) -> Result<String> {
-        self.conn
-            .define_storage_pool_xml(xml, 0)
-            .and_then(|p| p.name())
-            .map_err(from_virt)
+        self.conn.define_storage_pool_xml(xml, 0).and_then(|p| p.name()).map_err(from_virt)
     }
 
     fn pool_build(&self, name: &str) -> Result<()> {
@@ -229,9 +202,7 @@ impl Hypervisor for LibvirtHypervisor {
 
     fn volume_create(&self, pool: &str, xml: &str) -> Result<String> {
         let pool = self.pool(pool)?;
-        StorageVol::create_xml(&pool, xml, 0)
-            .and_then(|v| v.name())
-            .map_err(from_virt)
+        StorageVol::create_xml(&pool, xml, 0).and_then(|v| v.name()).map_err(from_virt)
     }
 
     fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()> {
@@ -251,9 +222,7 @@ impl Hypervisor for LibvirtHypervisor {
                     return Err(HypervisorError::new(
                         ErrorKind::Other,
                         0,
-                        format!(
-                            "upload to volume {name} in pool {pool}: stream accepted no bytes at offset {sent}"
-                        ),
+                        format!("upload to volume {name} in pool {pool}: stream accepted no bytes at offset {sent}"),
                     ));
                 }
                 Err(e) => {
@@ -301,10 +270,7 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn domain_define(&self, xml: &str) -> Result<String> {
-        self.conn
-            .define_domain_xml(xml)
-            .and_then(|d| d.name())
-            .map_err(from_virt)
+        self.conn.define_domain_xml(xml).and_then(|d| d.name()).map_err(from_virt)
     }
 
     fn domain_xml(&self, name: &str) -> Result<String> {
@@ -353,9 +319,7 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
-        self.domain(name)?
-            .set_autostart(autostart)
-            .map_err(from_virt)
+        self.domain(name)?.set_autostart(autostart).map_err(from_virt)
     }
 }
 
@@ -417,15 +381,7 @@ fn dhcp_leases(net: &Network) -> Result<Vec<DhcpLease>> {
 /// # Safety
 /// `ptr` is null or a valid NUL-terminated string.
 unsafe fn c_string(ptr: *const c_char) -> Option<String> {
-    if ptr.is_null() {
-        None
-    } else {
-        Some(
-            unsafe { CStr::from_ptr(ptr) }
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
+    if ptr.is_null() { None } else { Some(unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()) }
 }
 
 /// libvirt prints every error to stderr unless an error function is set;
@@ -467,12 +423,8 @@ pub fn kind_of(code: i32, domain: i32) -> ErrorKind {
         sys::VIR_ERR_OPERATION_FAILED => ErrorKind::OperationFailed,
         sys::VIR_ERR_DOM_EXIST => ErrorKind::DomainExists,
         sys::VIR_ERR_STORAGE_VOL_EXIST => ErrorKind::StorageVolExists,
-        sys::VIR_ERR_NO_CONNECT | sys::VIR_ERR_INVALID_CONN | sys::VIR_ERR_RPC => {
-            ErrorKind::ConnectionLost
-        }
-        sys::VIR_ERR_SYSTEM_ERROR | sys::VIR_ERR_INTERNAL_ERROR if transport => {
-            ErrorKind::ConnectionLost
-        }
+        sys::VIR_ERR_NO_CONNECT | sys::VIR_ERR_INVALID_CONN | sys::VIR_ERR_RPC => ErrorKind::ConnectionLost,
+        sys::VIR_ERR_SYSTEM_ERROR | sys::VIR_ERR_INTERNAL_ERROR if transport => ErrorKind::ConnectionLost,
         _ => ErrorKind::Other,
     }
 }
@@ -511,9 +463,6 @@ mod tests {
         assert_eq!(network_update_flags(true, true), live | config);
         assert_eq!(network_update_flags(false, true), config);
         assert_eq!(network_update_flags(true, false), live);
-        assert_eq!(
-            network_update_flags(false, false),
-            sys::VIR_NETWORK_UPDATE_AFFECT_CURRENT
-        );
+        assert_eq!(network_update_flags(false, false), sys::VIR_NETWORK_UPDATE_AFFECT_CURRENT);
     }
 }

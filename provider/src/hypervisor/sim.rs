@@ -15,8 +15,7 @@ use libvirt_sim::{Connection, ErrorCode, UpdateCommand, UpdateSection, update_fl
 
 use super::connections::Connector;
 use super::{
-    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
-    UndefineFlags,
+    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
 };
 
 /// A connection to a simulated host registered with `libvirt_sim::Host::builder(uri)`.
@@ -114,9 +113,7 @@ impl Hypervisor for SimHypervisor {
     }
 
     fn network_xml(&self, name: &str) -> Result<String> {
-        self.conn
-            .network_get_xml_desc(name)
-            .map_err(|e| self.err(e))
+        self.conn.network_get_xml_desc(name).map_err(|e| self.err(e))
     }
 
     fn network_is_active(&self, name: &str) -> Result<bool> {
@@ -139,18 +136,10 @@ impl Hypervisor for SimHypervisor {
         self.conn.network_undefine(name).map_err(|e| self.err(e))
     }
 
-    fn network_update_dhcp_host(
-        &self,
-        network: &str,
-        command: NetworkUpdateCommand,
-        host_xml: &str,
-    ) -> Result<()> {
+    fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
         // The same flags as the libvirt implementation: live when the network
         // runs, config when it is persistent.
-        let info = self
-            .conn
-            .network_lookup_by_name(network)
-            .map_err(|e| self.err(e))?;
+        let info = self.conn.network_lookup_by_name(network).map_err(|e| self.err(e))?;
         let mut flags = update_flags::AFFECT_CURRENT;
         if info.active {
             flags |= update_flags::AFFECT_LIVE;
@@ -165,22 +154,12 @@ impl Hypervisor for SimHypervisor {
             NetworkUpdateCommand::AddFirst => UpdateCommand::AddFirst,
         };
         self.conn
-            .network_update(
-                network,
-                command,
-                UpdateSection::IpDhcpHost,
-                -1,
-                host_xml,
-                flags,
-            )
+            .network_update(network, command, UpdateSection::IpDhcpHost, -1, host_xml, flags)
             .map_err(|e| self.err(e))
     }
 
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
-        let leases = self
-            .conn
-            .network_get_dhcp_leases(network, None)
-            .map_err(|e| self.err(e))?;
+        let leases = self.conn.network_get_dhcp_leases(network, None).map_err(|e| self.err(e))?;
         Ok(leases
             .into_iter()
             .map(|l| DhcpLease {
@@ -198,21 +177,15 @@ impl Hypervisor for SimHypervisor {
     }
 
     fn pool_xml(&self, name: &str) -> Result<String> {
-        self.conn
-            .storage_pool_get_xml_desc(name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_get_xml_desc(name).map_err(|e| self.err(e))
     }
 
     fn pool_is_active(&self, name: &str) -> Result<bool> {
-        self.conn
-            .storage_pool_is_active(name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_is_active(name).map_err(|e| self.err(e))
     }
 
     fn pool_define(&self, xml: &str) -> Result<String> {
-        self.conn
-            .storage_pool_define_xml(xml)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_define_xml(xml).map_err(|e| self.err(e))
     }
 
     fn pool_build(&self, name: &str) -> Result<()> {
@@ -224,57 +197,39 @@ impl Hypervisor for SimHypervisor {
     }
 
     fn pool_stop(&self, name: &str) -> Result<()> {
-        self.conn
-            .storage_pool_destroy(name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_destroy(name).map_err(|e| self.err(e))
     }
 
     fn pool_undefine(&self, name: &str) -> Result<()> {
-        self.conn
-            .storage_pool_undefine(name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_undefine(name).map_err(|e| self.err(e))
     }
 
     fn pool_refresh(&self, name: &str) -> Result<()> {
-        self.conn
-            .storage_pool_refresh(name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_refresh(name).map_err(|e| self.err(e))
     }
 
     fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
-        self.conn
-            .storage_pool_list_all_volumes(pool)
-            .map_err(|e| self.err(e))
+        self.conn.storage_pool_list_all_volumes(pool).map_err(|e| self.err(e))
     }
 
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
-        self.conn
-            .storage_vol_get_xml_desc(pool, name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_vol_get_xml_desc(pool, name).map_err(|e| self.err(e))
     }
 
     fn volume_create(&self, pool: &str, xml: &str) -> Result<String> {
-        self.conn
-            .storage_vol_create_xml(pool, xml)
-            .map_err(|e| self.err(e))
+        self.conn.storage_vol_create_xml(pool, xml).map_err(|e| self.err(e))
     }
 
     fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()> {
-        self.conn
-            .storage_vol_upload(pool, name, 0, bytes)
-            .map_err(|e| self.err(e))
+        self.conn.storage_vol_upload(pool, name, 0, bytes).map_err(|e| self.err(e))
     }
 
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
-        self.conn
-            .storage_vol_download(pool, name, 0, 0)
-            .map_err(|e| self.err(e))
+        self.conn.storage_vol_download(pool, name, 0, 0).map_err(|e| self.err(e))
     }
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {
-        self.conn
-            .storage_vol_delete(pool, name)
-            .map_err(|e| self.err(e))
+        self.conn.storage_vol_delete(pool, name).map_err(|e| self.err(e))
     }
 
     fn domain_list(&self) -> Result<Vec<String>> {
@@ -314,21 +269,15 @@ impl Hypervisor for SimHypervisor {
         if flags.nvram {
             raw |= f::NVRAM;
         }
-        self.conn
-            .domain_undefine_flags(name, raw)
-            .map_err(|e| self.err(e))
+        self.conn.domain_undefine_flags(name, raw).map_err(|e| self.err(e))
     }
 
     fn domain_autostart(&self, name: &str) -> Result<bool> {
-        self.conn
-            .domain_get_autostart(name)
-            .map_err(|e| self.err(e))
+        self.conn.domain_get_autostart(name).map_err(|e| self.err(e))
     }
 
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
-        self.conn
-            .domain_set_autostart(name, autostart)
-            .map_err(|e| self.err(e))
+        self.conn.domain_set_autostart(name, autostart).map_err(|e| self.err(e))
     }
 }
 

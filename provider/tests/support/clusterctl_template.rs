@@ -59,4 +59,3 @@ pub fn parse_documents(text: &str) -> Vec<Value> {
         .filter(|d| !d.is_null())
         .collect()
 }
-
