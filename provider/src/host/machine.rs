@@ -541,20 +541,25 @@ impl<'a> MachineRun<'a> {
         if let Some(path) = &self.overlay_path {
             return Ok(path.clone());
         }
-        let name = self.names.overlay_volume();
-        let volume = self.lookup_volume(&self.spec.domain_pool, &name)?.ok_or_else(|| {
+        let path = self.created_volume_path(&self.names.overlay_volume(), "the root disk")?;
+        self.overlay_path = Some(path.clone());
+        Ok(path)
+    }
+
+    /// The path of a volume an earlier step created in domainPool, for the domain XML.
+    fn created_volume_path(&self, name: &str, what: &str) -> HostResult<String> {
+        let volume = self.lookup_volume(&self.spec.domain_pool, name)?.ok_or_else(|| {
             self.error(
                 "find",
                 ObjectKind::Volume,
-                &name,
+                name,
                 HypervisorError::new(
                     ErrorKind::NoStorageVol,
                     50,
-                    "the root disk must be created before the domain is defined",
+                    format!("{what} must be created before the domain is defined"),
                 ),
             )
         })?;
-        self.overlay_path = Some(volume.path.clone());
         Ok(volume.path)
     }
 
@@ -636,21 +641,9 @@ impl<'a> MachineRun<'a> {
         if let Some(path) = &self.seed_path {
             return Ok(path.clone());
         }
-        let name = self.names.cloud_init_volume();
-        let volume = self.lookup_volume(&self.spec.domain_pool, &name)?.ok_or_else(|| {
-            self.error(
-                "find",
-                ObjectKind::Volume,
-                &name,
-                HypervisorError::new(
-                    ErrorKind::NoStorageVol,
-                    50,
-                    "the cloud-init ISO must be created before the domain is defined",
-                ),
-            )
-        })?;
-        self.seed_path = Some(volume.path.clone());
-        Ok(volume.path)
+        let path = self.created_volume_path(&self.names.cloud_init_volume(), "the cloud-init ISO")?;
+        self.seed_path = Some(path.clone());
+        Ok(path)
     }
 
     fn delete_volume(&self, pool: &str, name: &str) -> HostResult<()> {
