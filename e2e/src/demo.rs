@@ -27,12 +27,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     let mut stack = Stack::start(config).await?;
     let ns = stack.namespace("demo").await?;
     let client = stack.client();
-    println!(
-        "{} control plane at {}; KUBECONFIG={}",
-        at(),
-        stack.env.server_url(),
-        stack.env.kubeconfig_path().display()
-    );
+    println!("{} {}; KUBECONFIG={}", at(), stack.management.describe(), stack.management.kubeconfig_path().display());
     println!("{} provider log: {}", at(), stack.provider.log_path().display());
     let p = &stack.placement;
     println!(
@@ -134,7 +129,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
             println!(
                 "{} leaving them running; try: kubectl --kubeconfig {} get clusters,machines,libvirtmachines -A",
                 at(),
-                stack.env.kubeconfig_path().display()
+                stack.management.kubeconfig_path().display()
             );
             if let Some(host) = &stack.host {
                 println!("{}   or: virsh -c '{}' list", at(), host.uri);

@@ -1,9 +1,9 @@
 //! End-to-end harness: real CAPI Machines become real VMs.
 //!
 //! A [`stack::Stack`] is the private libvirtd of `cargo xtask host up` (or the
-//! provider's simulator), the local control plane of the `testenv` crate with
-//! CAPI's and our CRDs, the CAPI core manager, and the provider binary as a
-//! process. [`scenarios`] are the checks of issue 7, [`suite`] runs them and
+//! provider's simulator), a management cluster with CAPI's and our CRDs and
+//! the CAPI core manager (the local control plane of the `testenv` crate, or
+//! a kind cluster: [`management`]), and the provider binary as a process. [`scenarios`] are the checks of issue 7, [`suite`] runs them and
 //! prints the summary, [`demo`] is `cargo xtask demo`.
 //!
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
@@ -11,6 +11,7 @@
 
 pub mod demo;
 pub mod host_view;
+pub mod management;
 pub mod objects;
 pub mod provider_process;
 pub mod scenarios;

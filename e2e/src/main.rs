@@ -20,6 +20,10 @@ enum Command {
         /// Run only these scenario ids (single, md, pause, restart, stopped, delete).
         #[arg(long)]
         only: Vec<String>,
+        /// Use a kind management cluster with CAPI installed by clusterctl
+        /// (needs docker, kind, clusterctl, kubectl and internet).
+        #[arg(long)]
+        kind: bool,
     },
     /// One cluster, two machines, narrated; Ctrl-C cleans up.
     Demo {
@@ -36,7 +40,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { only } => run(&only).await,
+        Command::Run { only, kind } => run(&only, kind).await,
         Command::Demo { hypervisor, exit_after_ready } => match StackConfig::from_env(hypervisor == "sim") {
             Ok(config) => e2e::demo::run(&config, exit_after_ready).await.map(|()| true),
             Err(err) => Err(err),
@@ -52,8 +56,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(only: &[String]) -> anyhow::Result<bool> {
-    let config = StackConfig::from_env(false)?;
+async fn run(only: &[String], kind: bool) -> anyhow::Result<bool> {
+    let mut config = StackConfig::from_env(false)?;
+    if kind {
+        config.management = e2e::management::ManagementKind::Kind;
+    }
     let outcomes = e2e::suite::run(&config, only).await?;
     println!("\n{}", e2e::suite::table(&outcomes));
     Ok(outcomes.iter().all(|o| o.passed))

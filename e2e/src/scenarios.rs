@@ -155,7 +155,7 @@ fn describe(lm: &DynamicObject) -> String {
 async fn wait_running(stack: &Stack, ns: &str, name: &str) -> Result<Running> {
     let client = stack.client();
     until(&format!("LibvirtMachine {ns}/{name} to run with an address"), MACHINE_READY, || async {
-        stack.capi.ensure_running()?;
+        stack.management.ensure_capi_running()?;
         Ok(match objects::get(&client, ns, Kind::LibvirtMachine, name).await? {
             Some(lm) => match running_facts(&lm) {
                 Some(r) => Check::Done(r),
@@ -387,7 +387,7 @@ async fn machine_deployment(stack: &mut Stack) -> Result<String> {
 async fn wait_all_running(stack: &Stack, ns: &str, count: usize) -> Result<Vec<Running>> {
     let client = stack.client();
     until(&format!("{count} running LibvirtMachines in {ns}"), MACHINE_READY, || async {
-        stack.capi.ensure_running()?;
+        stack.management.ensure_capi_running()?;
         let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
         let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
         Ok(if lms.len() == count && running.len() == count {

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use kube::Client;
-use testenv::{CapiManager, TestEnv};
 
 use crate::host_view::HostView;
+use crate::management::{Management, ManagementKind};
 use crate::objects::{self, Kind, Placement};
 use crate::provider_process::ProviderProcess;
 use crate::wait::{Check, until};
@@ -51,6 +51,8 @@ pub struct StackConfig {
     pub provider_binary: PathBuf,
     /// The guest base image (qcow2) to upload; libvirt only.
     pub guest_image: Option<PathBuf>,
+    /// The local control plane (default) or a kind cluster.
+    pub management: ManagementKind,
 }
 
 impl StackConfig {
@@ -86,7 +88,7 @@ impl StackConfig {
                 )
             })?,
         };
-        Ok(Self { backend, provider_binary, guest_image })
+        Ok(Self { backend, provider_binary, guest_image, management: ManagementKind::Local })
     }
 }
 
@@ -128,10 +130,9 @@ pub struct Stack {
     pub console_dir: Option<PathBuf>,
     /// Scratch directory of this run (provider log, console logs).
     pub work_dir: PathBuf,
-    // Fields drop in order: provider, CAPI, then the API server.
+    // Fields drop in order: the provider, then the management cluster.
     pub provider: ProviderProcess,
-    pub capi: CapiManager,
-    pub env: TestEnv,
+    pub management: Management,
     namespaces: Vec<String>,
     swept: bool,
 }
@@ -171,11 +172,7 @@ impl Stack {
             }
         };
 
-        let env = TestEnv::start().await.context("starting the local control plane")?;
-        let capi = env.start_capi_manager().await.context("starting the CAPI core manager")?;
-        env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
-            .await
-            .context("installing the provider's CRDs from config/crd/bases")?;
+        let management = Management::start(config.management, &work_dir).await?;
 
         let mut args = Vec::new();
         match &config.backend {
@@ -190,15 +187,15 @@ impl Stack {
         let provider = ProviderProcess::start(
             &config.provider_binary,
             args,
-            env.kubeconfig_path(),
+            management.kubeconfig_path(),
             &work_dir.join("provider.log"),
         )
         .await?;
-        Ok(Self { placement, host, console_dir, work_dir, provider, capi, env, namespaces: Vec::new(), swept: false })
+        Ok(Self { placement, host, console_dir, work_dir, provider, management, namespaces: Vec::new(), swept: false })
     }
 
     pub fn client(&self) -> Client {
-        self.env.client()
+        self.management.client()
     }
 
     /// Creates a fresh namespace `capl-e2e-<short>-<pid>-<n>`.
@@ -206,7 +203,7 @@ impl Stack {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name =
             format!("{NAME_PREFIX}{short}-{}{}", std::process::id() % 10_000, NEXT.fetch_add(1, Ordering::Relaxed));
-        self.env.create_namespace(&name).await?;
+        self.management.create_namespace(&name).await?;
         self.namespaces.push(name.clone());
         Ok(name)
     }

@@ -60,7 +60,7 @@ pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> 
                     "e2e: {} FAILED: {err:#}\n--- provider log (end) ---\n{}\n--- CAPI core log (end) ---\n{}",
                     scenario.name,
                     stack.provider.log_tail(25),
-                    stack.capi.log_tail(15)
+                    stack.management.capi_log_tail(15)
                 );
                 // The provider may have been killed by the scenario.
                 if stack.provider.ensure_running().is_err() {
