@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{Mac, Uuid};
-use crate::size_units::to_bytes;
+use crate::size_units::{Scaled, to_bytes};
 use crate::xml_scan::{RawElement, check_document, children_raw, escape, serde_error};
 
 #[derive(Deserialize)]
@@ -25,14 +25,6 @@ struct DomainDoc {
     vcpu: Option<Scaled>,
     os: Option<OsEl>,
     devices: Option<DevicesEl>,
-}
-
-#[derive(Deserialize)]
-struct Scaled {
-    #[serde(rename = "@unit")]
-    unit: Option<String>,
-    #[serde(rename = "$text")]
-    value: String,
 }
 
 #[derive(Deserialize)]

@@ -1,6 +1,17 @@
 //! libvirt's scaled integers (`<capacity unit='GiB'>10</capacity>`), as `virScaleInteger` reads them.
 
+use serde::Deserialize;
+
 use crate::error::{Error, ErrorCode, Result};
+
+/// An element holding a scaled integer, e.g. `<memory unit='MiB'>2048</memory>`.
+#[derive(Deserialize)]
+pub(crate) struct Scaled {
+    #[serde(rename = "@unit")]
+    pub unit: Option<String>,
+    #[serde(rename = "$text")]
+    pub value: String,
+}
 
 /// Converts `value` in `unit` (or `default_unit` when absent) to bytes.
 pub(crate) fn to_bytes(value: &str, unit: Option<&str>, default_unit: u64, what: &str) -> Result<u64> {

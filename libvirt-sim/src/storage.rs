@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Uuid;
-use crate::size_units::to_bytes;
+use crate::size_units::{Scaled, to_bytes};
 use crate::xml_scan::{check_document, escape, serde_error};
 
 #[derive(Deserialize)]
@@ -19,14 +19,6 @@ struct PoolDoc {
     uuid: Option<String>,
     capacity: Option<Scaled>,
     target: Option<TargetEl>,
-}
-
-#[derive(Deserialize)]
-struct Scaled {
-    #[serde(rename = "@unit")]
-    unit: Option<String>,
-    #[serde(rename = "$text")]
-    value: String,
 }
 
 #[derive(Deserialize)]
