@@ -39,6 +39,19 @@ pub fn ensure_base_image(hv: &dyn Hypervisor, fx: &Fixture) {
         Err(e) if e.kind == ErrorKind::StorageVolExists || hv.volume_xml(&fx.base_pool, &fx.image).is_ok() => {}
         Err(e) => panic!("cannot create base image {} in pool {}: {e}", fx.image, fx.base_pool),
     }
+    // Tests run in parallel: when another test is still creating the image,
+    // libvirt already refuses a second create but does not yet answer for the
+    // volume. Wait until it does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while let Err(e) = hv.volume_xml(&fx.base_pool, &fx.image) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "base image {} in pool {} never became readable: {e}",
+            fx.image,
+            fx.base_pool
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// A UUID-shaped UID derived from the machine's namespace and name.
