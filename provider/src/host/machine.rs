@@ -497,20 +497,7 @@ impl<'a> MachineRun<'a> {
             path: base.path.clone(),
             format: Some(base.format.clone().unwrap_or_else(|| "qcow2".into())),
         };
-        match self.hv.volume_create(&spec.domain_pool, &overlay_volume_xml(&name, capacity, &backing)) {
-            Ok(_) => {}
-            // Created concurrently: fall through to the read-back and ownership check.
-            Err(e) if e.kind == ErrorKind::StorageVolExists => {}
-            Err(e) => return Err(self.pool_error("create", ObjectKind::Volume, &spec.domain_pool, &name, e)),
-        }
-        let created = self.lookup_volume(&spec.domain_pool, &name)?.ok_or_else(|| {
-            self.error(
-                "read back",
-                ObjectKind::Volume,
-                &name,
-                HypervisorError::new(ErrorKind::NoStorageVol, 50, "volume vanished after create"),
-            )
-        })?;
+        let created = self.create_volume(&spec.domain_pool, &name, &overlay_volume_xml(&name, capacity, &backing))?;
         self.check_overlay_is_ours(&created, Some(&base))?;
         self.overlay_path = Some(created.path);
         Ok(())
@@ -544,6 +531,25 @@ impl<'a> MachineRun<'a> {
         let path = self.created_volume_path(&self.names.overlay_volume(), "the root disk")?;
         self.overlay_path = Some(path.clone());
         Ok(path)
+    }
+
+    /// Creates volume `name` in `pool` from `xml` and reads it back. A volume
+    /// created concurrently under the same name is read back too; the caller
+    /// checks that it is ours.
+    fn create_volume(&self, pool: &str, name: &str, xml: &str) -> HostResult<VolumeInfo> {
+        match self.hv.volume_create(pool, xml) {
+            Ok(_) => {}
+            Err(e) if e.kind == ErrorKind::StorageVolExists => {}
+            Err(e) => return Err(self.pool_error("create", ObjectKind::Volume, pool, name, e)),
+        }
+        self.lookup_volume(pool, name)?.ok_or_else(|| {
+            self.error(
+                "read back",
+                ObjectKind::Volume,
+                name,
+                HypervisorError::new(ErrorKind::NoStorageVol, 50, "volume vanished after create"),
+            )
+        })
     }
 
     /// The path of a volume an earlier step created in domainPool, for the domain XML.
@@ -581,19 +587,7 @@ impl<'a> MachineRun<'a> {
             // Ours, but sized for other user-data: replace it.
             self.delete_volume(&pool, &name)?;
         }
-        match self.hv.volume_create(&pool, &iso_volume_xml(&name, size)) {
-            Ok(_) => {}
-            Err(e) if e.kind == ErrorKind::StorageVolExists => {}
-            Err(e) => return Err(self.pool_error("create", ObjectKind::Volume, &pool, &name, e)),
-        }
-        let created = self.lookup_volume(&pool, &name)?.ok_or_else(|| {
-            self.error(
-                "read back",
-                ObjectKind::Volume,
-                &name,
-                HypervisorError::new(ErrorKind::NoStorageVol, 50, "volume vanished after create"),
-            )
-        })?;
+        let created = self.create_volume(&pool, &name, &iso_volume_xml(&name, size))?;
         self.seed_path = Some(created.path);
         Ok(())
     }
