@@ -47,6 +47,11 @@ fn all_errors() -> Vec<HostError> {
             uri: uri(),
             source: HypervisorError::new(ErrorKind::ConnectionLost, 39, "client socket is closed"),
         },
+        HostError::ConsoleLogDirMissing {
+            dir: "/var/log/capl".into(),
+            uri: uri(),
+            detail: "Unable to open file: /var/log/capl/default-worker-0-1a2b3c-console.log: No such file or directory (libvirt error 38)".into(),
+        },
         HostError::UnreadableXml {
             kind: ObjectKind::Network,
             object: "libvirt-lab".into(),

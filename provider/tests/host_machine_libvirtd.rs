@@ -95,11 +95,48 @@ fn infra_missing_vs_inactive() {
     host_support::infra_missing_vs_inactive(&hv, &fx, "real-infra");
 }
 
+/// A directory of this test's own under /tmp, which the private daemon sees
+/// as it is (its mount namespace replaces only libvirt's own directories).
+/// Removed again when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("capl-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Self(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("temp dir path is UTF-8")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn console_log_file() {
     let (hv, fx) = libvirtd();
-    // libvirtd's own QEMU log directory exists on every host.
-    host_support::console_log_file(&hv, &fx, "real-log", "/var/log/libvirt/qemu");
+    let dir = TempDir::new("console-log");
+    host_support::console_log_file(&hv, &fx, "real-log", dir.path());
+    let logs: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        logs.iter().any(|name| name.to_string_lossy().ends_with("-console.log")),
+        "virtlogd wrote no console log into {}: {logs:?}",
+        dir.path()
+    );
+}
+
+#[test]
+fn console_log_dir_missing_is_named() {
+    let (hv, fx) = libvirtd();
+    let parent = TempDir::new("console-log-parent");
+    let missing = format!("{}/not-created", parent.path());
+    host_support::console_log_dir_missing(&hv, &fx, "real-nolog", &missing);
 }
 
 #[test]

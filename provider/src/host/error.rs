@@ -112,6 +112,11 @@ pub enum HostError {
     Libvirt { action: &'static str, kind: ObjectKind, object: String, uri: String, source: HypervisorError },
 
     #[error(
+        "console log directory \"{dir}\" does not exist on the libvirt host {uri} ({detail}): create it on that host (mkdir -p {dir}; virtlogd must be able to write there) or change the provider's --console-log-dir"
+    )]
+    ConsoleLogDirMissing { dir: String, uri: String, detail: String },
+
+    #[error(
         "{kind} \"{object}\" on {uri}: cannot read its XML ({detail}): this libvirt returns XML the provider does not understand, please report it"
     )]
     UnreadableXml { kind: ObjectKind, object: String, uri: String, detail: String },
@@ -141,6 +146,7 @@ impl HostError {
             }
             HostError::NoIpv4 { .. }
             | HostError::NoFreeAddress { .. }
+            | HostError::ConsoleLogDirMissing { .. }
             | HostError::Libvirt { .. }
             | HostError::UnreadableXml { .. } => FailureReason::InfrastructureProvisioningFailed,
         }

@@ -376,8 +376,24 @@ impl<'a> MachineRun<'a> {
                     format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
                 ))
             }
-            Err(e) => Err(self.error("define", ObjectKind::Domain, &self.names.domain, e)),
+            Err(e) => Err(self
+                .console_log_error(&e)
+                .unwrap_or_else(|| self.error("define", ObjectKind::Domain, &self.names.domain, e))),
         }
+    }
+
+    /// A define or start that failed because the console log directory does
+    /// not exist on the host. libvirt (virtlogd) says "Unable to open file:
+    /// <dir>/<domain>-console.log: No such file or directory".
+    fn console_log_error(&self, e: &HypervisorError) -> Option<HostError> {
+        let dir = self.spec.console_log_dir.as_ref()?;
+        let missing = e.message.contains(&format!("Unable to open file: {dir}/"))
+            && e.message.contains("No such file or directory");
+        missing.then(|| HostError::ConsoleLogDirMissing {
+            dir: dir.clone(),
+            uri: self.uri.clone(),
+            detail: e.to_string(),
+        })
     }
 
     fn set_autostart(&self) -> HostResult<()> {
@@ -409,7 +425,9 @@ impl<'a> MachineRun<'a> {
             Ok(()) => Ok(()),
             // Started by someone else between our state read and this call.
             Err(e) if e.kind == ErrorKind::OperationInvalid && e.message.contains("already running") => Ok(()),
-            Err(e) => Err(self.error("start", ObjectKind::Domain, &self.names.domain, e)),
+            Err(e) => Err(self
+                .console_log_error(&e)
+                .unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))),
         }
     }
 

@@ -399,6 +399,28 @@ pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir:
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
+/// A console log directory that does not exist on the host: the create
+/// fails with an error that names the directory, the host and the fix, and
+/// is not retried as a lost connection; delete removes everything.
+pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir: &str) {
+    let mut spec = fresh_spec(hv, fx, namespace, "nolog-0");
+    spec.console_log_dir = Some(dir.to_string());
+    let err = ensure_machine(hv, &spec).expect_err("a missing console log directory must fail the create");
+    assert!(
+        matches!(&err, HostError::ConsoleLogDirMissing { dir: d, uri, .. } if d == dir && uri == hv.uri()),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains(dir) && message.contains(hv.uri()) && message.contains("--console-log-dir"), "{message}");
+    assert_eq!(err.reason(), FailureReason::InfrastructureProvisioningFailed, "{err}");
+    assert!(!err.is_transient(), "{err}");
+    // The next reconcile sees the defined domain and fails the same way.
+    let again = ensure_machine(hv, &spec).expect_err("still missing");
+    assert!(matches!(again, HostError::ConsoleLogDirMissing { .. }), "{again:?}");
+    delete_machine(hv, &spec).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
 /// A DHCP entry that uses our MAC under another name is reported and kept;
 /// delete still removes what is ours and reports the entry.
 pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
