@@ -9,16 +9,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use capl::controller::{self, Context, Settings, metrics::Metrics};
-use capl::host::domain_xml::DomainTypePreference;
-use capl::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use capl_host::domain_xml::DomainTypePreference;
+use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
 use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
 #[command(name = "cluster-api-provider-libvirt", version, about = "Cluster API infrastructure provider for libvirt")]
 struct Flags {
-    /// Watch only this namespace; empty watches all namespaces.
-    #[arg(long, default_value = "")]
+    /// Watch only this namespace; "*" or empty watches all namespaces.
+    #[arg(long, default_value = "*")]
     namespace: String,
     /// Address of the Prometheus metrics endpoint (/metrics); "0" turns it off.
     #[arg(long, default_value = ":8080")]
@@ -117,21 +117,21 @@ async fn run() -> Result<()> {
 
     let connections = match flags.hypervisor {
         Backend::Libvirt => Arc::new(Connections::new(
-            Arc::new(capl::hypervisor::connections::LibvirtConnector::default()),
+            Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
             flags.max_calls_per_host,
         )),
         Backend::Sim => {
-            let host = capl::sim_host::register(&flags.sim_uri).context("building the simulated host")?;
-            tracing::info!(uri = %flags.sim_uri, network = capl::sim_host::NETWORK, "simulated libvirt host ready");
+            let host = capl_host::sim_host::register(&flags.sim_uri).context("building the simulated host")?;
+            tracing::info!(uri = %flags.sim_uri, network = capl_host::sim_host::NETWORK, "simulated libvirt host ready");
             std::mem::forget(host); // lives as long as the process
-            Arc::new(Connections::new(Arc::new(capl::hypervisor::sim::SimConnector), flags.max_calls_per_host))
+            Arc::new(Connections::new(Arc::new(capl_host::hypervisor::sim::SimConnector), flags.max_calls_per_host))
         }
     };
 
     let client =
         kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
     let settings = Settings {
-        namespace: (!flags.namespace.is_empty()).then(|| flags.namespace.clone()),
+        namespace: watched_namespace(&flags.namespace),
         domain_type,
         console_log_dir: flags.console_log_dir.clone(),
         concurrency: flags.concurrency,
@@ -139,7 +139,12 @@ async fn run() -> Result<()> {
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));
 
+    // Ready means "able to serve": the API server answers. Leadership is the
+    // Lease's business, so a standby replica is Ready too and a rolling update
+    // (new Pod Ready first, then the old one stopped and its Lease handed over)
+    // completes.
     let (ready_tx, ready_rx) = watch::channel(false);
+    tokio::spawn(mark_ready_when_api_answers(client.clone(), ready_tx));
     let probe = Probe { metrics: metrics.clone(), ready: ready_rx };
     if let Some(addr) = parse_addr(&flags.metrics_bind_address)? {
         let router = Router::new()
@@ -156,7 +161,7 @@ async fn run() -> Result<()> {
                     if *p.ready.borrow() {
                         (StatusCode::OK, "ok")
                     } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not leading yet")
+                        (StatusCode::SERVICE_UNAVAILABLE, "the Kubernetes API server has not answered yet")
                     }
                 }),
             )
@@ -188,11 +193,12 @@ async fn run() -> Result<()> {
         let manager =
             kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "cluster-api-provider-libvirt-leader")
                 .with_namespace(&namespace)
+                .with_identity(leader_identity())
                 .build()
                 .await
                 .context("setting up leader election")?;
         let (mut leading, task) = manager.watch().await;
-        tracing::info!(%namespace, "waiting for leadership");
+        tracing::info!(%namespace, "waiting for leadership (ready as a standby)");
         let mut stop = stop_rx.clone();
         loop {
             if *leading.borrow_and_update() {
@@ -204,7 +210,6 @@ async fn run() -> Result<()> {
             }
         }
         tracing::info!("leading");
-        let _ = ready_tx.send(true);
         let lost = tokio::select! {
             () = within_grace(controller::run(ctx, shutdown), stop_rx.clone()) => false,
             _ = leading.wait_for(|l| !*l) => true,
@@ -224,7 +229,6 @@ async fn run() -> Result<()> {
             _ => tracing::warn!("leader election did not stop in time; the Lease expires on its own"),
         }
     } else {
-        let _ = ready_tx.send(true);
         within_grace(controller::run(ctx, shutdown), stop_rx.clone()).await;
     }
     Ok(())
@@ -242,6 +246,43 @@ async fn within_grace(controllers: impl std::future::Future<Output = ()>, mut st
     }
     if tokio::time::timeout(SHUTDOWN_GRACE, controllers).await.is_err() {
         tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop within the grace period; exiting anyway");
+    }
+}
+
+/// This replica's name in the Lease: `<hostname>_<pid>_<start time>` (the
+/// hostname is the Pod name in a cluster), so an operator reading the Lease's
+/// `holderIdentity` sees which Pod leads.
+fn leader_identity() -> String {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{hostname}_{}_{:x}", std::process::id(), started.as_nanos())
+}
+
+/// The namespace to watch: `None` (every namespace) for "*" or "".
+fn watched_namespace(flag: &str) -> Option<String> {
+    match flag.trim() {
+        "" | "*" => None,
+        namespace => Some(namespace.to_string()),
+    }
+}
+
+/// Sets `ready` once the API server answers a request (each try bounded).
+async fn mark_ready_when_api_answers(client: kube::Client, ready: watch::Sender<bool>) {
+    const TRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout(TRY_TIMEOUT, client.apiserver_version()).await {
+            Ok(Ok(_)) => {
+                let _ = ready.send(true);
+                return;
+            }
+            Ok(Err(err)) => tracing::warn!(%err, "the Kubernetes API server did not answer; not ready yet"),
+            Err(_) => tracing::warn!(timeout = ?TRY_TIMEOUT, "no answer from the Kubernetes API server; not ready yet"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
 }
 

@@ -268,7 +268,8 @@ fn template_immutability_policy() -> Vec<Value> {
 /// manifests and a release.
 pub struct DeploymentSettings {
     pub image: String,
-    /// Value of `--namespace`: empty watches all namespaces.
+    /// Value of `--namespace`: "*" watches all namespaces. (Not empty: clusterctl
+    /// treats a variable whose default is empty as one the user must set.)
     pub watch_namespace: String,
     pub concurrency: String,
     pub log_format: String,
@@ -278,7 +279,7 @@ impl Default for DeploymentSettings {
     fn default() -> Self {
         Self {
             image: DEFAULT_IMAGE.into(),
-            watch_namespace: String::new(),
+            watch_namespace: "*".into(),
             concurrency: "10".into(),
             log_format: "json".into(),
         }
@@ -290,7 +291,7 @@ impl DeploymentSettings {
     pub fn clusterctl(image: &str) -> Self {
         Self {
             image: image.into(),
-            watch_namespace: "${CAPL_WATCH_NAMESPACE:=}".into(),
+            watch_namespace: "${CAPL_WATCH_NAMESPACE:=*}".into(),
             concurrency: "${CAPL_CONCURRENCY:=10}".into(),
             log_format: "${CAPL_LOG_FORMAT:=json}".into(),
         }
@@ -305,6 +306,11 @@ fn deployment(settings: &DeploymentSettings) -> Value {
         "metadata": { "name": name("controller-manager"), "namespace": NAMESPACE, "labels": labels },
         "spec": {
             "replicas": 1,
+            // A new Pod starts and becomes Ready (readiness does not wait for
+            // the Lease) before the old one is stopped; the old one hands the
+            // Lease over on SIGTERM. A new image that cannot start leaves the
+            // old Pod serving.
+            "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
             "selector": { "matchLabels": labels },
             "template": {
                 "metadata": { "labels": labels, "annotations": { "kubectl.kubernetes.io/default-container": "manager" } },
@@ -386,13 +392,87 @@ fn add_label(doc: &mut Value, key: &str, value: &str) {
     labels.as_object_mut().expect("labels are an object").insert(key.into(), Value::String(value.into()));
 }
 
-/// clusterctl's metadata.yaml.
+/// The CAPI contract every release series of this provider implements.
+pub const CONTRACT: &str = "v1beta2";
+
+/// The release series published so far, oldest first: (major, minor). The
+/// committed `metadata.yaml` lists exactly these; a release of a newer series
+/// adds its own (see [`release_metadata`]).
+pub const RELEASE_SERIES: &[(u64, u64)] = &[(0, 1)];
+
+/// clusterctl's metadata.yaml for the series in [`RELEASE_SERIES`].
 pub fn clusterctl_metadata() -> Value {
+    metadata_for(RELEASE_SERIES)
+}
+
+fn metadata_for(series: &[(u64, u64)]) -> Value {
+    let series: Vec<Value> =
+        series.iter().map(|(major, minor)| json!({ "major": major, "minor": minor, "contract": CONTRACT })).collect();
     json!({
         "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
         "kind": "Metadata",
-        "releaseSeries": [{ "major": 0, "minor": 1, "contract": "v1beta2" }]
+        "releaseSeries": series
     })
+}
+
+/// A release version as clusterctl reads it: `vMAJOR.MINOR.PATCH`, optionally
+/// with a pre-release suffix (`v0.2.0-rc.1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseVersion {
+    pub major: u64,
+    pub minor: u64,
+    pub patch: u64,
+    pub pre: Option<String>,
+}
+
+impl ReleaseVersion {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let malformed =
+            || format!("release version {text:?} is not of the form vMAJOR.MINOR.PATCH (e.g. v0.2.0 or v0.2.0-rc.1)");
+        let rest = text.strip_prefix('v').ok_or_else(malformed)?;
+        let (core, pre) = match rest.split_once('-') {
+            Some((core, pre)) if !pre.is_empty() => (core, Some(pre.to_string())),
+            Some(_) => return Err(malformed()),
+            None => (rest, None),
+        };
+        let numbers: Vec<u64> = core
+            .split('.')
+            .map(|part| {
+                if part.is_empty() || (part.len() > 1 && part.starts_with('0')) {
+                    return Err(malformed());
+                }
+                part.parse::<u64>().map_err(|_| malformed())
+            })
+            .collect::<Result<_, _>>()?;
+        match numbers[..] {
+            [major, minor, patch] => Ok(Self { major, minor, patch, pre }),
+            _ => Err(malformed()),
+        }
+    }
+}
+
+/// The metadata.yaml of one release: [`RELEASE_SERIES`], plus the release's
+/// own series when it is newer than all of them. A version of an older series
+/// that was never published cannot be made consistent (clusterctl sorts
+/// series by version and would attach the wrong contract), so it is refused
+/// with what to do instead.
+pub fn release_metadata(version: &ReleaseVersion) -> Result<Value, String> {
+    let own = (version.major, version.minor);
+    let newest = *RELEASE_SERIES.iter().max().expect("at least one release series");
+    if RELEASE_SERIES.contains(&own) {
+        return Ok(clusterctl_metadata());
+    }
+    if own > newest {
+        let mut series = RELEASE_SERIES.to_vec();
+        series.push(own);
+        return Ok(metadata_for(&series));
+    }
+    Err(format!(
+        "release v{}.{}.{}: series {}.{} is older than the newest published series {}.{} and was never \
+         published; release a version of series {}.{} or newer, or add ({}, {}) to RELEASE_SERIES in \
+         provider/src/manifests.rs and run `cargo xtask manifests`",
+        version.major, version.minor, version.patch, own.0, own.1, newest.0, newest.1, newest.0, newest.1, own.0, own.1
+    ))
 }
 
 /// Count documents of each kind, for tests and the release summary.

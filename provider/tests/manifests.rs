@@ -141,6 +141,8 @@ fn release_has_the_shape_clusterctl_expects() {
         .status()
         .unwrap();
     assert!(status.success());
+    let out_root = out.clone();
+    let out = out.join("infrastructure-libvirt").join("v0.1.0");
     for artifact in ["infrastructure-components.yaml", "metadata.yaml", "cluster-template.yaml", "install.yaml"] {
         assert!(out.join(artifact).is_file(), "{artifact} missing");
     }
@@ -174,7 +176,88 @@ fn release_has_the_shape_clusterctl_expects() {
     let metadata: Value = serde_yaml::from_str(&std::fs::read_to_string(out.join("metadata.yaml")).unwrap()).unwrap();
     assert_eq!(metadata["apiVersion"], "clusterctl.cluster.x-k8s.io/v1alpha3");
     assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta2");
+    std::fs::remove_dir_all(out_root).unwrap();
+}
+
+/// Runs `capl-manifests release` for `version`; returns (success, stderr, release directory).
+fn release(version: &str) -> (bool, String, PathBuf) {
+    let out = tempdir(&format!("release-{version}"));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+        .args(["release", "--version", version, "--image", "example/capl:dev", "--root"])
+        .arg(repo_root())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned(), out)
+}
+
+fn release_series(dir: &std::path::Path) -> Vec<(u64, u64, String)> {
+    let metadata: Value = serde_yaml::from_str(&std::fs::read_to_string(dir.join("metadata.yaml")).unwrap()).unwrap();
+    metadata["releaseSeries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["major"].as_u64().unwrap(), s["minor"].as_u64().unwrap(), s["contract"].as_str().unwrap().into()))
+        .collect()
+}
+
+#[rstest::rstest]
+#[case("v0.1.0", vec![(0, 1)])]
+#[case("v0.1.7", vec![(0, 1)])]
+#[case("v0.2.0", vec![(0, 1), (0, 2)])]
+#[case("v0.2.0-rc.1", vec![(0, 1), (0, 2)])]
+#[case("v1.0.0", vec![(0, 1), (1, 0)])]
+fn a_release_lists_its_own_series(#[case] version: &str, #[case] expected: Vec<(u64, u64)>) {
+    let (ok, stderr, out) = release(version);
+    assert!(ok, "release {version} failed: {stderr}");
+    let series = release_series(&out.join("infrastructure-libvirt").join(version));
+    let expected: Vec<(u64, u64, String)> = expected.into_iter().map(|(a, b)| (a, b, "v1beta2".into())).collect();
+    assert_eq!(series, expected);
     std::fs::remove_dir_all(out).unwrap();
+}
+
+#[test]
+fn a_release_of_an_unpublished_older_series_is_refused() {
+    let (ok, stderr, out) = release("v0.0.3");
+    assert!(!ok, "v0.0.3 is older than series 0.1 and was never published");
+    assert!(stderr.contains("series 0.0") && stderr.contains("RELEASE_SERIES"), "{stderr}");
+    assert!(!out.join("infrastructure-libvirt").join("v0.0.3").exists(), "nothing written");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn clusterctl_variables_all_have_non_empty_defaults() {
+    // clusterctl treats `${VAR:=}` (an empty default) as a variable the user
+    // must set, so `clusterctl init` would fail without it.
+    let components = manifests::render_yaml(&manifests::release_components(
+        &manifests::DeploymentSettings::clusterctl("example/capl:dev"),
+    ));
+    let mut variables = Vec::new();
+    for (i, _) in components.match_indices("${") {
+        let end = components[i..].find('}').unwrap() + i;
+        variables.push(components[i + 2..end].to_string());
+    }
+    assert!(!variables.is_empty());
+    for variable in variables {
+        let (name, default) = variable.split_once(":=").unwrap_or((&variable, ""));
+        assert!(name.starts_with("CAPL_"), "{name}: the components' variables are CAPL_*");
+        assert!(!default.is_empty(), "{name} has an empty default: clusterctl would require it");
+    }
+}
+
+#[test]
+fn the_manager_deployment_rolls_over_without_downtime() {
+    let components = manifests::release_components(&manifests::DeploymentSettings::default());
+    let deployment = components.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let strategy = &deployment["spec"]["strategy"];
+    assert_eq!(strategy["type"], "RollingUpdate");
+    assert_eq!(strategy["rollingUpdate"]["maxUnavailable"], 0, "the old Pod serves until the new one is Ready");
+    assert_eq!(strategy["rollingUpdate"]["maxSurge"], 1);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert!(args.contains(&"--leader-elect"), "one replica reconciles at a time: {args:?}");
 }
 
 #[test]

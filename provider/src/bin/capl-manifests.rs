@@ -62,33 +62,49 @@ fn write_config(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// clusterctl's name for this provider: `<type>-<name>`, the directory a
+/// local provider repository holds its versions in.
+const PROVIDER_DIRECTORY: &str = "infrastructure-libvirt";
+
+/// Writes `<out>/infrastructure-libvirt/<version>/`, the layout clusterctl
+/// reads from a local repository (`url: file://<out>/infrastructure-libvirt/<version>/infrastructure-components.yaml`
+/// in clusterctl.yaml's `providers:`).
 fn release(version: &str, image: &str, root: &Path, out: &Path) -> Result<()> {
-    if !version.starts_with('v') || version[1..].split('.').count() != 3 {
-        anyhow::bail!("release version {version:?} is not of the form vMAJOR.MINOR.PATCH, e.g. v0.1.0");
+    let parsed = manifests::ReleaseVersion::parse(version).map_err(anyhow::Error::msg)?;
+    let metadata = manifests::release_metadata(&parsed).map_err(anyhow::Error::msg)?;
+    let out = std::path::absolute(out).with_context(|| format!("resolving {}", out.display()))?;
+    let dir = out.join(PROVIDER_DIRECTORY).join(version);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing the previous {}", dir.display()))?;
     }
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let components = manifests::release_components(&DeploymentSettings::clusterctl(image));
-    write_file(&out.join("infrastructure-components.yaml"), &manifests::render_yaml(&components))?;
+    write_file(&dir.join("infrastructure-components.yaml"), &manifests::render_yaml(&components))?;
     let install = manifests::release_components(&DeploymentSettings { image: image.into(), ..Default::default() });
-    write_file(&out.join("install.yaml"), &manifests::render_yaml(&install))?;
-    write_file(&out.join("metadata.yaml"), &manifests::render_yaml(&[manifests::clusterctl_metadata()]))?;
+    write_file(&dir.join("install.yaml"), &manifests::render_yaml(&install))?;
+    write_file(&dir.join("metadata.yaml"), &manifests::render_yaml(&[metadata]))?;
     let templates = root.join("templates");
     let mut copied = Vec::new();
     for entry in std::fs::read_dir(&templates).with_context(|| format!("reading {}", templates.display()))? {
         let path = entry?.path();
         let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         if file_name.starts_with("cluster-template") || file_name.starts_with("clusterclass-") {
-            std::fs::copy(&path, out.join(&file_name)).with_context(|| format!("copying {}", path.display()))?;
+            std::fs::copy(&path, dir.join(&file_name)).with_context(|| format!("copying {}", path.display()))?;
             copied.push(file_name);
         }
     }
     copied.sort();
-    println!("release {version} in {}:", out.display());
+    println!("release {version} in {}:", dir.display());
     println!("  infrastructure-components.yaml ({} objects)", components.len());
     println!("  install.yaml");
     println!("  metadata.yaml");
     for name in copied {
         println!("  {name}");
     }
+    println!("clusterctl.yaml entry:");
+    println!("  providers:");
+    println!("    - name: libvirt");
+    println!("      type: InfrastructureProvider");
+    println!("      url: file://{}/infrastructure-components.yaml", dir.display());
     Ok(())
 }
