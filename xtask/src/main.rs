@@ -13,6 +13,7 @@ mod e2e;
 mod guest_image;
 mod libvirt_host;
 mod manifests;
+mod node_image;
 mod test;
 
 use std::path::PathBuf;
@@ -76,6 +77,8 @@ enum Command {
     BenchSim(bench_sim::Args),
     /// Build (or reuse) the tiny test guest image the e2e tests and the demo boot; print its path.
     GuestImage(guest_image::Args),
+    /// Build (or reuse) the Kubernetes node image (Debian, kubeadm, containerd, images); print its path.
+    NodeImage(node_image::Args),
     /// Run the end-to-end scenarios on real VMs and print a summary table.
     E2e(e2e::Args),
     /// One cluster with two machines, narrated; Ctrl-C cleans up.
@@ -101,6 +104,7 @@ fn main() -> Result<()> {
         Command::Host(cmd) => libvirt_host::run(cmd),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
+        Command::NodeImage(args) => node_image::run(args),
         Command::E2e(args) => e2e::run(args),
         Command::Demo(args) => demo::run(args),
     }

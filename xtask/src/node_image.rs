@@ -1,0 +1,777 @@
+//! `cargo xtask node-image`: the Kubernetes node image (qcow2) that issue 13's
+//! workload clusters boot, built from Debian packages and Go modules only.
+//!
+//! What goes into it and where it comes from:
+//! - Debian bookworm with systemd, cloud-init (NoCloud), the cloud kernel and the
+//!   tools kubeadm and the kubelet call: `hack/node-image/packages`, installed by
+//!   `mmdebstrap` into a directory (`hack/node-image/rootfs.sh`).
+//! - `kubeadm`, `kubelet`, `kubectl` from `k8s.io/kubernetes` at the control plane's
+//!   pinned [`versions::KUBERNETES_VERSION`].
+//! - `containerd`, its runc shim and `ctr` from `github.com/containerd/containerd/v2`
+//!   at [`CONTAINERD_VERSION`]: bookworm's containerd is 1.6, and Kubernetes 1.36 needs
+//!   containerd 2.x (1.35 was the last release supporting containerd 1.x).
+//!   `runc` (1.1.5, cgroup v2 capable, with seccomp) and the CNI reference plugins
+//!   (1.1.1) are Debian's packages.
+//! - The container images `kubeadm config images list` names, each a docker archive
+//!   written here (one layer: the binary, the shared libraries it loads taken from the
+//!   Debian root, a passwd and nsswitch.conf): kube-apiserver, kube-controller-manager,
+//!   kube-scheduler and kube-proxy from `k8s.io/kubernetes` (kube-proxy's layer adds
+//!   iptables, nft and conntrack from Debian), etcd from `go.etcd.io/etcd/server/v3` at
+//!   the version kubeadm asks for, coredns from `github.com/coredns/coredns` with the
+//!   plugins kubeadm's Corefile uses (`hack/node-image/coredns`), and a pause written
+//!   here (`hack/node-image/pause`). The guest imports them into containerd's `k8s.io`
+//!   namespace at first boot (`capl-import-images.service`, before the kubelet and
+//!   cloud-init's runcmd), so nothing is pulled.
+//! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
+//!   settings, cloud-init's datasource list).
+//!
+//! The disk (`hack/node-image/disk.sh`): an MBR, a FAT partition with syslinux, the
+//! kernel and its initramfs, and an ext4 root written by `mkfs.ext4 -d`: no loop
+//! devices, no mounts. It is cached at
+//! `~/.cache/cluster-api-provider-libvirt/node-image/<kubernetes>-<key>/node.qcow2`,
+//! where the key hashes every input: the pinned versions, every file of
+//! `hack/node-image` and this source file. Go binaries are cached per version under
+//! `.../node-image/go/`. Needs root (mmdebstrap, chroot), Go, `mmdebstrap`,
+//! `syslinux`, `syslinux-common`, `mtools`, `dosfstools`, `e2fsprogs`, `fdisk`, `qemu-utils`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+// The versions file is also included by control_plane.rs (whose module is private);
+// including it here keeps that file untouched.
+#[path = "../../testenv/src/control_plane_versions.rs"]
+#[allow(dead_code, clippy::duplicate_mod)]
+mod versions;
+
+use versions::{KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION};
+
+/// Release of `github.com/containerd/containerd/v2` built for the node.
+pub const CONTAINERD_VERSION: &str = "v2.4.2";
+/// The file name of the image inside its cache directory.
+pub const IMAGE_FILE: &str = "node.qcow2";
+/// The environment variable that overrides the cache root.
+pub const CACHE_ENV: &str = "CAPL_NODE_IMAGE_CACHE_DIR";
+
+/// This file: part of the cache key, so that a change to how the image is built
+/// never reuses an image built the old way.
+const SELF_SOURCE: &str = include_str!("node_image.rs");
+
+/// Commands of `k8s.io/kubernetes` built for the node (first three) and its images.
+const KUBERNETES_COMMANDS: &[&str] =
+    &["kubeadm", "kubelet", "kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"];
+/// Of those, the ones installed in the node's `/usr/local/bin`.
+const NODE_COMMANDS: &[&str] = &["kubeadm", "kubelet", "kubectl"];
+/// Commands of containerd installed in the node's `/usr/local/bin`.
+const CONTAINERD_COMMANDS: &[&str] = &["containerd", "containerd-shim-runc-v2", "ctr"];
+
+/// Files of the Debian root that kube-proxy's image needs besides its binary
+/// (it runs iptables-restore, iptables-save, nft and conntrack). The
+/// iptables commands are links to `xtables-nft-multi`, added by [`kube_proxy_layer`].
+const KUBE_PROXY_TOOLS: &[&str] = &["/usr/sbin/xtables-nft-multi", "/usr/sbin/nft", "/usr/sbin/conntrack"];
+const IPTABLES_LINKS: &[&str] = &[
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+    "iptables-nft",
+    "iptables-nft-save",
+    "iptables-nft-restore",
+    "ip6tables-nft",
+    "ip6tables-nft-save",
+    "ip6tables-nft-restore",
+];
+const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+
+const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Build again even when the cached image exists.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let path = build(args.force)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// One image kubeadm will ask for: `registry.k8s.io/<name>:<tag>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ImageRef {
+    /// As kubeadm prints it.
+    full: String,
+    /// The last path element: `kube-apiserver`, `etcd`, `coredns`, `pause`, ...
+    name: String,
+    tag: String,
+}
+
+fn parse_image_list(text: &str) -> Result<Vec<ImageRef>> {
+    let mut images = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (repo, tag) = line.rsplit_once(':').with_context(|| format!("image {line:?} has no tag"))?;
+        let name = repo.rsplit('/').next().unwrap_or(repo).to_string();
+        images.push(ImageRef { full: line.to_string(), name, tag: tag.to_string() });
+    }
+    if images.is_empty() {
+        bail!("`kubeadm config images list` printed no image");
+    }
+    Ok(images)
+}
+
+/// `3.6.8-0` (kubeadm's etcd tag) -> `v3.6.8` (the module version).
+fn etcd_module_version(tag: &str) -> String {
+    let base = tag.split('-').next().unwrap_or(tag);
+    format!("v{}", base.trim_start_matches('v'))
+}
+
+/// Builds the image unless it is cached; returns the path of `node.qcow2`.
+pub fn build(force: bool) -> Result<PathBuf> {
+    let started = Instant::now();
+    let repo = crate::repo_root();
+    let hack = repo.join("hack/node-image");
+    let cache = cache_root()?;
+    let sh = Shell::new()?;
+    sh.set_var("GOTOOLCHAIN", "local");
+    sh.set_var("GOWORK", "off");
+    sh.set_var("GO111MODULE", "on");
+    cmd!(sh, "go version").quiet().ignore_stdout().run().context("node-image needs the Go toolchain (`go` on PATH)")?;
+
+    // 1. Go binaries, cached per version.
+    let go_dir = cache.join("go").join(format!("k8s-{KUBERNETES_VERSION}_containerd-{CONTAINERD_VERSION}"));
+    let bin = go_dir.join("bin");
+    fs::create_dir_all(&bin)?;
+    let go_started = Instant::now();
+    build_kubernetes(&sh, &go_dir, &bin)?;
+    build_containerd(&sh, &go_dir, &bin)?;
+    let kubeadm = bin.join("kubeadm");
+    let list = cmd!(sh, "{kubeadm} config images list --kubernetes-version {KUBERNETES_VERSION}")
+        .quiet()
+        .read()
+        .context("`kubeadm config images list` failed")?;
+    let images = parse_image_list(&list)?;
+    for image in &images {
+        match image.name.as_str() {
+            "etcd" => build_etcd(&sh, &go_dir, &bin, &etcd_module_version(&image.tag))?,
+            "coredns" => build_coredns(&sh, &go_dir, &bin, &image.tag, &hack.join("coredns/main.go"))?,
+            "pause" => build_pause(&sh, &go_dir, &bin, &hack.join("pause/main.go"))?,
+            name if KUBERNETES_COMMANDS.contains(&name) => {}
+            other => bail!("kubeadm asks for an image this builder does not know how to make: {other} ({image:?})"),
+        }
+    }
+    eprintln!("node-image: Go binaries ready in {:.0?} ({})", go_started.elapsed(), bin.display());
+
+    // 2. The cache key: versions, image list, every file of hack/node-image, this file.
+    let mut inputs = vec![
+        KUBERNETES_VERSION.to_string(),
+        KUBERNETES_STAGING_VERSION.to_string(),
+        CONTAINERD_VERSION.to_string(),
+        list.clone(),
+        SELF_SOURCE.to_string(),
+    ];
+    for (path, bytes) in files_under(&hack)? {
+        inputs.push(path);
+        inputs.push(String::from_utf8_lossy(&bytes).into_owned());
+    }
+    let input_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let key = format!("{KUBERNETES_VERSION}-{}", short_hash(&input_refs));
+    let dir = cache.join(&key);
+    let image = dir.join(IMAGE_FILE);
+    if image.is_file() && !force {
+        eprintln!("node-image: reusing {}", image.display());
+        return Ok(image);
+    }
+    require_root_and_tools(&sh)?;
+    let work = dir.with_extension("partial");
+    if work.exists() {
+        fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    fs::create_dir_all(&work)?;
+    let root = work.join("root");
+
+    // 3. Debian root directory.
+    let t = Instant::now();
+    let rootfs_sh = hack.join("rootfs.sh");
+    let packages = hack.join("packages");
+    cmd!(sh, "{rootfs_sh} {packages} {root}").run().context("mmdebstrap (hack/node-image/rootfs.sh) failed")?;
+    eprintln!("node-image: Debian root in {:.0?}", t.elapsed());
+
+    // 4. Our files, the node binaries and the container images.
+    let t = Instant::now();
+    let overlay = hack.join("overlay");
+    cmd!(sh, "cp -a {overlay}/. {root}/").run().context("copying hack/node-image/overlay")?;
+    let pause = images.iter().find(|i| i.name == "pause").context("kubeadm names no pause image")?;
+    let containerd_config = root.join("etc/containerd/config.toml");
+    let text = fs::read_to_string(&containerd_config)?;
+    fs::write(&containerd_config, text.replace("@PAUSE_IMAGE@", &pause.full))?;
+    for name in NODE_COMMANDS.iter().chain(CONTAINERD_COMMANDS) {
+        install_file(&bin.join(name), &root.join("usr/local/bin").join(name), 0o755)?;
+    }
+    let chroot_root = root.clone();
+    let rel_units = ["containerd.service", "capl-import-images.service", "kubelet.service"];
+    for unit in rel_units {
+        cmd!(sh, "chroot {chroot_root} systemctl enable {unit}").quiet().run()?;
+    }
+    let images_dir = root.join("opt/capl/images");
+    fs::create_dir_all(&images_dir)?;
+    let layers = work.join("layers");
+    for image in &images {
+        let layer = layers.join(&image.name);
+        let entrypoint = image_layer(&sh, &root, &bin, image, &layer)?;
+        let archive = images_dir.join(format!("{}.tar", image.name));
+        write_docker_archive(&sh, &layer, &image.full, &entrypoint, &archive, &work.join("archive"))?;
+    }
+    fs::remove_dir_all(&layers).ok();
+    eprintln!("node-image: node files and {} image archives in {:.0?}", images.len(), t.elapsed());
+
+    // 5. The disk.
+    let t = Instant::now();
+    let disk_sh = hack.join("disk.sh");
+    let qcow2 = work.join(IMAGE_FILE);
+    cmd!(sh, "{disk_sh} {root} {qcow2}").run().context("hack/node-image/disk.sh failed")?;
+    eprintln!("node-image: disk in {:.0?}", t.elapsed());
+    fs::write(work.join("images.txt"), &list)?;
+    cmd!(sh, "rm -rf {root}").quiet().run()?;
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::rename(&work, &dir)?;
+    eprintln!("node-image: built {} in {:.0?}", image.display(), started.elapsed());
+    Ok(image)
+}
+
+fn cache_root() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_ENV).filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let cache = match std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set (or set CAPL_NODE_IMAGE_CACHE_DIR)")?)
+            .join(".cache"),
+    };
+    Ok(cache.join("cluster-api-provider-libvirt/node-image"))
+}
+
+fn require_root_and_tools(sh: &Shell) -> Result<()> {
+    let uid = cmd!(sh, "id -u").quiet().read()?;
+    if uid.trim() != "0" {
+        bail!("node-image runs mmdebstrap and chroot: run it as root");
+    }
+    let missing: Vec<&str> = ["mmdebstrap", "mkfs.fat", "mkfs.ext4", "sfdisk", "syslinux", "mcopy", "qemu-img"]
+        .into_iter()
+        .filter(|tool| {
+            let check = format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /sbin/{tool}");
+            cmd!(sh, "sh -c {check}").quiet().ignore_stdout().ignore_stderr().run().is_err()
+        })
+        .collect();
+    if !missing.is_empty() || !Path::new("/usr/lib/syslinux/mbr/mbr.bin").is_file() {
+        bail!(
+            "node-image needs {} and /usr/lib/syslinux/mbr/mbr.bin: apt-get install mmdebstrap syslinux \
+             syslinux-common mtools dosfstools e2fsprogs fdisk qemu-utils",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Every file under `dir`, by path relative to it, sorted.
+fn files_under(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).unwrap_or(&path).to_string_lossy().into_owned();
+                out.insert(rel, fs::read(&path)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- Go builds
+
+/// Writes `<go_dir>/src/<name>/{go.mod,tools.go}` (plus `extra` files) and runs
+/// `go mod tidy` when go.mod changed. Same scheme as `control_plane.rs` (duplicated
+/// there on purpose: that file belongs to the control-plane build).
+fn prepare_module(
+    sh: &Shell,
+    go_dir: &Path,
+    name: &str,
+    go_mod: &str,
+    commands: &[&str],
+    extra: &[(&str, String)],
+) -> Result<PathBuf> {
+    let module = go_dir.join("src").join(name);
+    fs::create_dir_all(&module)?;
+    if !commands.is_empty() {
+        let imports: String = commands.iter().map(|c| format!("\t_ \"{c}\"\n")).collect();
+        sh.write_file(
+            module.join("tools.go"),
+            format!("//go:build tools\n\n// Package tools pins the commands built from this module.\npackage tools\n\nimport (\n{imports})\n"),
+        )?;
+    }
+    for (file, text) in extra {
+        sh.write_file(module.join(file), text)?;
+    }
+    let template = module.join("go.mod.template");
+    let fingerprint = format!("{go_mod}\n{}", extra.iter().map(|(_, t)| t.as_str()).collect::<String>());
+    let unchanged =
+        fs::read_to_string(&template).is_ok_and(|old| old == fingerprint) && module.join("go.sum").is_file();
+    if !unchanged {
+        sh.write_file(module.join("go.mod"), go_mod)?;
+        let _ = fs::remove_file(module.join("go.sum"));
+        let _d = sh.push_dir(&module);
+        let t = Instant::now();
+        cmd!(sh, "go mod tidy").run().with_context(|| format!("`go mod tidy` failed in {}", module.display()))?;
+        eprintln!("node-image: go mod tidy ({name}) took {:.0?}", t.elapsed());
+        sh.write_file(&template, fingerprint)?;
+    }
+    Ok(module)
+}
+
+/// `go build` into `<bin>/<binary>` through a temporary name; `static_build` sets CGO_ENABLED=0.
+fn go_build(
+    sh: &Shell,
+    module: &Path,
+    bin: &Path,
+    binary: &str,
+    package: &str,
+    ldflags: &str,
+    static_build: bool,
+) -> Result<()> {
+    let target = bin.join(binary);
+    if target.is_file() {
+        return Ok(());
+    }
+    let partial = bin.join(format!(".partial-{binary}"));
+    let _d = sh.push_dir(module);
+    let _cgo = static_build.then(|| sh.push_env("CGO_ENABLED", "0"));
+    let t = Instant::now();
+    eprintln!("node-image: building {binary} from {package} ...");
+    cmd!(sh, "go build -ldflags {ldflags} -o {partial} {package}")
+        .run()
+        .with_context(|| format!("`go build {package}` failed in {}", module.display()))?;
+    fs::rename(&partial, &target)?;
+    eprintln!("node-image: built {binary} in {:.0?}", t.elapsed());
+    Ok(())
+}
+
+/// kubeadm, kubelet, kubectl and the control-plane commands from `k8s.io/kubernetes`.
+///
+/// Like `control_plane.rs`: the staging modules (`./staging/src/...` replaces in
+/// kubernetes' go.mod) are replaced by their published versions. Built with the same
+/// environment as the control plane's kube-apiserver (cgo as Go defaults) so that the
+/// shared Go build cache is reused; the images carry the libc the binaries load.
+fn build_kubernetes(sh: &Shell, go_dir: &Path, bin: &Path) -> Result<()> {
+    if KUBERNETES_COMMANDS.iter().all(|c| bin.join(c).is_file()) {
+        return Ok(());
+    }
+    let kubernetes = format!("k8s.io/kubernetes@{KUBERNETES_VERSION}");
+    let go_mod_path = {
+        let _d = sh.push_dir(std::env::temp_dir());
+        let json = cmd!(sh, "go mod download -json {kubernetes}").quiet().read()?;
+        json.lines()
+            .find_map(|l| l.trim().strip_prefix("\"GoMod\":"))
+            .map(|v| v.trim().trim_end_matches(',').trim_matches('"').to_string())
+            .with_context(|| format!("`go mod download -json {kubernetes}` printed no GoMod"))?
+    };
+    let upstream = fs::read_to_string(&go_mod_path)?;
+    let staging: Vec<&str> = upstream
+        .lines()
+        .filter(|l| l.contains("=> ./staging/src/"))
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("replace").unwrap_or(l).split_whitespace().next()
+        })
+        .collect();
+    if staging.is_empty() {
+        bail!("the go.mod of {kubernetes} has no ./staging/src/ replace: update build_kubernetes");
+    }
+    let replaces: String = staging.iter().map(|m| format!("\t{m} => {m} {KUBERNETES_STAGING_VERSION}\n")).collect();
+    let go_mod = format!(
+        "module capl.local/node-image/kubernetes\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes {KUBERNETES_VERSION}\n\nreplace (\n{replaces})\n"
+    );
+    let packages: Vec<String> = KUBERNETES_COMMANDS.iter().map(|c| format!("k8s.io/kubernetes/cmd/{c}")).collect();
+    let package_refs: Vec<&str> = packages.iter().map(String::as_str).collect();
+    let module = prepare_module(sh, go_dir, "kubernetes", &go_mod, &package_refs, &[])?;
+    let mut parts = KUBERNETES_VERSION.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
+    let mut ldflags = vec!["-s".to_owned(), "-w".to_owned()];
+    for package in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+        for (var, value) in
+            [("gitVersion", KUBERNETES_VERSION), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")]
+        {
+            ldflags.push(format!("-X {package}.{var}={value}"));
+        }
+    }
+    let ldflags = ldflags.join(" ");
+    for (command, package) in KUBERNETES_COMMANDS.iter().zip(&packages) {
+        go_build(sh, &module, bin, command, package, &ldflags, false)?;
+    }
+    Ok(())
+}
+
+fn build_containerd(sh: &Shell, go_dir: &Path, bin: &Path) -> Result<()> {
+    if CONTAINERD_COMMANDS.iter().all(|c| bin.join(c).is_file()) {
+        return Ok(());
+    }
+    let go_mod = format!(
+        "module capl.local/node-image/containerd\n\ngo 1.26.0\n\nrequire github.com/containerd/containerd/v2 {CONTAINERD_VERSION}\n"
+    );
+    let packages: Vec<String> =
+        CONTAINERD_COMMANDS.iter().map(|c| format!("github.com/containerd/containerd/v2/cmd/{c}")).collect();
+    let package_refs: Vec<&str> = packages.iter().map(String::as_str).collect();
+    let module = prepare_module(sh, go_dir, "containerd", &go_mod, &package_refs, &[])?;
+    let ldflags = format!(
+        "-s -w -X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION} \
+         -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+    );
+    for (command, package) in CONTAINERD_COMMANDS.iter().zip(&packages) {
+        go_build(sh, &module, bin, command, package, &ldflags, true)?;
+    }
+    Ok(())
+}
+
+fn build_etcd(sh: &Shell, go_dir: &Path, bin: &Path, version: &str) -> Result<()> {
+    if bin.join("etcd").is_file() {
+        return Ok(());
+    }
+    let go_mod =
+        format!("module capl.local/node-image/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {version}\n");
+    let module = prepare_module(sh, go_dir, "etcd", &go_mod, &["go.etcd.io/etcd/server/v3"], &[])?;
+    go_build(sh, &module, bin, "etcd", "go.etcd.io/etcd/server/v3", "-s -w", true)
+}
+
+fn build_coredns(sh: &Shell, go_dir: &Path, bin: &Path, version: &str, main_go: &Path) -> Result<()> {
+    if bin.join("coredns").is_file() {
+        return Ok(());
+    }
+    let main = fs::read_to_string(main_go).with_context(|| format!("reading {}", main_go.display()))?;
+    let go_mod =
+        format!("module capl.local/node-image/coredns\n\ngo 1.26.0\n\nrequire github.com/coredns/coredns {version}\n");
+    let module = prepare_module(sh, go_dir, "coredns", &go_mod, &[], &[("main.go", main)])?;
+    let ldflags = "-s -w -X github.com/coredns/coredns/coremain.GitCommit=capl-node-image";
+    go_build(sh, &module, bin, "coredns", ".", ldflags, true)
+}
+
+fn build_pause(sh: &Shell, go_dir: &Path, bin: &Path, main_go: &Path) -> Result<()> {
+    if bin.join("pause").is_file() {
+        return Ok(());
+    }
+    let main = fs::read_to_string(main_go).with_context(|| format!("reading {}", main_go.display()))?;
+    let module = prepare_module(
+        sh,
+        go_dir,
+        "pause",
+        "module capl.local/node-image/pause\n\ngo 1.26.0\n",
+        &[],
+        &[("main.go", main)],
+    )?;
+    go_build(sh, &module, bin, "pause", ".", "-s -w", true)
+}
+
+// ---------------------------------------------------------------- images
+
+/// Fills `layer` with the image's files; returns its entrypoint (empty: the pod's
+/// `command` names the binary, as kubeadm's manifests do).
+fn image_layer(sh: &Shell, root: &Path, bin: &Path, image: &ImageRef, layer: &Path) -> Result<Vec<String>> {
+    if layer.exists() {
+        fs::remove_dir_all(layer)?;
+    }
+    fs::create_dir_all(layer.join("etc"))?;
+    fs::create_dir_all(layer.join("tmp"))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(layer.join("tmp"), fs::Permissions::from_mode(0o1777))?;
+    }
+    fs::write(
+        layer.join("etc/passwd"),
+        "root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n",
+    )?;
+    fs::write(layer.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    fs::write(layer.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
+    let name = image.name.as_str();
+    match name {
+        "pause" => {
+            install_file(&bin.join("pause"), &layer.join("pause"), 0o755)?;
+            Ok(vec!["/pause".into()])
+        }
+        "coredns" => {
+            install_file(&bin.join("coredns"), &layer.join("coredns"), 0o755)?;
+            Ok(vec!["/coredns".into()])
+        }
+        "etcd" => {
+            install_file(&bin.join("etcd"), &layer.join("usr/local/bin/etcd"), 0o755)?;
+            Ok(vec![])
+        }
+        _ => {
+            let target = layer.join("usr/local/bin").join(name);
+            install_file(&bin.join(name), &target, 0o755)?;
+            let mut needs_libs = vec![format!("/usr/local/bin/{name}")];
+            if name == "kube-proxy" {
+                kube_proxy_layer(root, layer)?;
+                needs_libs.extend(KUBE_PROXY_TOOLS.iter().map(|s| s.to_string()));
+                for entry in fs::read_dir(root.join(XTABLES_DIR.trim_start_matches('/')))? {
+                    let path = entry?.path();
+                    let rel = path.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+                    needs_libs.push(format!("/{rel}"));
+                }
+            }
+            copy_shared_libraries(sh, root, layer, &needs_libs)?;
+            Ok(vec![format!("/usr/local/bin/{name}")])
+        }
+    }
+}
+
+/// iptables (nft backend), nft and conntrack from the Debian root.
+fn kube_proxy_layer(root: &Path, layer: &Path) -> Result<()> {
+    for tool in KUBE_PROXY_TOOLS {
+        let rel = tool.trim_start_matches('/');
+        install_file(&root.join(rel), &layer.join(rel), 0o755)?;
+    }
+    for link in IPTABLES_LINKS {
+        let path = layer.join("usr/sbin").join(link);
+        std::os::unix::fs::symlink("xtables-nft-multi", &path)
+            .with_context(|| format!("linking {}", path.display()))?;
+    }
+    let xtables = XTABLES_DIR.trim_start_matches('/');
+    fs::create_dir_all(layer.join(xtables))?;
+    for entry in fs::read_dir(root.join(xtables))? {
+        let path = entry?.path();
+        install_file(&path, &layer.join(xtables).join(path.file_name().expect("a file")), 0o644)?;
+    }
+    Ok(())
+}
+
+/// Copies into `layer` every shared library the files (paths inside the layer, or
+/// inside the Debian root when not in the layer) load, as the root's `ldd` resolves them.
+fn copy_shared_libraries(sh: &Shell, root: &Path, layer: &Path, files: &[String]) -> Result<()> {
+    let probe = root.join("tmp/capl-ldd");
+    fs::create_dir_all(&probe)?;
+    let mut libs = std::collections::BTreeSet::new();
+    for (i, file) in files.iter().enumerate() {
+        let rel = file.trim_start_matches('/');
+        let in_layer = layer.join(rel);
+        let inside = if in_layer.is_file() {
+            let copy = probe.join(format!("f{i}"));
+            fs::copy(&in_layer, &copy)?;
+            format!("/tmp/capl-ldd/f{i}")
+        } else {
+            file.clone()
+        };
+        let out = cmd!(sh, "chroot {root} ldd {inside}").quiet().ignore_status().output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("not found") {
+            bail!("ldd in the node root cannot resolve every library of {file}:\n{text}");
+        }
+        for line in text.lines() {
+            let line = line.trim();
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next().filter(|p| p.starts_with('/')),
+            };
+            if let Some(path) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(path.to_string());
+            }
+        }
+    }
+    fs::remove_dir_all(&probe).ok();
+    for lib in libs {
+        let rel = lib.trim_start_matches('/');
+        // Follows symbolic links (merged /usr: /lib -> usr/lib) inside the root.
+        let source = resolve_in_root(root, rel)?;
+        install_file(&source, &layer.join(rel), 0o755)?;
+    }
+    Ok(())
+}
+
+/// The real file of `rel` inside `root`, following absolute and relative links
+/// within the root (never the host's).
+fn resolve_in_root(root: &Path, rel: &str) -> Result<PathBuf> {
+    let mut current = PathBuf::new();
+    let mut parts: Vec<String> = rel.split('/').filter(|p| !p.is_empty()).map(str::to_string).rev().collect();
+    let mut hops = 0;
+    while let Some(part) = parts.pop() {
+        if part == ".." {
+            current.pop();
+            continue;
+        }
+        if part == "." {
+            continue;
+        }
+        let candidate = current.join(&part);
+        let full = root.join(&candidate);
+        match fs::read_link(&full) {
+            Ok(target) => {
+                hops += 1;
+                if hops > 40 {
+                    bail!("too many links resolving {rel} in {}", root.display());
+                }
+                let target = target.to_string_lossy().into_owned();
+                if target.starts_with('/') {
+                    current = PathBuf::new();
+                }
+                for p in target.split('/').filter(|p| !p.is_empty()).rev() {
+                    parts.push(p.to_string());
+                }
+            }
+            Err(_) => current = candidate,
+        }
+    }
+    let full = root.join(&current);
+    if !full.is_file() {
+        bail!("{rel} is not a file in {}", root.display());
+    }
+    Ok(full)
+}
+
+/// A docker archive (`docker save` layout; `ctr images import` reads it) with one layer.
+fn write_docker_archive(
+    sh: &Shell,
+    layer: &Path,
+    name: &str,
+    entrypoint: &[String],
+    archive: &Path,
+    scratch: &Path,
+) -> Result<()> {
+    if scratch.exists() {
+        fs::remove_dir_all(scratch)?;
+    }
+    fs::create_dir_all(scratch)?;
+    let layer_tar = scratch.join("layer.tar");
+    cmd!(
+        sh,
+        "tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C {layer} -cf {layer_tar} ."
+    )
+    .quiet()
+    .run()?;
+    let diff_id = sha256(sh, &layer_tar)?;
+    let layer_dir = scratch.join(&diff_id);
+    fs::create_dir_all(&layer_dir)?;
+    fs::rename(&layer_tar, layer_dir.join("layer.tar"))?;
+    let entrypoint_json = if entrypoint.is_empty() {
+        "null".to_string()
+    } else {
+        format!("[{}]", entrypoint.iter().map(|e| json_string(e)).collect::<Vec<_>>().join(","))
+    };
+    let config = format!(
+        "{{\"architecture\":\"amd64\",\"os\":\"linux\",\"created\":\"1970-01-01T00:00:00Z\",\
+         \"config\":{{\"Env\":[{}],\"Entrypoint\":{entrypoint_json},\"WorkingDir\":\"/\"}},\
+         \"rootfs\":{{\"type\":\"layers\",\"diff_ids\":[\"sha256:{diff_id}\"]}},\
+         \"history\":[{{\"created\":\"1970-01-01T00:00:00Z\",\"created_by\":\"cargo xtask node-image\"}}]}}",
+        json_string(PATH_ENV)
+    );
+    let config_file = scratch.join("config.json");
+    fs::write(&config_file, &config)?;
+    let config_id = sha256(sh, &config_file)?;
+    fs::rename(&config_file, scratch.join(format!("{config_id}.json")))?;
+    let manifest = format!(
+        "[{{\"Config\":\"{config_id}.json\",\"RepoTags\":[{}],\"Layers\":[\"{diff_id}/layer.tar\"]}}]",
+        json_string(name)
+    );
+    fs::write(scratch.join("manifest.json"), manifest)?;
+    let config_name = format!("{config_id}.json");
+    cmd!(
+        sh,
+        "tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C {scratch} -cf {archive} manifest.json {config_name} {diff_id}"
+    )
+    .quiet()
+    .run()?;
+    fs::remove_dir_all(scratch)?;
+    Ok(())
+}
+
+fn sha256(sh: &Shell, file: &Path) -> Result<String> {
+    let out = cmd!(sh, "sha256sum {file}").quiet().read()?;
+    Ok(out.split_whitespace().next().context("sha256sum printed nothing")?.to_string())
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn short_hash(parts: &[&str]) -> String {
+    // FNV-1a, 64 bit, over the parts with separators: a cache key, not a security measure.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.bytes().chain([0u8]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")[..12].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeadm_image_list_is_parsed_into_names_and_tags() {
+        let list = "registry.k8s.io/kube-apiserver:v1.36.3\nregistry.k8s.io/coredns/coredns:v1.14.2\n\
+                    registry.k8s.io/pause:3.10.2\nregistry.k8s.io/etcd:3.6.8-0\n";
+        let images = parse_image_list(list).unwrap();
+        assert_eq!(images.len(), 4);
+        assert_eq!(images[1].name, "coredns");
+        assert_eq!(images[1].tag, "v1.14.2");
+        assert_eq!(images[1].full, "registry.k8s.io/coredns/coredns:v1.14.2");
+        assert_eq!(etcd_module_version(&images[3].tag), "v3.6.8");
+        assert!(parse_image_list("\n").is_err());
+        assert!(parse_image_list("registry.k8s.io/notag").is_err());
+    }
+
+    #[test]
+    fn links_resolve_inside_the_root_only() {
+        let root = std::env::temp_dir().join(format!("capl-node-resolve-{}", std::process::id()));
+        fs::create_dir_all(root.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        fs::write(root.join("usr/lib/x86_64-linux-gnu/libc.so.6"), b"elf").unwrap();
+        std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
+        fs::create_dir_all(root.join("lib64-real")).unwrap();
+        std::os::unix::fs::symlink("/lib/x86_64-linux-gnu/libc.so.6", root.join("lib64-real/abs")).unwrap();
+        assert_eq!(
+            resolve_in_root(&root, "lib/x86_64-linux-gnu/libc.so.6").unwrap(),
+            root.join("usr/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert_eq!(resolve_in_root(&root, "lib64-real/abs").unwrap(), root.join("usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(resolve_in_root(&root, "lib/missing.so").is_err());
+        fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+}
