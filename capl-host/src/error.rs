@@ -1,5 +1,6 @@
 //! Every way a host operation fails, each message naming the object, the value
-//! and the fix, and each mapped to the condition reason the controllers report.
+//! and the fix, and each of a [`FailureKind`] (which the provider's
+//! controllers map to the condition reasons they report).
 
 use std::fmt;
 
@@ -29,40 +30,36 @@ impl fmt::Display for ObjectKind {
     }
 }
 
-/// The condition reason a failure maps to.
+/// What kind of failure a [`HostError`] is, for whoever reports it (the
+/// provider's controllers turn it into a condition reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureReason {
+pub enum FailureKind {
     /// A network, pool or base image does not exist.
     InfrastructureMissing,
     /// A network or pool exists but is not active.
     InfrastructureInactive,
     /// A libvirt call failed, or the host's state cannot be used (e.g. no free address).
-    InfrastructureProvisioningFailed,
-    /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).
+    ProvisioningFailed,
+    /// The machine asks for something the host cannot give (e.g. a disk smaller than its image).
     InvalidMachineSpec,
-    /// An object with our name exists on the host but is not ours.
+    /// A domain with the machine's name exists on the host but is not the machine's.
+    DomainCollision,
+    /// A volume or DHCP entry with one of the machine's names exists but is not the machine's.
     ObjectCollision,
     /// The libvirt connection broke; the caller should reconnect and retry.
     HostUnreachable,
 }
 
-impl FailureReason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            FailureReason::InfrastructureMissing => "InfrastructureMissing",
-            FailureReason::InfrastructureInactive => "InfrastructureInactive",
-            FailureReason::InfrastructureProvisioningFailed => "InfrastructureProvisioningFailed",
-            FailureReason::InvalidMachineSpec => "InvalidMachineSpec",
-            FailureReason::ObjectCollision => "ObjectCollision",
-            FailureReason::HostUnreachable => "HostUnreachable",
-        }
-    }
-}
-
-impl fmt::Display for FailureReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+impl FailureKind {
+    pub const ALL: [FailureKind; 7] = [
+        FailureKind::InfrastructureMissing,
+        FailureKind::InfrastructureInactive,
+        FailureKind::ProvisioningFailed,
+        FailureKind::InvalidMachineSpec,
+        FailureKind::DomainCollision,
+        FailureKind::ObjectCollision,
+        FailureKind::HostUnreachable,
+    ];
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -132,30 +129,31 @@ fn fix_hint(source: &HypervisorError, uri: &str) -> String {
 }
 
 impl HostError {
-    /// The condition reason this failure is reported with.
-    pub fn reason(&self) -> FailureReason {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> FailureKind {
         match self {
             HostError::NetworkMissing { .. } | HostError::PoolMissing { .. } | HostError::ImageMissing { .. } => {
-                FailureReason::InfrastructureMissing
+                FailureKind::InfrastructureMissing
             }
-            HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureReason::InfrastructureInactive,
-            HostError::DiskTooSmall { .. } => FailureReason::InvalidMachineSpec,
-            HostError::Collision { .. } => FailureReason::ObjectCollision,
+            HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
+            HostError::DiskTooSmall { .. } => FailureKind::InvalidMachineSpec,
+            HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
+            HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
-                FailureReason::HostUnreachable
+                FailureKind::HostUnreachable
             }
             HostError::NoIpv4 { .. }
             | HostError::NoFreeAddress { .. }
             | HostError::ConsoleLogDirMissing { .. }
             | HostError::Libvirt { .. }
-            | HostError::UnreadableXml { .. } => FailureReason::InfrastructureProvisioningFailed,
+            | HostError::UnreadableXml { .. } => FailureKind::ProvisioningFailed,
         }
     }
 
     /// Whether retrying later can succeed without anyone changing anything
     /// (a broken connection); all other failures need a fix by a person.
     pub fn is_transient(&self) -> bool {
-        self.reason() == FailureReason::HostUnreachable
+        self.kind() == FailureKind::HostUnreachable
     }
 }
 

@@ -1,30 +1,37 @@
-//! Everything the provider does to a libvirt host, over the [`Hypervisor`]
-//! trait and without Kubernetes types: the controllers map their objects onto
-//! [`MachineSpec`] and [`InfraSpec`].
+//! capl-host: everything cluster-api-provider-libvirt does to a libvirt host,
+//! without Kubernetes. The provider's controllers map their objects onto
+//! [`MachineSpec`] and [`InfraSpec`] and map a [`HostError`]'s
+//! [`FailureKind`] onto their condition reasons; nothing here knows the API.
 //!
+//! - [`hypervisor`]: the [`Hypervisor`] trait, the one seam to a host, with
+//!   the real (virt crate) and simulated (libvirt-sim) backends and the
+//!   connection cache ([`hypervisor::connections`]).
 //! - [`naming`]: the names and identity table.
 //! - [`infra`]: the LibvirtCluster check (missing vs inactive).
 //! - [`machine`]: create / observe / delete of one machine.
 //! - [`domain_xml`], [`volume_xml`], [`network_xml`]: the XML written and read.
 //! - [`dhcp`]: address choice and the per-network lock.
 //! - [`cloud_init`]: the NoCloud seed ISO.
-//! - [`error`]: [`HostError`] and its condition reasons.
+//! - [`error`]: [`HostError`] and its [`FailureKind`].
+//! - [`sim_host`]: the simulated host behind the provider's `--hypervisor sim`.
 //!
-//! [`Hypervisor`]: crate::hypervisor::Hypervisor
+//! [`Hypervisor`]: hypervisor::Hypervisor
 
 pub mod cloud_init;
 pub mod dhcp;
 pub mod domain_xml;
 pub mod error;
+pub mod hypervisor;
 pub mod infra;
 pub mod machine;
 pub mod naming;
 pub mod network_xml;
+pub mod sim_host;
 pub mod volume_xml;
 pub mod xml_tree;
 
 pub use domain_xml::DomainTypePreference;
-pub use error::{FailureReason, HostError, HostResult, ObjectKind};
+pub use error::{FailureKind, HostError, HostResult, ObjectKind};
 pub use infra::{InfraSpec, check_infrastructure};
 pub use machine::{
     CreateStep, MachineAddress, MachineReport, MachineSpec, delete_machine, ensure_machine, observe_machine,

@@ -162,10 +162,10 @@ impl Stack {
             Backend::Sim => {
                 let placement = Placement {
                     uri: "qemu:///system".into(),
-                    network: capl::sim_host::NETWORK.into(),
-                    base_pool: capl::sim_host::BASE_POOL.into(),
-                    domain_pool: capl::sim_host::DOMAIN_POOL.into(),
-                    image: capl::sim_host::BASE_IMAGE.into(),
+                    network: capl_host::sim_host::NETWORK.into(),
+                    base_pool: capl_host::sim_host::BASE_POOL.into(),
+                    domain_pool: capl_host::sim_host::DOMAIN_POOL.into(),
+                    image: capl_host::sim_host::BASE_IMAGE.into(),
                     endpoint_host: "192.168.122.10".into(),
                 };
                 (placement, None, None)

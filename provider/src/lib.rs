@@ -3,14 +3,12 @@
 //!
 //! Layers, top to bottom:
 //! - [`api`]: the four CRD kinds and their condition constants.
-//! - `controller`: the reconcilers (gather, decide, act, report).
-//! - `host`: naming, XML, cloud-init ISO, IP choice, create/delete ordering.
-//! - [`hypervisor`]: the one seam to a host, with a real libvirt
-//!   implementation and one over `libvirt-sim`.
+//! - [`controller`]: the reconcilers (gather, decide, act, report); the only
+//!   place that maps host failures to condition reasons.
+//! - the `capl-host` crate ([`capl_host`]): naming, XML, cloud-init ISO, IP
+//!   choice, create/delete ordering, and the `Hypervisor` trait with its real
+//!   libvirt and `libvirt-sim` backends. It knows nothing of Kubernetes.
 
 pub mod api;
 pub mod controller;
-pub mod host;
-pub mod hypervisor;
 pub mod manifests;
-pub mod sim_host;

@@ -1,7 +1,7 @@
 //! The conformance suite: one set of scenarios (see `conformance/scenarios.rs`), run
 //! through the `Hypervisor` trait against three backends:
 //!
-//! 1. `libvirt-sim` through `capl::hypervisor::sim::SimHypervisor`;
+//! 1. `libvirt-sim` through `capl_host::hypervisor::sim::SimHypervisor`;
 //! 2. libvirt's in-process `test:///default` driver through `LibvirtHypervisor`;
 //! 3. a real libvirtd, URI in `CAPL_TEST_LIBVIRT_URI`, through `LibvirtHypervisor`
 //!    (`cargo xtask host up` starts one and prints the URI). Without the variable
@@ -19,9 +19,9 @@ mod scenarios;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use capl::hypervisor::Hypervisor;
-use capl::hypervisor::libvirt::LibvirtHypervisor;
-use capl::hypervisor::sim::SimHypervisor;
+use capl_host::hypervisor::Hypervisor;
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::sim::SimHypervisor;
 use fixtures::{Backend, Ctx, SeenError, take_seen_errors};
 use rstest::rstest;
 

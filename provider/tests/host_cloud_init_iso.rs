@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use capl::host::cloud_init::{meta_data, nocloud_iso};
+use capl_host::cloud_init::{meta_data, nocloud_iso};
 
 const USER_DATA: &[u8] = b"#cloud-config\nruncmd:\n  - [ sh, -c, 'echo \"hello\" > /tmp/x' ]\n";
 

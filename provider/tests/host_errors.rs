@@ -1,7 +1,9 @@
-//! Every host error names the object, the value and the fix, and maps to a condition reason.
+//! Every host error names the object, the value and the fix, and maps to a
+//! condition reason (the LibvirtMachine's, through the controller's mapping).
 
-use capl::host::{HostError, ObjectKind};
-use capl::hypervisor::{ErrorKind, HypervisorError};
+use capl::controller::host_failure::machine_reason;
+use capl_host::hypervisor::{ErrorKind, HypervisorError};
+use capl_host::{HostError, ObjectKind};
 
 fn uri() -> String {
     "qemu+tcp://lab/system".into()
@@ -63,7 +65,7 @@ fn all_errors() -> Vec<HostError> {
 
 #[test]
 fn messages_and_reasons() {
-    let rendered: Vec<String> = all_errors().iter().map(|e| format!("[{}] {e}", e.reason())).collect();
+    let rendered: Vec<String> = all_errors().iter().map(|e| format!("[{}] {e}", machine_reason(e.kind()))).collect();
     insta::assert_yaml_snapshot!(rendered);
 }
 

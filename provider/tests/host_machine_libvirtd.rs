@@ -7,8 +7,8 @@
 
 mod host_support;
 
-use capl::host::{InfraSpec, check_infrastructure};
-use capl::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::{InfraSpec, check_infrastructure};
 use host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
 
 const URI_VAR: &str = "CAPL_TEST_LIBVIRT_URI";

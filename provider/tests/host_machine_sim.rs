@@ -3,9 +3,9 @@
 
 mod host_support;
 
-use capl::host::{CreateStep, MachineAddress, delete_machine, ensure_machine, run_create_steps};
-use capl::hypervisor::Hypervisor;
-use capl::hypervisor::sim::SimHypervisor;
+use capl_host::hypervisor::Hypervisor;
+use capl_host::hypervisor::sim::SimHypervisor;
+use capl_host::{CreateStep, MachineAddress, delete_machine, ensure_machine, run_create_steps};
 use host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec};
 use libvirt_sim::Host;
 

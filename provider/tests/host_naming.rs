@@ -1,7 +1,7 @@
 //! The names and identity table of the README, one test per row.
 
-use capl::host::MachineNames;
-use capl::host::naming::{domain_name, is_dns_label, mac_address, name_hash};
+use capl_host::MachineNames;
+use capl_host::naming::{domain_name, is_dns_label, mac_address, name_hash};
 use rstest::rstest;
 
 const UID: &str = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";

@@ -2,10 +2,10 @@
 
 use std::net::Ipv4Addr;
 
-use capl::host::MachineNames;
-use capl::host::dhcp::dhcp_host_xml;
-use capl::host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, parse_domain};
-use capl::host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
+use capl_host::MachineNames;
+use capl_host::dhcp::dhcp_host_xml;
+use capl_host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, parse_domain};
+use capl_host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
 
 fn names() -> MachineNames {
     MachineNames::new("default", "libvirt-xd-0", "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10")

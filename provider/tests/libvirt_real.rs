@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use capl::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
-use capl::hypervisor::libvirt::LibvirtHypervisor;
-use capl::hypervisor::{DomainState, ErrorKind, Hypervisor, NetworkUpdateCommand, UndefineFlags};
+use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{DomainState, ErrorKind, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 
 const NETWORK: &str = "capl-test-net";
 const BASE_POOL: &str = "capl-test-base";
@@ -72,7 +72,7 @@ fn keepalive_is_supported_by_the_daemon() {
     host.call_blocking(|h| h.domain_list()).unwrap();
     // The connector enabled keepalive; doing it again on a fresh connection
     // must report support (Ok(true)), unlike test:///.
-    capl::hypervisor::connections::ensure_event_loop().unwrap();
+    capl_host::hypervisor::connections::ensure_event_loop().unwrap();
     assert!(hv().set_keepalive(5, 3).unwrap());
     assert_eq!(cache.connections_opened(), 1);
 }

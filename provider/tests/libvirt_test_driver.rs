@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use capl::hypervisor::connections::{Connections, Connector, KeepAlive, LibvirtConnector};
-use capl::hypervisor::libvirt::LibvirtHypervisor;
-use capl::hypervisor::{
+use capl_host::hypervisor::connections::{Connections, Connector, KeepAlive, LibvirtConnector};
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{
     DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
 };
 

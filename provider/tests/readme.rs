@@ -52,7 +52,7 @@ fn kinds_table_lists_the_four_crds() {
 fn names_table_example_is_what_the_code_computes() {
     let rows = table_rows("| Item | Value |");
     let domain = rows.iter().find(|r| r[0] == "Domain name").expect("README names table has a Domain name row");
-    let example = capl::host::naming::domain_name("default", "libvirt-xd-0");
+    let example = capl_host::naming::domain_name("default", "libvirt-xd-0");
     assert!(domain[1].contains(&format!("`{example}`")), "README says {:?}, the code computes {example}", domain[1]);
     let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
     assert!(provider_id[1].starts_with(&format!("`{}", capl::api::PROVIDER_ID_PREFIX)));
@@ -60,18 +60,11 @@ fn names_table_example_is_what_the_code_computes() {
 
 #[test]
 fn machine_failure_reasons_are_documented() {
-    use capl::host::error::FailureReason::*;
     let rows = table_rows("| Resource | Condition | Meaning |");
     let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::DOMAIN_PROVISIONING_READY).unwrap();
-    for reason in [
-        InfrastructureMissing,
-        InfrastructureInactive,
-        InfrastructureProvisioningFailed,
-        InvalidMachineSpec,
-        ObjectCollision,
-        HostUnreachable,
-    ] {
-        assert!(row[2].contains(reason.as_str()), "README does not list reason {reason}");
+    for kind in capl_host::FailureKind::ALL {
+        let reason = capl::controller::host_failure::machine_reason(kind);
+        assert!(row[2].contains(reason), "README does not list reason {reason} (host failure {kind:?})");
     }
     for reason in [
         conditions::reasons::WAITING_FOR_BOOTSTRAP_DATA,

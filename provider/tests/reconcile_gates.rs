@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use capl::api::capi::{Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine, MACHINE_FINALIZER};
-use capl::hypervisor::{DomainState, Hypervisor};
+use capl_host::hypervisor::{DomainState, Hypervisor};
 use kube::ResourceExt;
 use reconcile_support::*;
 use serde_json::json;

@@ -5,8 +5,8 @@
 mod reconcile_support;
 
 use capl::api::LibvirtMachine;
-use capl::host::MachineNames;
-use capl::hypervisor::{DomainState, Hypervisor};
+use capl_host::MachineNames;
+use capl_host::hypervisor::{DomainState, Hypervisor};
 use libvirt_sim::{Error, ErrorCode, Op};
 use reconcile_support::*;
 

@@ -14,7 +14,7 @@ use super::{Context, Error, object_patch};
 use crate::api::capi::{Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use crate::api::conditions::INFRASTRUCTURE_READY;
 use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus};
-use crate::host::infra::{InfraSpec, check_infrastructure};
+use capl_host::infra::{InfraSpec, check_infrastructure};
 
 /// The owner Cluster named in the object's ownerReferences, if any.
 pub(crate) fn owner_name(object: &impl ResourceExt, kind: &str) -> Option<String> {
@@ -107,7 +107,7 @@ async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {
     match result {
         Ok(Ok(())) => InfraCheck::Ready,
         Ok(Err(err)) => InfraCheck::Failed {
-            reason: infra_reason(err.reason().as_str()),
+            reason: super::host_failure::cluster_reason(err.kind()),
             message: format!("LibvirtCluster {}: {err}", object.name_any()),
             transient: err.is_transient(),
         },
@@ -120,16 +120,6 @@ async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {
             ),
             transient: true,
         },
-    }
-}
-
-/// The README's three InfrastructureReady reasons.
-fn infra_reason(host_reason: &str) -> &'static str {
-    use crate::api::conditions::reasons::*;
-    match host_reason {
-        "InfrastructureMissing" => INFRASTRUCTURE_MISSING,
-        "InfrastructureInactive" => INFRASTRUCTURE_INACTIVE,
-        _ => INFRASTRUCTURE_PROVISIONING_FAILED,
     }
 }
 

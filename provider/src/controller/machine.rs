@@ -18,9 +18,9 @@ use crate::api::conditions::{DOMAIN_PROVISIONING_READY, reasons};
 use crate::api::{
     Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
 };
-use crate::host::error::{HostError, ObjectKind};
-use crate::host::machine::{self as host_machine, MachineReport, MachineSpec};
-use crate::hypervisor::HypervisorError;
+use capl_host::error::HostError;
+use capl_host::hypervisor::HypervisorError;
+use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
 
 /// While the bootstrap Secret is missing, look again this often even without
 /// a watch event (Secrets of other types than CAPI's are not watched).
@@ -124,15 +124,6 @@ fn host_spec(
     }
 }
 
-/// The condition reason of a host failure: the API's `DomainNameCollision`
-/// for a foreign domain with our name, else the host layer's reason.
-fn machine_reason(err: &HostError) -> &'static str {
-    match err {
-        HostError::Collision { kind: ObjectKind::Domain, .. } => reasons::DOMAIN_NAME_COLLISION,
-        other => other.reason().as_str(),
-    }
-}
-
 /// The host's answer, folded into the snapshot's terms.
 fn host_view(
     result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>,
@@ -146,7 +137,7 @@ fn host_view(
             has_address: report.addresses.iter().any(|a| matches!(a, host_machine::MachineAddress::InternalIp(_))),
         },
         Ok(Err(err)) => Host::Failed {
-            reason: machine_reason(err),
+            reason: super::host_failure::machine_reason(err.kind()),
             message: format!("LibvirtMachine {}: {err}", object.name_any()),
             transient: err.is_transient(),
         },
@@ -349,7 +340,7 @@ async fn report_status(
                 })
                 .collect(),
         );
-        status.mac_address = Some(crate::host::naming::mac_address(&report.domain));
+        status.mac_address = Some(capl_host::naming::mac_address(&report.domain));
     }
     if let Some(lc) = &g.libvirt_cluster {
         status.host_uri = Some(lc.spec.uri.clone());

@@ -7,7 +7,7 @@ use super::condition_list::{ConditionUpdate, summary};
 use crate::api::conditions::{
     DOMAIN_PROVISIONING_READY, DOMAIN_RUNNING, INFRASTRUCTURE_READY, MACHINE_CREATED, PAUSED, READY, reasons,
 };
-use crate::hypervisor::DomainState;
+use capl_host::hypervisor::DomainState;
 
 /// The bootstrap data, as far as the reconciler could find it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod cluster_decision;
 pub mod condition_list;
+pub mod host_failure;
 pub mod machine;
 pub mod machine_decision;
 pub mod metrics;
@@ -28,8 +29,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::capi::{Cluster, Machine};
 use crate::api::{LibvirtCluster, LibvirtMachine};
-use crate::host::domain_xml::DomainTypePreference;
-use crate::hypervisor::connections::Connections;
+use capl_host::domain_xml::DomainTypePreference;
+use capl_host::hypervisor::connections::Connections;
 
 /// Bounds of the interval between looks at a guest that has no lease yet.
 const LEASE_LOOK_MIN: Duration = Duration::from_secs(2);

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use capl::hypervisor::{ErrorKind, Hypervisor, HypervisorError, UndefineFlags};
+use capl_host::hypervisor::{ErrorKind, Hypervisor, HypervisorError, UndefineFlags};
 
 /// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
 pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";

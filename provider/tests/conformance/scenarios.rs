@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use capl::hypervisor::{DomainState, ErrorKind, NetworkUpdateCommand, UndefineFlags};
+use capl_host::hypervisor::{DomainState, ErrorKind, NetworkUpdateCommand, UndefineFlags};
 
 use super::fixtures::{Backend, Ctx, attr_of, domain_xml, expect_err, interface_xml, network_xml, text_of, wait_for};
 

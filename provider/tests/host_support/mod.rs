@@ -6,13 +6,13 @@
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
-use capl::host::cloud_init::{meta_data, nocloud_iso};
-use capl::host::network_xml::parse_network;
-use capl::host::{
-    CreateStep, DomainTypePreference, FailureReason, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
+use capl_host::cloud_init::{meta_data, nocloud_iso};
+use capl_host::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
+use capl_host::network_xml::parse_network;
+use capl_host::{
+    CreateStep, DomainTypePreference, FailureKind, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
     delete_machine, ensure_machine, observe_machine, run_create_steps,
 };
-use capl::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
 use sha2::{Digest, Sha256};
 
 /// The host objects a scenario uses.
@@ -168,7 +168,7 @@ pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     assert_eq!(report.state, DomainState::Running);
     assert_eq!(report.provider_id, format!("libvirt://{}", spec.uid));
     assert_created_once(hv, fx, &spec);
-    let domain = capl::host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
     assert_eq!(domain.uuid, spec.uid);
     assert_eq!(domain.macs, vec![names.mac()]);
 
@@ -282,7 +282,7 @@ fn assert_collision(err: &HostError, domain: &str) {
         HostError::Collision { kind: ObjectKind::Domain, object, .. } => assert_eq!(object, domain),
         other => panic!("expected a domain collision on {domain}, got {other}"),
     }
-    assert_eq!(err.reason(), FailureReason::ObjectCollision);
+    assert_eq!(err.kind(), FailureKind::DomainCollision);
     assert!(err.to_string().contains(domain), "{err}");
 }
 
@@ -302,7 +302,7 @@ pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace
         "{err}"
     );
     let err = delete_machine(hv, &spec).expect_err("delete must report the foreign volume");
-    assert_eq!(err.reason(), FailureReason::ObjectCollision, "{err}");
+    assert_eq!(err.kind(), FailureKind::ObjectCollision, "{err}");
     assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&names.overlay_volume()));
     hv.volume_delete(&fx.domain_pool, &names.overlay_volume()).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
@@ -314,13 +314,13 @@ pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
     small.disk_gib = 0;
     let err = ensure_machine(hv, &small).expect_err("disk smaller than the image");
     assert!(matches!(err, HostError::DiskTooSmall { min_gib: 1, .. }), "{err}");
-    assert_eq!(err.reason(), FailureReason::InvalidMachineSpec);
+    assert_eq!(err.kind(), FailureKind::InvalidMachineSpec);
 
     let mut missing = fresh_spec(hv, fx, namespace, "missing-0");
     missing.image = "no-such-image.qcow2".into();
     let err = ensure_machine(hv, &missing).expect_err("missing image");
     assert!(matches!(&err, HostError::ImageMissing { image, .. } if image == "no-such-image.qcow2"), "{err}");
-    assert_eq!(err.reason(), FailureReason::InfrastructureMissing);
+    assert_eq!(err.kind(), FailureKind::InfrastructureMissing);
     assert!(err.to_string().contains(&fx.base_pool), "{err}");
     assert_eq!(leftovers(hv, fx, &[small, missing]), Vec::<String>::new());
 }
@@ -342,7 +342,7 @@ pub fn endpoint_address_is_avoided(hv: &dyn Hypervisor, fx: &Fixture, namespace:
 
 /// The cluster check tells missing from inactive and names the object; it changes nothing.
 pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
-    use capl::host::{InfraSpec, check_infrastructure};
+    use capl_host::{InfraSpec, check_infrastructure};
     let good =
         InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
     check_infrastructure(hv, &good).expect("the fixture's network and pools are active");
@@ -350,7 +350,7 @@ pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &
     let missing_net = InfraSpec { network: format!("{namespace}-no-net"), ..good.clone() };
     let err = check_infrastructure(hv, &missing_net).unwrap_err();
     assert!(matches!(&err, HostError::NetworkMissing { network, .. } if *network == missing_net.network), "{err}");
-    assert_eq!(err.reason(), FailureReason::InfrastructureMissing);
+    assert_eq!(err.kind(), FailureKind::InfrastructureMissing);
 
     let missing_pool = InfraSpec { domain_pool: format!("{namespace}-no-pool"), ..good.clone() };
     let err = check_infrastructure(hv, &missing_pool).unwrap_err();
@@ -366,7 +366,7 @@ pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &
     let inactive_pool = InfraSpec { base_pool: pool.clone(), ..good.clone() };
     let err = check_infrastructure(hv, &inactive_pool).unwrap_err();
     assert!(matches!(&err, HostError::PoolInactive { pool: p, .. } if *p == pool), "{err}");
-    assert_eq!(err.reason(), FailureReason::InfrastructureInactive);
+    assert_eq!(err.kind(), FailureKind::InfrastructureInactive);
     assert!(err.to_string().contains(&format!("virsh pool-start {pool}")), "{err}");
 
     let inactive_net = InfraSpec { network: network.clone(), ..good.clone() };
@@ -412,7 +412,7 @@ pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &st
     );
     let message = err.to_string();
     assert!(message.contains(dir) && message.contains(hv.uri()) && message.contains("--console-log-dir"), "{message}");
-    assert_eq!(err.reason(), FailureReason::InfrastructureProvisioningFailed, "{err}");
+    assert_eq!(err.kind(), FailureKind::ProvisioningFailed, "{err}");
     assert!(!err.is_transient(), "{err}");
     // The next reconcile sees the defined domain and fails the same way.
     let again = ensure_machine(hv, &spec).expect_err("still missing");
@@ -424,11 +424,11 @@ pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &st
 /// A DHCP entry that uses our MAC under another name is reported and kept;
 /// delete still removes what is ours and reports the entry.
 pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
-    use capl::hypervisor::NetworkUpdateCommand;
+    use capl_host::hypervisor::NetworkUpdateCommand;
     let spec = fresh_spec(hv, fx, namespace, "foreign-dhcp-0");
     let names = spec.names();
     let net = parse_network(&hv.network_xml(&fx.network).unwrap()).unwrap().ipv4.unwrap();
-    let last = capl::host::dhcp::address_ranges(&net).last().unwrap().end;
+    let last = capl_host::dhcp::address_ranges(&net).last().unwrap().end;
     let foreign = format!("<host mac='{}' name='{namespace}-someone-else' ip='{last}'/>", names.mac());
     let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign);
     hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::AddLast, &foreign).unwrap();
@@ -439,7 +439,7 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, names
         "{err}"
     );
     let err = delete_machine(hv, &spec).expect_err("delete must report the foreign entry");
-    assert_eq!(err.reason(), FailureReason::ObjectCollision, "{err}");
+    assert_eq!(err.kind(), FailureKind::ObjectCollision, "{err}");
     let entries = dhcp_hosts(hv, fx);
     assert!(entries.iter().any(|(mac, name, _)| *mac == names.mac() && name.ends_with("someone-else")), "{entries:?}");
     // Our volumes were removed all the same.
@@ -458,7 +458,7 @@ pub fn older_incarnation_is_reported(hv: &dyn Hypervisor, fx: &Fixture, namespac
     new.uid = uid_for(namespace, "reborn-0-second");
     let err = ensure_machine(hv, &new).expect_err("a domain of another UID");
     assert!(err.to_string().contains(&old.uid) && err.to_string().contains(&new.uid), "{err}");
-    assert_eq!(err.reason(), FailureReason::ObjectCollision);
+    assert_eq!(err.kind(), FailureKind::DomainCollision);
     assert!(delete_machine(hv, &new).is_err());
     assert!(hv.domain_list().unwrap().contains(&old.names().domain));
     delete_machine(hv, &old).unwrap();

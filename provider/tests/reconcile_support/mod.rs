@@ -14,11 +14,11 @@ use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::metrics::Metrics;
 use capl::controller::{self, Context, Settings};
-use capl::host::DomainTypePreference;
-use capl::host::network_xml::parse_network;
-use capl::hypervisor::Hypervisor;
-use capl::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
-use capl::hypervisor::sim::{SimConnector, SimHypervisor};
+use capl_host::DomainTypePreference;
+use capl_host::hypervisor::Hypervisor;
+use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use capl_host::hypervisor::sim::{SimConnector, SimHypervisor};
+use capl_host::network_xml::parse_network;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use testenv::TestEnv;
 use tokio::sync::OnceCell;
 
-pub use capl::sim_host::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, NETWORK};
+pub use capl_host::sim_host::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, NETWORK};
 
 /// How long any wait may take on a loaded 2-core machine before the test fails.
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -73,7 +73,8 @@ impl World {
         let ns = env.unique_namespace(prefix).await.unwrap_or_else(|e| panic!("creating a namespace: {e:#}"));
         // The CRD admits qemu:// and test:// URIs only; the simulator answers any string.
         let uri = format!("qemu+tcp://sim-{ns}/system");
-        let host = capl::sim_host::register(&uri).unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
+        let host =
+            capl_host::sim_host::register(&uri).unwrap_or_else(|e| panic!("building the simulated host {uri}: {e}"));
         let mut world = Self { env, client: env.client(), ns, host, uri, setup_calls: BTreeMap::new() };
         world.setup_calls = world.calls();
         world
@@ -511,7 +512,7 @@ pub async fn ready_machine_objects(w: &World, cluster: &str, name: &str) -> Libv
 
 /// The domain name the provider gives `name` in the test's namespace.
 pub fn domain_of(w: &World, name: &str) -> String {
-    capl::host::naming::domain_name(&w.ns, name)
+    capl_host::naming::domain_name(&w.ns, name)
 }
 
 /// Whether a LibvirtMachine is fully provisioned as a user would check it.
