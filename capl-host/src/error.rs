@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::hypervisor::connections::CallError;
 use crate::hypervisor::{ErrorKind, HypervisorError};
 
 /// The kind of libvirt object an error is about.
@@ -105,6 +106,11 @@ pub enum HostError {
     )]
     Collision { kind: ObjectKind, object: String, uri: String, detail: String },
 
+    #[error(
+        "libvirt at {uri} is unreachable: {source}: check the host URI (the LibvirtCluster's spec.uri) and that libvirtd there accepts connections"
+    )]
+    Unreachable { uri: String, source: HypervisorError },
+
     #[error("{action} {kind} \"{object}\" on {uri} failed: {source}{}", fix_hint(source, uri))]
     Libvirt { action: &'static str, kind: ObjectKind, object: String, uri: String, source: HypervisorError },
 
@@ -139,6 +145,7 @@ impl HostError {
             HostError::DiskTooSmall { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
+            HostError::Unreachable { .. } => FailureKind::HostUnreachable,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
             }
@@ -153,6 +160,18 @@ impl HostError {
     /// Whether retrying later can succeed without anyone changing anything
     /// (a broken connection); all other failures need a fix by a person.
     pub fn is_transient(&self) -> bool {
+        self.kind() == FailureKind::HostUnreachable
+    }
+}
+
+/// Host operations run through `HostHandle::call`, which drops the
+/// connection when one of them failed because the connection is gone.
+impl CallError for HostError {
+    fn unavailable(uri: &str, source: HypervisorError) -> Self {
+        HostError::Unreachable { uri: uri.to_string(), source }
+    }
+
+    fn connection_lost(&self) -> bool {
         self.kind() == FailureKind::HostUnreachable
     }
 }

@@ -366,16 +366,11 @@ impl<'a> MachineRun<'a> {
                 Ok(())
             }
             // A domain with our UUID under another name (libvirt: "domain 'x' already exists with uuid ...").
-            Err(e)
-                if e.kind == ErrorKind::DomainExists
-                    || (e.kind == ErrorKind::OperationFailed && e.message.contains("already exists")) =>
-            {
-                Err(self.collision(
-                    ObjectKind::Domain,
-                    &self.names.domain,
-                    format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
-                ))
-            }
+            Err(e) if e.is_domain_exists() => Err(self.collision(
+                ObjectKind::Domain,
+                &self.names.domain,
+                format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
+            )),
             Err(e) => Err(self
                 .console_log_error(&e)
                 .unwrap_or_else(|| self.error("define", ObjectKind::Domain, &self.names.domain, e))),
@@ -387,9 +382,7 @@ impl<'a> MachineRun<'a> {
     /// <dir>/<domain>-console.log: No such file or directory".
     fn console_log_error(&self, e: &HypervisorError) -> Option<HostError> {
         let dir = self.spec.console_log_dir.as_ref()?;
-        let missing = e.message.contains(&format!("Unable to open file: {dir}/"))
-            && e.message.contains("No such file or directory");
-        missing.then(|| HostError::ConsoleLogDirMissing {
+        e.is_missing_file_in(dir).then(|| HostError::ConsoleLogDirMissing {
             dir: dir.clone(),
             uri: self.uri.clone(),
             detail: e.to_string(),
@@ -424,7 +417,7 @@ impl<'a> MachineRun<'a> {
         match self.hv.domain_start(&self.names.domain) {
             Ok(()) => Ok(()),
             // Started by someone else between our state read and this call.
-            Err(e) if e.kind == ErrorKind::OperationInvalid && e.message.contains("already running") => Ok(()),
+            Err(e) if e.is_already_running() => Ok(()),
             Err(e) => Err(self
                 .console_log_error(&e)
                 .unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))),
@@ -476,7 +469,7 @@ impl<'a> MachineRun<'a> {
     ) -> HostError {
         match e.kind {
             ErrorKind::NoStoragePool => HostError::PoolMissing { pool: pool.to_string(), uri: self.uri.clone() },
-            ErrorKind::OperationInvalid if e.message.contains("not active") => {
+            ErrorKind::OperationInvalid if e.is_pool_inactive() => {
                 HostError::PoolInactive { pool: pool.to_string(), uri: self.uri.clone() }
             }
             _ => self.error(action, kind, &format!("{pool}/{name}"), e),

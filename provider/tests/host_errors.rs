@@ -54,6 +54,14 @@ fn all_errors() -> Vec<HostError> {
             uri: uri(),
             detail: "Unable to open file: /var/log/capl/default-worker-0-1a2b3c-console.log: No such file or directory (libvirt error 38)".into(),
         },
+        HostError::Unreachable {
+            uri: uri(),
+            source: HypervisorError::new(
+                ErrorKind::ConnectionLost,
+                38,
+                "cannot open libvirt connection to qemu+tcp://lab/system: unable to connect to server at 'lab:16509': Connection refused",
+            ),
+        },
         HostError::UnreadableXml {
             kind: ObjectKind::Network,
             object: "libvirt-lab".into(),
@@ -71,6 +79,7 @@ fn messages_and_reasons() {
 
 #[test]
 fn only_a_lost_connection_is_transient() {
-    let transient: Vec<bool> = all_errors().iter().map(HostError::is_transient).collect();
-    assert_eq!(transient.iter().filter(|t| **t).count(), 1);
+    let transient: Vec<String> = all_errors().iter().filter(|e| e.is_transient()).map(|e| format!("{e:?}")).collect();
+    assert_eq!(transient.len(), 2, "{transient:#?}");
+    assert!(transient[0].contains("ConnectionLost") && transient[1].starts_with("Unreachable"), "{transient:#?}");
 }

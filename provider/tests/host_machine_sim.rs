@@ -173,3 +173,60 @@ fn older_incarnation_is_reported() {
     let (_host, hv, fx) = sim("reborn");
     host_support::older_incarnation_is_reported(&hv, &fx, "sim-reborn");
 }
+
+/// A host operation that fails because the connection is gone returns its
+/// `HostError` (HostUnreachable, transient) and the connection handle drops
+/// the connection by itself: the next call opens a new one. An error that is
+/// not about the connection keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_inside_a_host_operation_is_dropped_by_the_handle() {
+    use std::sync::Arc;
+
+    use capl_host::hypervisor::connections::Connections;
+    use capl_host::hypervisor::sim::SimConnector;
+    use capl_host::{FailureKind, HostError, InfraSpec, check_infrastructure};
+    use libvirt_sim::{Error, ErrorCode, Op};
+
+    let (host, _hv, fx) = sim("lost-in-op");
+    let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+    let handle = cache.host(host.uri());
+    let infra = InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool };
+    let check = |infra: &InfraSpec| {
+        let infra = infra.clone();
+        move |h: &dyn Hypervisor| check_infrastructure(h, &infra)
+    };
+    handle.call(check(&infra)).await.unwrap();
+    let opened = host.counters().connections_opened();
+
+    host.fail_nth(Op::NetworkLookup, 1, Error::new(ErrorCode::NoConnect, "injected: connection gone"));
+    let err: HostError = handle.call(check(&infra)).await.unwrap_err();
+    assert_eq!(err.kind(), FailureKind::HostUnreachable, "{err}");
+    assert!(err.is_transient());
+    handle.call(check(&infra)).await.unwrap();
+    assert_eq!(host.counters().connections_opened(), opened + 1, "the lost connection was replaced");
+
+    host.fail_nth(Op::NetworkLookup, 1, Error::new(ErrorCode::InternalError, "injected: a driver failure"));
+    let err = handle.call(check(&infra)).await.unwrap_err();
+    assert_eq!(err.kind(), FailureKind::ProvisioningFailed, "{err}");
+    handle.call(check(&infra)).await.unwrap();
+    assert_eq!(host.counters().connections_opened(), opened + 1, "a driver failure keeps the connection");
+}
+
+/// A host that cannot be connected to is a `HostError` too (HostUnreachable),
+/// naming the URI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_host_is_a_host_error_naming_the_uri() {
+    use std::sync::Arc;
+
+    use capl_host::hypervisor::connections::Connections;
+    use capl_host::hypervisor::sim::SimConnector;
+    use capl_host::{FailureKind, HostError, InfraSpec, check_infrastructure};
+
+    let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+    let uri = "sim:///nobody-built-this-host";
+    let infra = InfraSpec { network: "n".into(), base_pool: "b".into(), domain_pool: "d".into() };
+    let err: HostError = cache.host(uri).call(move |h| check_infrastructure(h, &infra)).await.unwrap_err();
+    assert!(matches!(&err, HostError::Unreachable { uri: u, .. } if u == uri), "{err:?}");
+    assert_eq!(err.kind(), FailureKind::HostUnreachable);
+    assert!(err.to_string().contains(uri), "{err}");
+}

@@ -3,10 +3,11 @@
 //! - [`Connections`] maps a URI to a host slot holding at most one open
 //!   [`Hypervisor`]. The first call on a host opens it (through a
 //!   [`Connector`]); later calls reuse it. A connection found dead (it reports
-//!   `is_alive() == false`, or a call failed with
-//!   [`ErrorKind::ConnectionLost`]) is dropped and the *next* call reconnects.
-//!   A failed call is never retried here: the reconcile that saw the error
-//!   requeues, and every host step is idempotent.
+//!   `is_alive() == false`, or a call failed because the connection is gone:
+//!   [`CallError::connection_lost`]) is dropped by [`HostHandle::call`] itself
+//!   and the *next* call reconnects; callers never drop connections. A failed
+//!   call is never retried here: the reconcile that saw the error requeues,
+//!   and every host step is idempotent.
 //! - Each host admits at most `max_calls_per_host` calls at a time (a tokio
 //!   semaphore), so a burst of reconciles cannot pile requests onto one
 //!   libvirtd (whose default `max_client_requests` is 5 per client).
@@ -62,6 +63,29 @@ use tokio::sync::Semaphore;
 
 use super::libvirt::{LibvirtHypervisor, from_virt};
 use super::{ErrorKind, Hypervisor, HypervisorError, Result};
+
+/// The error type of a closure run by [`HostHandle::call`]: a bare
+/// [`HypervisorError`], or an error of the host layer that wraps one
+/// (`crate::HostError`). The handle asks it whether the connection is gone,
+/// and builds one when no call could be made at all.
+pub trait CallError: Sized + Send + 'static {
+    /// The call could not run on `uri`: no connection could be opened, or the
+    /// call did not complete.
+    fn unavailable(uri: &str, source: HypervisorError) -> Self;
+
+    /// This failure means the connection is gone; the handle drops it.
+    fn connection_lost(&self) -> bool;
+}
+
+impl CallError for HypervisorError {
+    fn unavailable(_uri: &str, source: HypervisorError) -> Self {
+        source
+    }
+
+    fn connection_lost(&self) -> bool {
+        self.kind == ErrorKind::ConnectionLost
+    }
+}
 
 /// Opens a new connection to a host. One implementation per backend (real
 /// libvirt here; the simulator's lives with `sim`).
@@ -202,6 +226,8 @@ impl Connections {
     }
 
     /// Drops the cached connection of `uri` (if any); the next call reconnects.
+    /// Reconciles need not call this: [`HostHandle::call`] drops a lost
+    /// connection itself.
     pub fn invalidate(&self, uri: &str) {
         let slot = self.hosts.lock().expect("connection cache lock poisoned").get(uri).cloned();
         if let Some(slot) = slot {
@@ -258,15 +284,23 @@ impl HostHandle {
     /// Runs `f` on the host's connection on tokio's blocking pool, within the
     /// host's call bound: `host.call(move |h| h.domain_state(&name)).await`.
     ///
-    /// A `ConnectionLost` error drops the connection so that the next call
-    /// reconnects; the error is returned as is.
-    pub async fn call<T, F>(&self, f: F) -> Result<T>
+    /// `f` returns a [`HypervisorError`] or an error of the host layer (any
+    /// [`CallError`]). A failure that means the connection is gone drops the
+    /// connection, so that the next call reconnects; the error is returned as
+    /// is. A connection that cannot be opened is returned as
+    /// [`CallError::unavailable`].
+    pub async fn call<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        F: FnOnce(&dyn Hypervisor) -> Result<T> + Send + 'static,
+        F: FnOnce(&dyn Hypervisor) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
+        E: CallError,
     {
+        let uri = self.slot.uri.clone();
         let permit = self.slot.permits.clone().acquire_owned().await.map_err(|_| {
-            HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {} was closed", self.slot.uri))
+            E::unavailable(
+                &uri,
+                HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
+            )
         })?;
         let this = self.clone();
         let joined = tokio::task::spawn_blocking(move || {
@@ -275,10 +309,9 @@ impl HostHandle {
         })
         .await;
         joined.unwrap_or_else(|e| {
-            Err(HypervisorError::new(
-                ErrorKind::Other,
-                0,
-                format!("libvirt call on host {} did not complete: {e}", self.slot.uri),
+            Err(E::unavailable(
+                &uri,
+                HypervisorError::new(ErrorKind::Other, 0, format!("libvirt call on host {uri} did not complete: {e}")),
             ))
         })
     }
@@ -286,23 +319,15 @@ impl HostHandle {
     /// The same as [`HostHandle::call`] for code already on a blocking
     /// thread (xtask, tests, `spawn_blocking` bodies). Not bounded by the
     /// async call semaphore.
-    pub fn call_blocking<T>(&self, f: impl FnOnce(&dyn Hypervisor) -> Result<T>) -> Result<T> {
-        let conn = self.cache.checkout(&self.slot)?;
+    pub fn call_blocking<T, E: CallError>(&self, f: impl FnOnce(&dyn Hypervisor) -> Result<T, E>) -> Result<T, E> {
+        let conn = self.cache.checkout(&self.slot).map_err(|e| E::unavailable(&self.slot.uri, e))?;
         let out = f(conn.as_ref());
         if let Err(e) = &out
-            && e.kind == ErrorKind::ConnectionLost
+            && e.connection_lost()
         {
             self.cache.evict(&self.slot, &conn);
         }
         out
-    }
-
-    /// Drops this host's cached connection, so that the next call opens a new
-    /// one. For callers whose closure folds a lost connection into an error of
-    /// their own (the host layer's `HostError`), which [`HostHandle::call`]
-    /// cannot recognise.
-    pub fn invalidate(&self) {
-        self.cache.invalidate(&self.slot.uri);
     }
 
     /// Calls currently admitted on this host (for tests and metrics).

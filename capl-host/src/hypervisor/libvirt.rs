@@ -8,7 +8,7 @@
 //!
 //! Errors keep libvirt's `virErrorNumber` and message; the
 //! [`ErrorKind`] is derived from the number (and, for transport failures,
-//! from the error domain), see [`kind_of`].
+//! from the error domain) by the shared table, [`kind_of`].
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Once;
@@ -23,6 +23,7 @@ use virt::sys;
 
 use super::{
     DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
+    kind_of,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -399,62 +400,13 @@ fn code_of(err: &virt::error::Error) -> i32 {
 pub fn from_virt(err: virt::error::Error) -> HypervisorError {
     let code = code_of(&err);
     let domain = err.domain().to_raw() as i32;
-    HypervisorError::new(kind_of(code, domain), code, err.message().to_string())
-}
-
-/// The [`ErrorKind`] of a libvirt error number (`virErrorNumber`) raised
-/// from error domain `domain` (`virErrorDomain`).
-///
-/// A broken transport shows up as `VIR_ERR_NO_CONNECT`, `VIR_ERR_INVALID_CONN`
-/// (a closed connection object), `VIR_ERR_RPC`, or as `VIR_ERR_SYSTEM_ERROR` /
-/// `VIR_ERR_INTERNAL_ERROR` raised by the RPC or remote layer ("client socket
-/// is closed", "Cannot write data: Broken pipe"). A `VIR_ERR_SYSTEM_ERROR`
-/// from a driver (a missing file in a pool, say) is not a lost connection.
-pub fn kind_of(code: i32, domain: i32) -> ErrorKind {
     let transport = domain == sys::VIR_FROM_RPC as i32 || domain == sys::VIR_FROM_REMOTE as i32;
-    match code as u32 {
-        sys::VIR_ERR_NO_DOMAIN => ErrorKind::NoDomain,
-        sys::VIR_ERR_NO_NETWORK => ErrorKind::NoNetwork,
-        sys::VIR_ERR_NO_STORAGE_POOL => ErrorKind::NoStoragePool,
-        sys::VIR_ERR_NO_STORAGE_VOL => ErrorKind::NoStorageVol,
-        sys::VIR_ERR_OPERATION_INVALID => ErrorKind::OperationInvalid,
-        sys::VIR_ERR_INVALID_ARG => ErrorKind::InvalidArg,
-        sys::VIR_ERR_XML_ERROR | sys::VIR_ERR_XML_DETAIL => ErrorKind::XmlError,
-        sys::VIR_ERR_OPERATION_FAILED => ErrorKind::OperationFailed,
-        sys::VIR_ERR_DOM_EXIST => ErrorKind::DomainExists,
-        sys::VIR_ERR_STORAGE_VOL_EXIST => ErrorKind::StorageVolExists,
-        sys::VIR_ERR_NO_CONNECT | sys::VIR_ERR_INVALID_CONN | sys::VIR_ERR_RPC => ErrorKind::ConnectionLost,
-        sys::VIR_ERR_SYSTEM_ERROR | sys::VIR_ERR_INTERNAL_ERROR if transport => ErrorKind::ConnectionLost,
-        _ => ErrorKind::Other,
-    }
+    HypervisorError::new(kind_of(code, transport), code, err.message().to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn codes_map_to_kinds() {
-        let drv = sys::VIR_FROM_STORAGE as i32;
-        let rpc = sys::VIR_FROM_RPC as i32;
-        assert_eq!(kind_of(42, drv), ErrorKind::NoDomain);
-        assert_eq!(kind_of(43, drv), ErrorKind::NoNetwork);
-        assert_eq!(kind_of(49, drv), ErrorKind::NoStoragePool);
-        assert_eq!(kind_of(50, drv), ErrorKind::NoStorageVol);
-        assert_eq!(kind_of(55, drv), ErrorKind::OperationInvalid);
-        assert_eq!(kind_of(8, drv), ErrorKind::InvalidArg);
-        assert_eq!(kind_of(27, drv), ErrorKind::XmlError);
-        assert_eq!(kind_of(35, drv), ErrorKind::XmlError);
-        assert_eq!(kind_of(9, drv), ErrorKind::OperationFailed);
-        assert_eq!(kind_of(28, drv), ErrorKind::DomainExists);
-        assert_eq!(kind_of(90, drv), ErrorKind::StorageVolExists);
-        assert_eq!(kind_of(5, drv), ErrorKind::ConnectionLost);
-        assert_eq!(kind_of(39, rpc), ErrorKind::ConnectionLost);
-        assert_eq!(kind_of(38, rpc), ErrorKind::ConnectionLost);
-        assert_eq!(kind_of(1, rpc), ErrorKind::ConnectionLost);
-        assert_eq!(kind_of(38, drv), ErrorKind::Other);
-        assert_eq!(kind_of(1, drv), ErrorKind::Other);
-    }
 
     #[test]
     fn update_flags_follow_network_state() {

@@ -11,78 +11,12 @@
 //! `libvirt-sim` crate. Everything above this trait is shared, so a test on
 //! the simulator runs the code that runs in production.
 
-use std::fmt;
-
 pub mod connections;
+pub mod error;
 pub mod libvirt;
 pub mod sim;
 
-/// A libvirt error class, with libvirt's numeric code kept alongside.
-///
-/// The variants are the classes the provider branches on; anything else is
-/// `Other`. Codes follow `virErrorNumber` in libvirt's `virterror.h`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// VIR_ERR_NO_DOMAIN (42)
-    NoDomain,
-    /// VIR_ERR_NO_NETWORK (43)
-    NoNetwork,
-    /// VIR_ERR_NO_STORAGE_POOL (49)
-    NoStoragePool,
-    /// VIR_ERR_NO_STORAGE_VOL (50)
-    NoStorageVol,
-    /// VIR_ERR_OPERATION_INVALID (55): e.g. starting a running domain, using an inactive pool.
-    OperationInvalid,
-    /// VIR_ERR_INVALID_ARG (8)
-    InvalidArg,
-    /// VIR_ERR_XML_ERROR (27) and VIR_ERR_XML_DETAIL (35): malformed or unacceptable XML.
-    XmlError,
-    /// VIR_ERR_OPERATION_FAILED (9): libvirt's class for "already exists" and similar.
-    OperationFailed,
-    /// VIR_ERR_DOM_EXIST (28): a define with a clashing name or UUID.
-    DomainExists,
-    /// VIR_ERR_STORAGE_VOL_EXIST (90)
-    StorageVolExists,
-    /// VIR_ERR_NO_CONNECT (5), VIR_ERR_RPC (39), VIR_ERR_SYSTEM_ERROR (38) on a
-    /// broken connection: the caller should reconnect.
-    ConnectionLost,
-    /// Anything else.
-    Other,
-}
-
-/// An error returned by a [`Hypervisor`] call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HypervisorError {
-    pub kind: ErrorKind,
-    /// libvirt's numeric `virErrorNumber`, 0 when not from libvirt.
-    pub code: i32,
-    /// libvirt's message (or the simulator's comparable one).
-    pub message: String,
-}
-
-impl HypervisorError {
-    pub fn new(kind: ErrorKind, code: i32, message: impl Into<String>) -> Self {
-        Self { kind, code, message: message.into() }
-    }
-
-    /// True for the "no such object" classes, which delete paths tolerate.
-    pub fn is_not_found(&self) -> bool {
-        matches!(
-            self.kind,
-            ErrorKind::NoDomain | ErrorKind::NoNetwork | ErrorKind::NoStoragePool | ErrorKind::NoStorageVol
-        )
-    }
-}
-
-impl fmt::Display for HypervisorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (libvirt error {})", self.message, self.code)
-    }
-}
-
-impl std::error::Error for HypervisorError {}
-
-pub type Result<T, E = HypervisorError> = std::result::Result<T, E>;
+pub use error::{ErrorKind, HypervisorError, Result, kind_of};
 
 /// Domain states as `virDomainGetState` reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

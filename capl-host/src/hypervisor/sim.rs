@@ -7,15 +7,15 @@
 //! (`libvirt_sim::Error` carries libvirt's `virErrorNumber`). A broken
 //! simulated connection reports `VIR_ERR_INTERNAL_ERROR` "client socket is
 //! closed" like libvirt's remote driver, and is classified
-//! [`ErrorKind::ConnectionLost`] so the connection cache reconnects.
+//! [`super::ErrorKind::ConnectionLost`] so the connection cache reconnects.
 
 use std::sync::Arc;
 
-use libvirt_sim::{Connection, ErrorCode, UpdateCommand, UpdateSection, update_flags};
+use libvirt_sim::{Connection, UpdateCommand, UpdateSection, update_flags};
 
 use super::connections::Connector;
 use super::{
-    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
+    DhcpLease, DomainState, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
 };
 
 /// A connection to a simulated host registered with `libvirt_sim::Host::builder(uri)`.
@@ -49,26 +49,11 @@ impl SimHypervisor {
     }
 }
 
-/// Converts a simulator error; `alive` tells whether the connection still works
-/// (an internal error on a dead connection is a lost connection, as in libvirt's
-/// remote driver).
+/// Converts a simulator error with the shared table; `alive` tells whether
+/// the connection still works (an internal error on a dead connection is a
+/// lost connection, as in libvirt's remote driver).
 pub fn from_sim(e: libvirt_sim::Error, alive: bool) -> HypervisorError {
-    let kind = match e.code() {
-        ErrorCode::NoDomain => ErrorKind::NoDomain,
-        ErrorCode::NoNetwork => ErrorKind::NoNetwork,
-        ErrorCode::NoStoragePool => ErrorKind::NoStoragePool,
-        ErrorCode::NoStorageVol => ErrorKind::NoStorageVol,
-        ErrorCode::OperationInvalid => ErrorKind::OperationInvalid,
-        ErrorCode::InvalidArg => ErrorKind::InvalidArg,
-        ErrorCode::XmlError | ErrorCode::XmlDetail => ErrorKind::XmlError,
-        ErrorCode::OperationFailed => ErrorKind::OperationFailed,
-        ErrorCode::DomExist => ErrorKind::DomainExists,
-        ErrorCode::StorageVolExist => ErrorKind::StorageVolExists,
-        ErrorCode::NoConnect => ErrorKind::ConnectionLost,
-        ErrorCode::InternalError if !alive => ErrorKind::ConnectionLost,
-        _ => ErrorKind::Other,
-    };
-    HypervisorError::new(kind, e.number(), e.message())
+    HypervisorError::new(kind_of(e.number(), !alive), e.number(), e.message())
 }
 
 /// [`Connector`] for the connection cache: opens [`SimHypervisor`]s.
@@ -284,6 +269,7 @@ impl Hypervisor for SimHypervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hypervisor::ErrorKind;
 
     #[test]
     fn a_dropped_connection_is_connection_lost_and_a_reconnect_works() {

@@ -88,9 +88,6 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         }
     };
 
-    if let InfraCheck::Failed { transient: true, .. } = snapshot.host {
-        ctx.connections.host(&object.spec.uri).invalidate();
-    }
     report(object, ctx, &api, &plan).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
@@ -102,23 +99,14 @@ async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {
         domain_pool: object.spec.domain_pool.clone(),
     };
     let started = Instant::now();
-    let result = ctx.connections.host(&object.spec.uri).call(move |h| Ok(check_infrastructure(h, &spec))).await;
+    let result = ctx.connections.host(&object.spec.uri).call(move |h| check_infrastructure(h, &spec)).await;
     ctx.metrics.host_operation("check_infrastructure", started.elapsed());
     match result {
-        Ok(Ok(())) => InfraCheck::Ready,
-        Ok(Err(err)) => InfraCheck::Failed {
+        Ok(()) => InfraCheck::Ready,
+        Err(err) => InfraCheck::Failed {
             reason: super::host_failure::cluster_reason(err.kind()),
             message: format!("LibvirtCluster {}: {err}", object.name_any()),
             transient: err.is_transient(),
-        },
-        Err(err) => InfraCheck::Failed {
-            reason: crate::api::conditions::reasons::INFRASTRUCTURE_PROVISIONING_FAILED,
-            message: format!(
-                "LibvirtCluster {}: cannot connect to {}: {err}: check spec.uri and that libvirtd there accepts connections",
-                object.name_any(),
-                object.spec.uri
-            ),
-            transient: true,
         },
     }
 }

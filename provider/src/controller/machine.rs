@@ -19,7 +19,6 @@ use crate::api::{
     Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
 };
 use capl_host::error::HostError;
-use capl_host::hypervisor::HypervisorError;
 use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
 
 /// While the bootstrap Secret is missing, look again this often even without
@@ -125,29 +124,17 @@ fn host_spec(
 }
 
 /// The host's answer, folded into the snapshot's terms.
-fn host_view(
-    result: &Result<Result<Option<MachineReport>, HostError>, HypervisorError>,
-    object: &LibvirtMachine,
-    uri: &str,
-) -> Host {
+fn host_view(result: &Result<Option<MachineReport>, HostError>, object: &LibvirtMachine) -> Host {
     match result {
-        Ok(Ok(None)) => Host::Absent,
-        Ok(Ok(Some(report))) => Host::Present {
+        Ok(None) => Host::Absent,
+        Ok(Some(report)) => Host::Present {
             state: report.state,
             has_address: report.addresses.iter().any(|a| matches!(a, host_machine::MachineAddress::InternalIp(_))),
         },
-        Ok(Err(err)) => Host::Failed {
+        Err(err) => Host::Failed {
             reason: super::host_failure::machine_reason(err.kind()),
             message: format!("LibvirtMachine {}: {err}", object.name_any()),
             transient: err.is_transient(),
-        },
-        Err(err) => Host::Failed {
-            reason: reasons::HOST_UNREACHABLE,
-            message: format!(
-                "LibvirtMachine {}: cannot reach libvirt at {uri}: {err}: check the LibvirtCluster's spec.uri and that libvirtd there accepts connections",
-                object.name_any()
-            ),
-            transient: true,
         },
     }
 }
@@ -195,11 +182,11 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let result = timed(
                     ctx,
                     "observe",
-                    ctx.connections.host(&lc.spec.uri).call(move |h| Ok(host_machine::observe_machine(h, &spec))),
+                    ctx.connections.host(&lc.spec.uri).call(move |h| host_machine::observe_machine(h, &spec)),
                 )
                 .await;
-                snapshot.host = host_view(&result, object, &lc.spec.uri);
-                if let Ok(Ok(found)) = result {
+                snapshot.host = host_view(&result, object);
+                if let Ok(found) = result {
                     report = found;
                 }
                 if snapshot.host == Host::Absent
@@ -217,14 +204,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let result = timed(
                     ctx,
                     operation,
-                    ctx.connections
-                        .host(&lc.spec.uri)
-                        .call(move |h| Ok(host_machine::ensure_machine(h, &spec).map(Some))),
+                    ctx.connections.host(&lc.spec.uri).call(move |h| host_machine::ensure_machine(h, &spec).map(Some)),
                 )
                 .await;
-                snapshot.host = host_view(&result, object, &lc.spec.uri);
+                snapshot.host = host_view(&result, object);
                 match result {
-                    Ok(Ok(Some(r))) => {
+                    Ok(Some(r)) => {
                         let (reason, note) = if r.created {
                             ("DomainCreated", format!("created and started domain {} on {}", r.domain, lc.spec.uri))
                         } else {
@@ -251,11 +236,11 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                     "delete",
                     ctx.connections
                         .host(&lc.spec.uri)
-                        .call(move |h| Ok(host_machine::delete_machine(h, &spec).map(|()| None))),
+                        .call(move |h| host_machine::delete_machine(h, &spec).map(|()| None)),
                 )
                 .await;
                 match result {
-                    Ok(Ok(_)) => {
+                    Ok(_) => {
                         ctx.event(
                             object,
                             EventType::Normal,
@@ -269,7 +254,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                         return Ok(Action::await_change());
                     }
                     failed => {
-                        snapshot.host = host_view(&failed, object, &lc.spec.uri);
+                        snapshot.host = host_view(&failed, object);
                         break decide(&snapshot);
                     }
                 }
@@ -291,10 +276,6 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             Some(after)
         }
     };
-    // A lost connection folded into a host error: reconnect on the next look.
-    if let (Host::Failed { transient: true, .. }, Some(lc)) = (&snapshot.host, &g.libvirt_cluster) {
-        ctx.connections.host(&lc.spec.uri).invalidate();
-    }
     Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 

@@ -1,0 +1,202 @@
+//! libvirt's errors as the provider sees them: [`HypervisorError`] keeps
+//! libvirt's number and message, and [`kind_of`] is the one table that
+//! classifies the numbers into the [`ErrorKind`]s the provider branches on.
+//! Both backends use it: the real one with the `virErrorNumber` and error
+//! domain libvirt reports, the simulator with the same numbers
+//! (`libvirt_sim::ErrorCode` carries them). Where one number covers cases the
+//! provider must tell apart, the message predicates below do it, here and
+//! nowhere else.
+
+use std::fmt;
+
+/// A libvirt error class, with libvirt's numeric code kept alongside.
+///
+/// The variants are the classes the provider branches on; anything else is
+/// `Other`. Codes follow `virErrorNumber` in libvirt's `virterror.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// VIR_ERR_NO_DOMAIN (42)
+    NoDomain,
+    /// VIR_ERR_NO_NETWORK (43)
+    NoNetwork,
+    /// VIR_ERR_NO_STORAGE_POOL (49)
+    NoStoragePool,
+    /// VIR_ERR_NO_STORAGE_VOL (50)
+    NoStorageVol,
+    /// VIR_ERR_OPERATION_INVALID (55): e.g. starting a running domain, using an inactive pool.
+    OperationInvalid,
+    /// VIR_ERR_INVALID_ARG (8)
+    InvalidArg,
+    /// VIR_ERR_XML_ERROR (27) and VIR_ERR_XML_DETAIL (35): malformed or unacceptable XML.
+    XmlError,
+    /// VIR_ERR_OPERATION_FAILED (9): libvirt's class for "already exists" and similar.
+    OperationFailed,
+    /// VIR_ERR_DOM_EXIST (28): a define with a clashing name or UUID.
+    DomainExists,
+    /// VIR_ERR_STORAGE_VOL_EXIST (90)
+    StorageVolExists,
+    /// VIR_ERR_NO_CONNECT (5), VIR_ERR_RPC (39), VIR_ERR_SYSTEM_ERROR (38) on a
+    /// broken connection: the caller should reconnect.
+    ConnectionLost,
+    /// Anything else.
+    Other,
+}
+
+/// An error returned by a [`Hypervisor`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HypervisorError {
+    pub kind: ErrorKind,
+    /// libvirt's numeric `virErrorNumber`, 0 when not from libvirt.
+    pub code: i32,
+    /// libvirt's message (or the simulator's comparable one).
+    pub message: String,
+}
+
+impl HypervisorError {
+    pub fn new(kind: ErrorKind, code: i32, message: impl Into<String>) -> Self {
+        Self { kind, code, message: message.into() }
+    }
+
+    /// True for the "no such object" classes, which delete paths tolerate.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::NoDomain | ErrorKind::NoNetwork | ErrorKind::NoStoragePool | ErrorKind::NoStorageVol
+        )
+    }
+}
+
+impl fmt::Display for HypervisorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (libvirt error {})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for HypervisorError {}
+
+pub type Result<T, E = HypervisorError> = std::result::Result<T, E>;
+
+/// libvirt's `virErrorNumber` values the table below names.
+mod code {
+    pub const INTERNAL_ERROR: i32 = 1;
+    pub const NO_CONNECT: i32 = 5;
+    pub const INVALID_CONN: i32 = 6;
+    pub const INVALID_ARG: i32 = 8;
+    pub const OPERATION_FAILED: i32 = 9;
+    pub const XML_ERROR: i32 = 27;
+    pub const DOM_EXIST: i32 = 28;
+    pub const XML_DETAIL: i32 = 35;
+    pub const SYSTEM_ERROR: i32 = 38;
+    pub const RPC: i32 = 39;
+    pub const NO_DOMAIN: i32 = 42;
+    pub const NO_NETWORK: i32 = 43;
+    pub const NO_STORAGE_POOL: i32 = 49;
+    pub const NO_STORAGE_VOL: i32 = 50;
+    pub const OPERATION_INVALID: i32 = 55;
+    pub const STORAGE_VOL_EXIST: i32 = 90;
+}
+
+/// The [`ErrorKind`] of libvirt error number `number` (`virErrorNumber`).
+///
+/// `transport` says whether the error came from the transport rather than a
+/// driver: libvirt's RPC or remote error domain on a real connection, a
+/// connection that is no longer alive on the simulator. A broken transport
+/// shows up as `VIR_ERR_NO_CONNECT`, `VIR_ERR_INVALID_CONN` (a closed
+/// connection object), `VIR_ERR_RPC`, or as `VIR_ERR_SYSTEM_ERROR` /
+/// `VIR_ERR_INTERNAL_ERROR` raised by the transport ("client socket is
+/// closed", "Cannot write data: Broken pipe"). The same two numbers from a
+/// driver (a missing file in a pool, say) are not a lost connection.
+pub fn kind_of(number: i32, transport: bool) -> ErrorKind {
+    match number {
+        code::NO_DOMAIN => ErrorKind::NoDomain,
+        code::NO_NETWORK => ErrorKind::NoNetwork,
+        code::NO_STORAGE_POOL => ErrorKind::NoStoragePool,
+        code::NO_STORAGE_VOL => ErrorKind::NoStorageVol,
+        code::OPERATION_INVALID => ErrorKind::OperationInvalid,
+        code::INVALID_ARG => ErrorKind::InvalidArg,
+        code::XML_ERROR | code::XML_DETAIL => ErrorKind::XmlError,
+        code::OPERATION_FAILED => ErrorKind::OperationFailed,
+        code::DOM_EXIST => ErrorKind::DomainExists,
+        code::STORAGE_VOL_EXIST => ErrorKind::StorageVolExists,
+        code::NO_CONNECT | code::INVALID_CONN | code::RPC => ErrorKind::ConnectionLost,
+        code::SYSTEM_ERROR | code::INTERNAL_ERROR if transport => ErrorKind::ConnectionLost,
+        _ => ErrorKind::Other,
+    }
+}
+
+impl HypervisorError {
+    /// A define refused because a domain with this name or UUID exists:
+    /// `VIR_ERR_DOM_EXIST`, or `VIR_ERR_OPERATION_FAILED` "... already exists
+    /// with uuid ..." (the QEMU and test drivers).
+    pub fn is_domain_exists(&self) -> bool {
+        self.kind == ErrorKind::DomainExists
+            || (self.kind == ErrorKind::OperationFailed && self.message.contains("already exists"))
+    }
+
+    /// A start refused because the domain already runs (`VIR_ERR_OPERATION_INVALID`
+    /// "domain is already running").
+    pub fn is_already_running(&self) -> bool {
+        self.kind == ErrorKind::OperationInvalid && self.message.contains("already running")
+    }
+
+    /// A volume call refused because its pool is not active
+    /// (`VIR_ERR_OPERATION_INVALID` "storage pool '...' is not active").
+    pub fn is_pool_inactive(&self) -> bool {
+        self.kind == ErrorKind::OperationInvalid && self.message.contains("not active")
+    }
+
+    /// A file libvirt (or virtlogd) had to open under `dir` does not exist:
+    /// "Unable to open file: <dir>/...: No such file or directory".
+    pub fn is_missing_file_in(&self, dir: &str) -> bool {
+        let Some((_, rest)) = self.message.split_once("Unable to open file: ") else { return false };
+        let Some((path, _)) = rest.split_once(": No such file or directory") else { return false };
+        path.rsplit_once('/').is_some_and(|(parent, _)| parent.trim_end_matches('/') == dir.trim_end_matches('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_map_to_kinds() {
+        let (driver, transport) = (false, true);
+        assert_eq!(kind_of(42, driver), ErrorKind::NoDomain);
+        assert_eq!(kind_of(43, driver), ErrorKind::NoNetwork);
+        assert_eq!(kind_of(49, driver), ErrorKind::NoStoragePool);
+        assert_eq!(kind_of(50, driver), ErrorKind::NoStorageVol);
+        assert_eq!(kind_of(55, driver), ErrorKind::OperationInvalid);
+        assert_eq!(kind_of(8, driver), ErrorKind::InvalidArg);
+        assert_eq!(kind_of(27, driver), ErrorKind::XmlError);
+        assert_eq!(kind_of(35, driver), ErrorKind::XmlError);
+        assert_eq!(kind_of(9, driver), ErrorKind::OperationFailed);
+        assert_eq!(kind_of(28, driver), ErrorKind::DomainExists);
+        assert_eq!(kind_of(90, driver), ErrorKind::StorageVolExists);
+        assert_eq!(kind_of(5, driver), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(6, driver), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(39, transport), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(38, transport), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(1, transport), ErrorKind::ConnectionLost);
+        assert_eq!(kind_of(38, driver), ErrorKind::Other);
+        assert_eq!(kind_of(1, driver), ErrorKind::Other);
+        assert_eq!(kind_of(3, driver), ErrorKind::Other);
+    }
+
+    #[test]
+    fn message_predicates() {
+        let e = |kind, message: &str| HypervisorError::new(kind, 0, message);
+        assert!(e(ErrorKind::DomainExists, "x").is_domain_exists());
+        assert!(e(ErrorKind::OperationFailed, "domain 'a' already exists with uuid u").is_domain_exists());
+        assert!(!e(ErrorKind::OperationFailed, "something else").is_domain_exists());
+        assert!(
+            e(ErrorKind::OperationInvalid, "Requested operation is not valid: domain is already running")
+                .is_already_running()
+        );
+        assert!(!e(ErrorKind::Other, "domain is already running").is_already_running());
+        assert!(e(ErrorKind::OperationInvalid, "storage pool 'p' is not active").is_pool_inactive());
+        let missing =
+            e(ErrorKind::Other, "Unable to open file: /var/log/capl/d-console.log: No such file or directory");
+        assert!(missing.is_missing_file_in("/var/log/capl"));
+        assert!(!missing.is_missing_file_in("/var/log"));
+    }
+}
