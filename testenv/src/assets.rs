@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::control_plane_versions::{
-    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
+    CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
+    CAPI_WEBHOOKS_DIR, CLUSTERCTL_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
     KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
 };
 
@@ -16,7 +17,8 @@ pub const BUILD_COMMAND: &str = "cargo xtask control-plane build";
 ///
 /// `kube-apiserver` and `etcd` come from `$KUBEBUILDER_ASSETS` when it holds both, otherwise
 /// from the control-plane directory (`$CAPL_CONTROL_PLANE_DIR`, else the default cache
-/// directory). The CAPI manager and CRDs always come from the control-plane directory.
+/// directory). CAPI's managers, clusterctl, CRDs and webhook manifests always come from the
+/// control-plane directory.
 #[derive(Clone, Debug)]
 pub struct Assets {
     pub kube_apiserver: PathBuf,
@@ -63,8 +65,29 @@ impl Assets {
         self.required_in_control_plane_dir(CAPI_MANAGER_BIN, Path::is_file)
     }
 
+    /// CAPI's kubeadm bootstrap provider manager (CABPK).
+    pub fn capi_kubeadm_bootstrap_manager(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, Path::is_file)
+    }
+
+    /// CAPI's kubeadm control plane provider manager (KCP).
+    pub fn capi_kubeadm_control_plane_manager(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, Path::is_file)
+    }
+
+    /// `clusterctl`, built from the same CAPI module as the managers.
+    pub fn clusterctl(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CLUSTERCTL_BIN, Path::is_file)
+    }
+
     pub fn capi_crds_dir(&self) -> Result<PathBuf> {
         self.required_in_control_plane_dir(CAPI_CRDS_DIR, Path::is_dir)
+    }
+
+    /// A webhook manifest of [`CAPI_WEBHOOKS_DIR`] (`core.yaml`, `kubeadm-bootstrap.yaml`,
+    /// `kubeadm-control-plane.yaml`).
+    pub fn capi_webhook_manifest(&self, file: &str) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(&format!("{CAPI_WEBHOOKS_DIR}/{file}"), Path::is_file)
     }
 
     fn required_in_control_plane_dir(&self, name: &str, exists: fn(&Path) -> bool) -> Result<PathBuf> {

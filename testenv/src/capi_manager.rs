@@ -1,49 +1,207 @@
-//! The Cluster API core manager (`capi-manager`, package `sigs.k8s.io/cluster-api/core`)
-//! running against a [`TestEnv`].
+//! Cluster API's managers running against a [`TestEnv`]: the core manager (`capi-manager`,
+//! package `sigs.k8s.io/cluster-api/core`) and, on request, the kubeadm bootstrap provider
+//! (CABPK) and kubeadm control plane provider (KCP) managers.
 //!
-//! Its webhooks cannot be switched off by a flag (its `main` always registers them and its
-//! readiness check waits for the webhook server), so it gets a free port and a serving
-//! certificate from a throw-away CA. The API server is never told about those webhooks
-//! (no Validating/MutatingWebhookConfiguration, conversion `None` on the CRDs), so objects
-//! are not defaulted or validated by CAPI's webhooks here: tests must write complete
-//! v1beta2 objects.
+//! Each manager serves its webhooks on a free loopback port with a serving certificate signed
+//! by the test control plane's own CA, and its webhook configurations (the provider's
+//! `config/webhook/manifests.yaml`) are registered with the API server pointing at
+//! `https://127.0.0.1:<port>/<path>`, as envtest does. So objects are defaulted and validated
+//! by CAPI's webhooks as in a cluster installed with clusterctl: a KubeadmControlPlane comes
+//! back with its defaults, an invalid KubeadmConfig is refused with the provider's message.
+//! The core manager's webhooks can be left unregistered ([`CapiOptions::without_core_webhooks`]);
+//! its webhook server runs anyway (its readiness check waits for it).
+//!
+//! Conversion webhooks are not served: CAPI's CRDs are installed with conversion `None`
+//! ([`TestEnv::install_capi_crds`]), so only the v1beta2 API versions are of use.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::TestEnv;
-use crate::certificates::Pki;
 use crate::free_port::free_loopback_ports;
 use crate::supervised_process::SupervisedProcess;
+use crate::webhooks::Registration;
+use crate::{Assets, TestEnv};
 
-/// How long the manager may take to answer its readiness probe.
+/// How long a manager may take to answer its readiness probe.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A running CAPI core manager; killed when dropped. Drop it before its [`TestEnv`].
+/// Which of CAPI's managers [`TestEnv::start_capi`] starts, and how.
+///
+/// ```no_run
+/// # async fn demo(env: &testenv::TestEnv) -> anyhow::Result<()> {
+/// use testenv::CapiOptions;
+/// let capi = env.start_capi(CapiOptions::new().with_kubeadm_providers()).await?;
+/// # drop(capi); Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct CapiOptions {
+    kubeadm_providers: bool,
+    core_webhooks: bool,
+    feature_gates: Option<String>,
+}
+
+impl Default for CapiOptions {
+    fn default() -> Self {
+        Self { kubeadm_providers: false, core_webhooks: true, feature_gates: None }
+    }
+}
+
+impl CapiOptions {
+    /// The core manager with its webhooks registered (what [`TestEnv::start_capi_manager`] starts).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Also start the kubeadm bootstrap (CABPK) and control plane (KCP) managers, with their
+    /// webhooks registered.
+    pub fn with_kubeadm_providers(mut self) -> Self {
+        self.kubeadm_providers = true;
+        self
+    }
+
+    /// Do not register the core manager's webhooks with the API server: Cluster, Machine,
+    /// MachineDeployment, ... are then neither defaulted nor validated by CAPI, and tests
+    /// must write complete objects.
+    pub fn without_core_webhooks(mut self) -> Self {
+        self.core_webhooks = false;
+        self
+    }
+
+    /// `--feature-gates` for every manager, e.g. `"ClusterTopology=true"`.
+    pub fn feature_gates(mut self, gates: &str) -> Self {
+        self.feature_gates = Some(gates.to_owned());
+        self
+    }
+}
+
+/// One of CAPI's managers.
+struct Provider {
+    /// Name of its log file, scratch sub-directory and webhook configurations.
+    name: &'static str,
+    binary: fn(&Assets) -> Result<PathBuf>,
+    /// Its webhook manifest in the control-plane directory's `capi-webhooks/`.
+    webhook_manifest: &'static str,
+}
+
+const CORE: Provider = Provider { name: "capi-manager", binary: Assets::capi_manager, webhook_manifest: "core.yaml" };
+const KUBEADM_BOOTSTRAP: Provider = Provider {
+    name: "capi-kubeadm-bootstrap-manager",
+    binary: Assets::capi_kubeadm_bootstrap_manager,
+    webhook_manifest: "kubeadm-bootstrap.yaml",
+};
+const KUBEADM_CONTROL_PLANE: Provider = Provider {
+    name: "capi-kubeadm-control-plane-manager",
+    binary: Assets::capi_kubeadm_control_plane_manager,
+    webhook_manifest: "kubeadm-control-plane.yaml",
+};
+
+/// CAPI's running managers (the core manager, and the kubeadm providers if asked for) and
+/// their registered webhooks. Dropping it removes the webhook configurations and kills the
+/// managers. Drop it before its [`TestEnv`].
 pub struct CapiManager {
-    process: SupervisedProcess,
-    health_port: u16,
-    dir: PathBuf,
+    // Fields drop in order: the API server stops calling the webhooks before their servers stop.
+    webhooks: Vec<Registration>,
+    managers: Vec<ManagerProcess>,
 }
 
 impl CapiManager {
-    pub(crate) async fn start(env: &TestEnv) -> Result<Self> {
+    pub(crate) async fn start(env: &TestEnv, options: &CapiOptions) -> Result<Self> {
+        let mut providers = vec![(&CORE, options.core_webhooks)];
+        if options.kubeadm_providers {
+            providers.extend([(&KUBEADM_BOOTSTRAP, true), (&KUBEADM_CONTROL_PLANE, true)]);
+        }
+        // Every binary is looked up before anything starts, so a missing one fails at once.
+        for (provider, _) in &providers {
+            (provider.binary)(env.assets())?;
+        }
+        let mut started = Self { webhooks: Vec::new(), managers: Vec::new() };
+        // Started together: each takes seconds to become ready on a loaded 2-core machine.
+        for (provider, _) in &providers {
+            started.managers.push(ManagerProcess::start(env, provider, options)?);
+        }
+        for manager in &started.managers {
+            manager.wait_ready().await?;
+        }
+        for (manager, (provider, register)) in started.managers.iter().zip(&providers) {
+            if !register {
+                continue;
+            }
+            let manifest = env.assets().capi_webhook_manifest(provider.webhook_manifest)?;
+            let registration =
+                Registration::register(env.config(), &manifest, provider.name, manager.webhook_port, env.ca.ca_pem())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "registering the webhooks of {} (last lines of its log:\n{})",
+                            provider.name,
+                            manager.process.log_tail(20)
+                        )
+                    })?;
+            started.webhooks.push(registration);
+        }
+        Ok(started)
+    }
+
+    /// The last lines of each manager's log, each under a header naming the manager when
+    /// more than one runs; for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        match self.managers.as_slice() {
+            [only] => only.process.log_tail(lines),
+            managers => managers
+                .iter()
+                .map(|m| format!("--- {} ({}):\n{}", m.name, m.process.log_path().display(), m.process.log_tail(lines)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// The log files of the managers.
+    pub fn log_paths(&self) -> Vec<&Path> {
+        self.managers.iter().map(|m| m.process.log_path()).collect()
+    }
+
+    /// Fails, with the end of its log, if a manager has exited.
+    pub fn ensure_running(&self) -> Result<()> {
+        self.managers.iter().try_for_each(|m| m.process.ensure_running())
+    }
+
+    /// Whether the kubeadm bootstrap and control plane managers run.
+    pub fn has_kubeadm_providers(&self) -> bool {
+        self.managers.iter().any(|m| m.name == KUBEADM_CONTROL_PLANE.name)
+    }
+
+    /// The names of the Mutating/ValidatingWebhookConfigurations registered for the managers.
+    pub fn webhook_configurations(&self) -> Vec<&str> {
+        self.webhooks.iter().flat_map(Registration::names).collect()
+    }
+}
+
+/// One manager process with its probe and webhook ports.
+struct ManagerProcess {
+    name: &'static str,
+    process: SupervisedProcess,
+    health_port: u16,
+    webhook_port: u16,
+}
+
+impl ManagerProcess {
+    fn start(env: &TestEnv, provider: &Provider, options: &CapiOptions) -> Result<Self> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let binary = env.assets().capi_manager()?;
-        let dir = env.scratch_dir().join(format!("capi-manager-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let binary = (provider.binary)(env.assets())?;
+        let dir = env.scratch_dir().join(format!("{}-{}", provider.name, NEXT.fetch_add(1, Ordering::Relaxed)));
         let cert_dir = dir.join("webhook-certs");
         std::fs::create_dir_all(&cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
-        let pki = Pki::new_ca("capi-webhook-ca")?;
-        let (cert, key) = pki.serving_cert("capi-webhook")?;
+        // Signed by the CA the API server trusts: the API server calls these webhooks.
+        let (cert, key) = env.ca.serving_cert(provider.name)?;
         std::fs::write(cert_dir.join("tls.crt"), cert)?;
         std::fs::write(cert_dir.join("tls.key"), key)?;
 
         let [webhook_port, health_port, diagnostics_port] = free_loopback_ports()?;
-        let args = vec![
+        let mut args = vec![
             format!("--webhook-port={webhook_port}"),
             format!("--webhook-cert-dir={}", cert_dir.display()),
             format!("--health-addr=127.0.0.1:{health_port}"),
@@ -51,26 +209,17 @@ impl CapiManager {
             "--insecure-diagnostics=true".to_owned(),
             "--leader-elect=false".to_owned(),
         ];
+        if let Some(gates) = &options.feature_gates {
+            args.push(format!("--feature-gates={gates}"));
+        }
         let process = SupervisedProcess::start(
-            "capi-manager",
+            provider.name,
             &binary,
             &args,
             &[("KUBECONFIG", env.kubeconfig_path())],
-            &dir.join("capi-manager.log"),
+            &dir.join(format!("{}.log", provider.name)),
         )?;
-        let manager = Self { process, health_port, dir };
-        manager.wait_ready().await?;
-        Ok(manager)
-    }
-
-    /// The last lines of the manager's log, for failure messages.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
-    }
-
-    /// Fails, with the end of its log, if the manager has exited.
-    pub fn ensure_running(&self) -> Result<()> {
-        self.process.ensure_running()
+        Ok(Self { name: provider.name, process, health_port, webhook_port })
     }
 
     async fn wait_ready(&self) -> Result<()> {
@@ -84,10 +233,11 @@ impl CapiManager {
             };
             if Instant::now() > deadline {
                 bail!(
-                    "capi-manager was not ready on 127.0.0.1:{}/readyz within {READY_TIMEOUT:?} (last: {last}); \
+                    "{} was not ready on 127.0.0.1:{}/readyz within {READY_TIMEOUT:?} (last: {last}); \
                      last lines of {}:\n{}",
+                    self.name,
                     self.health_port,
-                    self.dir.join("capi-manager.log").display(),
+                    self.process.log_path().display(),
                     self.process.log_tail(40)
                 );
             }

@@ -1,5 +1,7 @@
 //! The throw-away PKI of one test control plane: a CA, the API server's serving
-//! certificate, the admin client certificate and the service-account signing key.
+//! certificate, the admin client certificate and the service-account signing key. The same
+//! CA signs the serving certificates of the webhook servers (CAPI's managers) that the API
+//! server calls, as envtest does.
 
 use std::path::{Path, PathBuf};
 
@@ -64,8 +66,9 @@ impl Pki {
         Ok((cert.pem(), key.serialize_pem()))
     }
 
-    /// Generates everything kube-apiserver needs into `dir`.
-    pub fn generate(dir: &Path) -> Result<PkiFiles> {
+    /// Generates everything kube-apiserver needs into `dir`; returns the CA too, which
+    /// later signs the serving certificates of webhook servers the API server calls.
+    pub fn generate(dir: &Path) -> Result<(Self, PkiFiles)> {
         let pki = Self::new_ca("capl-testenv-ca")?;
         let (serving_cert, serving_key) = pki.serving_cert("kube-apiserver")?;
         // system:masters is the group kube-apiserver always authorizes for everything.
@@ -91,6 +94,6 @@ impl Pki {
         ] {
             std::fs::write(path, pem).with_context(|| format!("writing {}", path.display()))?;
         }
-        Ok(files)
+        Ok((pki, files))
     }
 }

@@ -26,8 +26,23 @@ pub const KUBE_APISERVER_BIN: &str = "kube-apiserver";
 pub const ETCD_BIN: &str = "etcd";
 pub const KUBECTL_BIN: &str = "kubectl";
 pub const CAPI_MANAGER_BIN: &str = "capi-manager";
+/// CAPI's kubeadm bootstrap provider manager (CABPK, `sigs.k8s.io/cluster-api/bootstrap/kubeadm`).
+pub const CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN: &str = "capi-kubeadm-bootstrap-manager";
+/// CAPI's kubeadm control plane provider manager (KCP, `sigs.k8s.io/cluster-api/controlplane/kubeadm`).
+pub const CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN: &str = "capi-kubeadm-control-plane-manager";
+/// `clusterctl` (`sigs.k8s.io/cluster-api/cmd/clusterctl`).
+pub const CLUSTERCTL_BIN: &str = "clusterctl";
 /// Directory (inside the control-plane directory) holding CAPI's CRD YAML files.
 pub const CAPI_CRDS_DIR: &str = "capi-crds";
+/// Directory (inside the control-plane directory) holding the webhook manifests
+/// (`config/webhook/manifests.yaml`) of CAPI core and the kubeadm providers, one file each.
+pub const CAPI_WEBHOOKS_DIR: &str = "capi-webhooks";
+/// The files of [`CAPI_WEBHOOKS_DIR`] and where each comes from in the CAPI module.
+pub const CAPI_WEBHOOK_MANIFESTS: &[(&str, &str)] = &[
+    ("core.yaml", "core/config/webhook/manifests.yaml"),
+    ("kubeadm-bootstrap.yaml", "bootstrap/kubeadm/config/webhook/manifests.yaml"),
+    ("kubeadm-control-plane.yaml", "controlplane/kubeadm/config/webhook/manifests.yaml"),
+];
 
 /// The name of the cache sub-directory: changes whenever one of the pinned versions changes,
 /// so a version bump never reuses stale binaries.

@@ -1,5 +1,6 @@
 //! A local Kubernetes control plane for tests: a real `etcd` and `kube-apiserver` (and
-//! optionally the Cluster API core manager), built from Go modules by
+//! optionally Cluster API's core manager and kubeadm bootstrap and control plane managers,
+//! with their webhooks, see [`TestEnv::start_capi`]), built from Go modules by
 //! `cargo xtask control-plane build` (issue 6). It plays the role envtest plays for Go
 //! providers: CRDs are validated by the real API server, CEL rules run, the status
 //! subresource and finalizers behave as in a real cluster, and watches are served.
@@ -51,6 +52,7 @@ mod crd_install;
 mod free_port;
 mod scratch_dir;
 mod supervised_process;
+mod webhooks;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,7 +65,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 pub use assets::{Assets, BUILD_COMMAND};
-pub use capi_manager::CapiManager;
+pub use capi_manager::{CapiManager, CapiOptions};
 pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 
 use certificates::Pki;
@@ -88,6 +90,8 @@ pub struct TestEnv {
     server_url: String,
     startup_time: Duration,
     scratch: ScratchDir,
+    /// The CA the API server trusts; signs webhook servers' certificates.
+    ca: Pki,
 }
 
 static SHARED: tokio::sync::OnceCell<Result<TestEnv, String>> = tokio::sync::OnceCell::const_new();
@@ -122,7 +126,7 @@ impl TestEnv {
         let assets = Assets::locate()?;
         let scratch = ScratchDir::create()?;
         let dir = scratch.path().to_owned();
-        let pki = Pki::generate(&dir).context("generating the test control plane's certificates")?;
+        let (ca, pki) = Pki::generate(&dir).context("generating the test control plane's certificates")?;
         let [etcd_client_port, etcd_peer_port, apiserver_port] = free_loopback_ports()?;
 
         let etcd_client_url = format!("http://127.0.0.1:{etcd_client_port}");
@@ -200,7 +204,7 @@ impl TestEnv {
 
         let startup_time = started.elapsed();
         tracing::info!(?startup_time, %server_url, dir = %dir.display(), "test control plane ready");
-        Ok(Self { assets, apiserver, etcd, kubeconfig_path, config, server_url, startup_time, scratch })
+        Ok(Self { assets, apiserver, etcd, kubeconfig_path, config, server_url, startup_time, scratch, ca })
     }
 
     /// A client with cluster-admin rights (group `system:masters`), bound to the calling
@@ -258,8 +262,9 @@ impl TestEnv {
         crd_install::install(&self.client(), read_crd_dir(dir)?, Conversion::AsWritten).await
     }
 
-    /// Installs Cluster API's core CRDs (copied by `cargo xtask control-plane build`) with
-    /// conversion webhooks replaced by `strategy: None`: only v1beta2 is used here.
+    /// Installs Cluster API's CRDs, core and kubeadm providers (copied by `cargo xtask
+    /// control-plane build`), with conversion webhooks replaced by `strategy: None`: only
+    /// v1beta2 is used here.
     pub async fn install_capi_crds(&self) -> Result<Vec<String>> {
         let dir = self.assets.capi_crds_dir()?;
         crd_install::install(&self.client(), read_crd_dir(&dir)?, Conversion::StripWebhook).await
@@ -289,11 +294,22 @@ impl TestEnv {
         Ok(name)
     }
 
-    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs).
-    /// See [`CapiManager`].
+    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs),
+    /// with its webhooks registered. The same as `start_capi(CapiOptions::new())`.
     pub async fn start_capi_manager(&self) -> Result<CapiManager> {
+        self.start_capi(CapiOptions::new()).await
+    }
+
+    /// Installs CAPI's CRDs (core and kubeadm providers) and starts the managers `options`
+    /// asks for, each with its webhooks served and registered with this API server; returns
+    /// once every manager is ready and the API server calls its webhooks. See [`CapiManager`].
+    ///
+    /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
+    /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
+    /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
+    pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
         self.install_capi_crds().await?;
-        CapiManager::start(self).await
+        CapiManager::start(self, &options).await
     }
 
     /// Kills kube-apiserver and etcd and removes the temporary directory. Idempotent.

@@ -1,6 +1,8 @@
-//! The CAPI core manager runs against the test API server and reconciles a v1beta2 Cluster.
+//! The CAPI core manager runs against the test API server, validates Clusters with its
+//! webhook and reconciles a v1beta2 Cluster.
 //!
-//! Needs `cargo xtask control-plane build` (it builds `capi-manager` and copies CAPI's CRDs).
+//! Needs `cargo xtask control-plane build` (it builds `capi-manager` and copies CAPI's CRDs
+//! and webhook manifests).
 
 use std::time::Duration;
 
@@ -23,12 +25,24 @@ async fn capi_manager_reconciles_a_v1beta2_cluster() -> Result<()> {
     let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(env.client(), &namespace, &ApiResource::from_gvk_with_plural(&gvk, "clusters"));
-    let cluster: DynamicObject = serde_json::from_value(json!({
+    // CAPI's validating webhook is served: a Cluster that references nothing is refused.
+    let mut cluster = json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Cluster",
         "metadata": {"name": "reconciled"},
         "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}}},
-    }))?;
+    });
+    match clusters.create(&PostParams::default(), &serde_json::from_value(cluster.clone())?).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("validation.cluster.cluster.x-k8s.io")
+                && status.message.contains("one of spec.controlPlaneRef, spec.infrastructureRef or spec.topology"),
+            "{status:?}"
+        ),
+        other => panic!("a Cluster without references must be refused by CAPI's webhook: {other:?}"),
+    }
+    cluster["spec"]["infrastructureRef"] =
+        json!({"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "LibvirtCluster", "name": "reconciled"});
+    let cluster: DynamicObject = serde_json::from_value(cluster)?;
     clusters.create(&PostParams::default(), &cluster).await?;
 
     let reconciled = |object: Option<&DynamicObject>| {
@@ -47,7 +61,7 @@ async fn capi_manager_reconciles_a_v1beta2_cluster() -> Result<()> {
         })??
         .context("the Cluster vanished")?;
     manager.ensure_running()?;
-    // Without infrastructure and control plane the Cluster cannot go further than Pending.
-    assert_eq!(reconciled.data["status"]["phase"], json!("Pending"), "{reconciled:?}");
+    // The infrastructure it references does not exist: the Cluster cannot get further.
+    assert_eq!(reconciled.data["status"]["phase"], json!("Provisioning"), "{reconciled:?}");
     Ok(())
 }

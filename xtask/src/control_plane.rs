@@ -1,19 +1,23 @@
 //! `cargo xtask control-plane ...`: builds the local control plane of issue 6 from Go modules.
 //!
 //! Nothing can be downloaded as a binary on our machines, but the Go module proxy is
-//! reachable, so `kube-apiserver`, `kubectl`, `etcd` and the Cluster API core manager are
-//! built from their modules with the machine's Go toolchain, at the versions pinned in
+//! reachable, so `kube-apiserver`, `kubectl`, `etcd`, the Cluster API core manager, CAPI's
+//! kubeadm bootstrap (CABPK) and control plane (KCP) managers and `clusterctl` are built from
+//! their modules with the machine's Go toolchain, at the versions pinned in
 //! `testenv/src/control_plane_versions.rs` (shared with the `testenv` crate, which runs them).
 //!
 //! The result is a directory in envtest layout (what `KUBEBUILDER_ASSETS` points to):
 //!
 //! ```text
 //! <dir>/kube-apiserver  <dir>/etcd  <dir>/kubectl  <dir>/capi-manager  <dir>/capi-crds/*.yaml
-//! <dir>/src/{kubernetes,etcd,capi}/   the generated Go modules (go.mod, go.sum, tools.go)
+//! <dir>/capi-kubeadm-bootstrap-manager  <dir>/capi-kubeadm-control-plane-manager  <dir>/clusterctl
+//! <dir>/capi-webhooks/{core,kubeadm-bootstrap,kubeadm-control-plane}.yaml   config/webhook manifests
+//! <dir>/src/{kubernetes,etcd,capi,capi-providers}/   the generated Go modules (go.mod, go.sum, tools.go)
 //! ```
 //!
 //! `<dir>` is `$CAPL_CONTROL_PLANE_DIR`, or `~/.cache/cluster-api-provider-libvirt/control-plane/<version-key>`.
-//! The command is idempotent: what exists is not built again.
+//! The command is idempotent: what exists is not built again, and what is missing (for example
+//! the kubeadm providers in a directory made before they were added) is built on its own.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,17 +30,28 @@ use xshell::{Shell, cmd};
 mod versions;
 
 use versions::{
-    CAPI_CRDS_DIR, CAPI_MANAGER_BIN, CAPI_VERSION, ETCD_BIN, ETCD_VERSION, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
-    KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
+    CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
+    CAPI_VERSION, CAPI_WEBHOOK_MANIFESTS, CAPI_WEBHOOKS_DIR, CLUSTERCTL_BIN, ETCD_BIN, ETCD_VERSION,
+    KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
 };
+
+/// The binaries built from the root module of `sigs.k8s.io/cluster-api` besides the core
+/// manager, and their packages. At v1.14 `bootstrap/kubeadm`, `controlplane/kubeadm` and
+/// `cmd/clusterctl` are packages of the root module (only `api` is a module of its own).
+const CAPI_PROVIDER_COMMANDS: &[(&str, &str)] = &[
+    (CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, "sigs.k8s.io/cluster-api/bootstrap/kubeadm"),
+    (CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, "sigs.k8s.io/cluster-api/controlplane/kubeadm"),
+    (CLUSTERCTL_BIN, "sigs.k8s.io/cluster-api/cmd/clusterctl"),
+];
 
 /// The marker of a staging module in kubernetes' go.mod: `k8s.io/api => ./staging/src/k8s.io/api`.
 const STAGING_REPLACE_MARKER: &str = "=> ./staging/src/";
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Build (or reuse) kube-apiserver, etcd, kubectl, the CAPI core manager and CAPI's CRDs,
-    /// then print their directory.
+    /// Build (or reuse) kube-apiserver, etcd, kubectl, the CAPI core manager, the kubeadm
+    /// bootstrap and control plane managers, clusterctl, and CAPI's CRDs and webhook
+    /// manifests, then print their directory.
     Build,
     /// Print the control-plane directory (without building anything).
     Path,
@@ -88,6 +103,12 @@ fn build() -> Result<PathBuf> {
     }
     if missing(&dir, CAPI_MANAGER_BIN) {
         build_capi_manager(&sh, &dir)?;
+    }
+    if CAPI_PROVIDER_COMMANDS.iter().any(|(binary, _)| missing(&dir, binary)) {
+        build_capi_providers(&sh, &dir)?;
+    }
+    if CAPI_WEBHOOK_MANIFESTS.iter().any(|(file, _)| !dir.join(CAPI_WEBHOOKS_DIR).join(file).is_file()) {
+        copy_capi_webhook_manifests(&sh, &dir)?;
     }
     // The kubeadm bootstrap and control plane CRDs came later; a cache without
     // them is copied again.
@@ -160,24 +181,77 @@ fn build_etcd(sh: &Shell, dir: &Path) -> Result<()> {
 }
 
 /// The CAPI core manager: package `sigs.k8s.io/cluster-api/core` (its `main.go`).
+fn build_capi_manager(sh: &Shell, dir: &Path) -> Result<()> {
+    let module = prepare_module(sh, dir, "capi", &capi_go_mod("capi"), &["sigs.k8s.io/cluster-api/core"])?;
+    go_build(sh, &module, dir, CAPI_MANAGER_BIN, "sigs.k8s.io/cluster-api/core", &capi_ldflags()?)
+}
+
+/// The kubeadm bootstrap and control plane managers and clusterctl (those missing).
+///
+/// They get a module of their own (`src/capi-providers`) so that the core manager's module,
+/// and with it a cache made before they existed, stays as it was. Both modules require the
+/// same two modules at the same version, so the build list, and with it Go's build cache of
+/// the shared packages, is the same.
+fn build_capi_providers(sh: &Shell, dir: &Path) -> Result<()> {
+    let packages: Vec<&str> = CAPI_PROVIDER_COMMANDS.iter().map(|(_, package)| *package).collect();
+    let module = prepare_module(sh, dir, "capi-providers", &capi_go_mod("capi-providers"), &packages)?;
+    let ldflags = capi_ldflags()?;
+    for (binary, package) in CAPI_PROVIDER_COMMANDS {
+        if missing(dir, binary) {
+            go_build(sh, &module, dir, binary, package, &ldflags)?;
+        }
+    }
+    Ok(())
+}
+
+/// A module that builds commands of `sigs.k8s.io/cluster-api`.
 ///
 /// The root module replaces `sigs.k8s.io/cluster-api/api` with `./api`, which does not
 /// apply to a dependency, so our module requires the api module at the same version.
-fn build_capi_manager(sh: &Shell, dir: &Path) -> Result<()> {
-    let go_mod = format!(
-        "module capl.local/control-plane/capi\n\ngo 1.26.0\n\nrequire (\n\
+fn capi_go_mod(name: &str) -> String {
+    format!(
+        "module capl.local/control-plane/{name}\n\ngo 1.26.0\n\nrequire (\n\
          \tsigs.k8s.io/cluster-api {CAPI_VERSION}\n\
          \tsigs.k8s.io/cluster-api/api {CAPI_VERSION}\n)\n"
-    );
-    let module = prepare_module(sh, dir, "capi", &go_mod, &["sigs.k8s.io/cluster-api/core"])?;
+    )
+}
+
+/// The version CAPI's binaries report (`clusterctl version`, the managers' logs).
+fn capi_ldflags() -> Result<String> {
     let (major, minor) = major_minor(CAPI_VERSION)?;
-    let ldflags = format!(
+    Ok(format!(
         "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion={CAPI_VERSION} \
          -X sigs.k8s.io/cluster-api/version.gitMajor={major} \
          -X sigs.k8s.io/cluster-api/version.gitMinor={minor} \
          -X sigs.k8s.io/cluster-api/version.gitTreeState=clean"
-    );
-    go_build(sh, &module, dir, CAPI_MANAGER_BIN, "sigs.k8s.io/cluster-api/core", &ldflags)
+    ))
+}
+
+/// Copies the webhook manifests (`config/webhook/manifests.yaml`) of CAPI core and the kubeadm
+/// providers to `<dir>/capi-webhooks/`, as published: they point at an in-cluster Service,
+/// which `testenv` rewrites to the URL of the manager it starts.
+fn copy_capi_webhook_manifests(sh: &Shell, dir: &Path) -> Result<()> {
+    let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
+    let module_dir = PathBuf::from(downloaded_field(sh, &capi, "Dir")?);
+    let partial = dir.join(format!(".partial-{CAPI_WEBHOOKS_DIR}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    for (file, source) in CAPI_WEBHOOK_MANIFESTS {
+        let source = module_dir.join(source);
+        // Files in the module cache are read-only; copy the bytes, not the mode.
+        let bytes = std::fs::read(&source)
+            .with_context(|| format!("reading {} (module {capi}): its layout changed", source.display()))?;
+        std::fs::write(partial.join(file), bytes)?;
+    }
+    let target = dir.join(CAPI_WEBHOOKS_DIR);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, &target)?;
+    eprintln!("control plane: copied CAPI's webhook manifests to {}", target.display());
+    Ok(())
 }
 
 /// Copies the core CRDs (`core/config/crd/bases` of the CAPI module) to `<dir>/capi-crds`.
