@@ -34,10 +34,12 @@ pub fn uninstall() -> Result<()> {
 }
 
 fn rendered_install(sh: &Shell, image: &str) -> Result<std::path::PathBuf> {
+    // The version only names the release directory; the workspace's is in a published series.
+    let version = concat!("v", env!("CARGO_PKG_VERSION"));
     let out = repo_root().join("target/deploy");
-    crate::manifests::release("v0.0.0", image, &out)?;
+    crate::manifests::release(version, image, &out)?;
     let _ = sh;
-    Ok(out.join("install.yaml"))
+    Ok(out.join("infrastructure-libvirt").join(version).join("install.yaml"))
 }
 
 /// Apply CRDs, RBAC, the admission policy and the manager Deployment with `image`.

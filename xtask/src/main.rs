@@ -34,7 +34,8 @@ enum Command {
     Test(test::Args),
     /// Regenerate CRDs, RBAC, the manager manifests and metadata.yaml.
     Manifests,
-    /// Write the release artifacts (clusterctl components, metadata, templates, install.yaml).
+    /// Write a release as a clusterctl provider repository: <out>/infrastructure-libvirt/<version>/
+    /// (components, metadata, templates, install.yaml).
     Release {
         /// Release version, e.g. v0.1.0.
         #[arg(long)]
