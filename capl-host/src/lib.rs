@@ -8,7 +8,7 @@
 //!   connection cache ([`hypervisor::connections`]).
 //! - [`naming`]: the names and identity table.
 //! - [`infra`]: the LibvirtCluster check (missing vs inactive).
-//! - [`machine`]: create / observe / delete of one machine.
+//! - [`machine`]: create / start / observe / delete of one machine.
 //! - [`domain_xml`], [`volume_xml`], [`network_xml`]: the XML written and read.
 //! - [`dhcp`]: address choice and the per-network lock.
 //! - [`cloud_init`]: the NoCloud seed ISO.
@@ -34,7 +34,7 @@ pub use domain_xml::DomainTypePreference;
 pub use error::{FailureKind, HostError, HostResult, ObjectKind};
 pub use infra::{InfraSpec, check_infrastructure};
 pub use machine::{
-    CreateStep, MachineAddress, MachineReport, MachineSpec, delete_machine, ensure_machine, observe_machine,
-    run_create_steps,
+    CreateStep, MachineAddress, MachineReport, MachineSpec, create_machine, delete_machine, observe_machine,
+    run_create_steps, start_machine,
 };
 pub use naming::MachineNames;

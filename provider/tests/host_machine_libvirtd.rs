@@ -48,6 +48,12 @@ fn stopped_machine_is_started() {
 }
 
 #[test]
+fn start_never_creates() {
+    let (hv, fx) = libvirtd();
+    host_support::start_never_creates(&hv, &fx, "real-start");
+}
+
+#[test]
 fn crash_after_every_step() {
     let (hv, fx) = libvirtd();
     host_support::crash_after_every_step(&hv, &fx, "real-crash");

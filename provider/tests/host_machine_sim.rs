@@ -5,8 +5,8 @@ mod host_support;
 
 use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
-use capl_host::{CreateStep, MachineAddress, delete_machine, ensure_machine, run_create_steps};
-use host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec};
+use capl_host::{CreateStep, MachineAddress, create_machine, delete_machine, run_create_steps, start_machine};
+use host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec, user_data};
 use libvirt_sim::Host;
 
 const NETWORK_XML: &str = "<network><name>capl-test-net</name><forward mode='nat'/><bridge name='virbr-sim'/>\
@@ -102,10 +102,10 @@ fn infra_missing_vs_inactive() {
 fn running_machine_reports_its_leased_address() {
     let (_host, hv, fx) = sim("address");
     let spec = spec(&fx, "sim-addr", "addr-0");
-    ensure_machine(&hv, &spec).unwrap();
+    create_machine(&hv, &spec, &user_data(&spec)).unwrap();
     let reserved =
         host_support::dhcp_hosts(&hv, &fx).into_iter().find(|(mac, _, _)| *mac == spec.names().mac()).unwrap().2;
-    let report = ensure_machine(&hv, &spec).unwrap();
+    let report = start_machine(&hv, &spec).unwrap().expect("the machine exists");
     assert_eq!(
         report.addresses,
         vec![MachineAddress::InternalIp(reserved.parse().unwrap()), MachineAddress::Hostname(spec.name.clone())]
@@ -121,13 +121,14 @@ fn libvirt_call_counts() {
     let spec = spec(&fx, "sim-counts", "count-0");
     let counters = host.counters();
 
+    let seed = user_data(&spec);
     let before = counters.total_calls();
-    ensure_machine(&hv, &spec).unwrap();
+    create_machine(&hv, &spec, &seed).unwrap();
     let create = counters.total_calls() - before;
 
     let before = counters.total_calls();
     let opened = counters.connections_opened();
-    ensure_machine(&hv, &spec).unwrap();
+    start_machine(&hv, &spec).unwrap().expect("the machine exists");
     let steady = counters.total_calls() - before;
     assert_eq!(counters.connections_opened(), opened, "a steady-state check opened a connection");
 
@@ -140,7 +141,7 @@ fn libvirt_call_counts() {
     assert_eq!((create, steady, delete), (EXPECTED_CREATE, EXPECTED_STEADY, EXPECTED_DELETE));
 }
 
-/// Pinned so a change in the number of calls is noticed (and the docs in host/machine.rs updated).
+/// Pinned so a change in the number of calls is noticed (and the docs in capl-host/src/machine/mod.rs updated).
 const EXPECTED_CREATE: u64 = 17;
 const EXPECTED_STEADY: u64 = 3;
 const EXPECTED_DELETE: u64 = 11;
@@ -150,10 +151,16 @@ const EXPECTED_DELETE: u64 = 11;
 fn create_steps_cover_the_readme_flow() {
     let (_host, hv, fx) = sim("steps");
     let spec = spec(&fx, "sim-steps", "steps-0");
-    run_create_steps(&hv, &spec, &CreateStep::ALL).unwrap();
+    run_create_steps(&hv, &spec, &user_data(&spec), &CreateStep::ALL).unwrap();
     host_support::assert_created_once(&hv, &fx, &spec);
     delete_machine(&hv, &spec).unwrap();
     let _: &dyn Hypervisor = &hv;
+}
+
+#[test]
+fn start_never_creates() {
+    let (_host, hv, fx) = sim("start");
+    host_support::start_never_creates(&hv, &fx, "sim-start");
 }
 
 #[test]

@@ -95,13 +95,7 @@ async fn bootstrap_data(ctx: &Context, ns: &str, machine: &Machine) -> Result<(B
     }
 }
 
-fn host_spec(
-    object: &LibvirtMachine,
-    lc: &LibvirtCluster,
-    cluster: Option<&Cluster>,
-    ctx: &Context,
-    user_data: Vec<u8>,
-) -> MachineSpec {
+fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Cluster>, ctx: &Context) -> MachineSpec {
     let endpoint =
         lc.spec.control_plane_endpoint.clone().or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
     MachineSpec {
@@ -113,7 +107,6 @@ fn host_spec(
         memory_mib: object.spec.memory_mib.max(1) as u64,
         disk_gib: object.spec.disk_gib.max(1) as u64,
         image: object.spec.image.clone(),
-        user_data,
         network: lc.spec.network.clone(),
         base_pool: lc.spec.base_pool.clone(),
         domain_pool: lc.spec.domain_pool.clone(),
@@ -178,7 +171,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::ObserveHost => {
                 let lc = lc.expect("decide observes only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
                 let result = timed(
                     ctx,
                     "observe",
@@ -198,15 +191,17 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 }
             }
             MachineAction::Create | MachineAction::Start => {
-                let lc = lc.expect("decide creates only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, std::mem::take(&mut user_data));
-                let operation = if plan.action == MachineAction::Create { "create" } else { "start" };
-                let result = timed(
-                    ctx,
-                    operation,
-                    ctx.connections.host(&lc.spec.uri).call(move |h| host_machine::ensure_machine(h, &spec).map(Some)),
-                )
-                .await;
+                let lc = lc.expect("decide creates and starts only with a LibvirtCluster");
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
+                let host = ctx.connections.host(&lc.spec.uri);
+                let result = if plan.action == MachineAction::Create {
+                    // The bootstrap data was read when the host said the domain is absent.
+                    let seed = std::mem::take(&mut user_data);
+                    timed(ctx, "create", host.call(move |h| host_machine::create_machine(h, &spec, &seed).map(Some)))
+                        .await
+                } else {
+                    timed(ctx, "start", host.call(move |h| host_machine::start_machine(h, &spec))).await
+                };
                 snapshot.host = host_view(&result, object);
                 match result {
                     Ok(Some(r)) => {
@@ -219,7 +214,15 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                             .await;
                         report = Some(r);
                     }
-                    _ => {
+                    Ok(None) => {
+                        // The domain vanished before the start: creating it needs the bootstrap data.
+                        if let Some(machine) = &g.machine {
+                            let (bootstrap, data) = bootstrap_data(ctx, &ns, machine).await?;
+                            snapshot.bootstrap = bootstrap;
+                            user_data = data;
+                        }
+                    }
+                    Err(_) => {
                         // A failed step is decided again below and reported as a condition.
                     }
                 }
@@ -230,7 +233,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::Delete => {
                 let lc = lc.expect("decide deletes only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx, Vec::new());
+                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
                 let result = timed(
                     ctx,
                     "delete",

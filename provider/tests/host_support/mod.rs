@@ -11,7 +11,7 @@ use capl_host::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
 use capl_host::network_xml::parse_network;
 use capl_host::{
     CreateStep, DomainTypePreference, FailureKind, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
-    delete_machine, ensure_machine, observe_machine, run_create_steps,
+    create_machine, delete_machine, observe_machine, run_create_steps, start_machine,
 };
 use sha2::{Digest, Sha256};
 
@@ -61,6 +61,11 @@ pub fn uid_for(namespace: &str, name: &str) -> String {
     format!("{}-{}-4{}-8{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
 }
 
+/// The bootstrap data a test machine is seeded with.
+pub fn user_data(spec: &MachineSpec) -> Vec<u8> {
+    format!("#cloud-config\nhostname: {}\n", spec.name).into_bytes()
+}
+
 /// A machine spec whose leftovers from an earlier, interrupted test run are removed first.
 pub fn fresh_spec(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
     let s = spec(fx, namespace, name);
@@ -78,7 +83,6 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         memory_mib: 128,
         disk_gib: 1,
         image: fx.image.clone(),
-        user_data: format!("#cloud-config\nhostname: {name}\n").into_bytes(),
         network: fx.network.clone(),
         base_pool: fx.base_pool.clone(),
         domain_pool: fx.domain_pool.clone(),
@@ -149,7 +153,7 @@ pub fn assert_created_once(hv: &dyn Hypervisor, fx: &Fixture, spec: &MachineSpec
     assert_eq!(ours[0].1, names.domain);
     // The seed in the volume is exactly the ISO we build.
     let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
-    let expected = nocloud_iso(&spec.user_data, meta_data(names.instance_id(), names.hostname()).as_bytes());
+    let expected = nocloud_iso(&user_data(spec), meta_data(names.instance_id(), names.hostname()).as_bytes());
     assert!(seed.len() >= expected.len() && seed[..expected.len()] == expected[..], "seed content differs");
     assert!(seed[expected.len()..].iter().all(|b| *b == 0));
 }
@@ -163,7 +167,7 @@ fn reserved_ip(hv: &dyn Hypervisor, fx: &Fixture, names: &MachineNames) -> Ipv4A
 pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "full-0");
     let names = spec.names();
-    let report = ensure_machine(hv, &spec).expect("create");
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("create");
     assert!(report.created);
     assert_eq!(report.state, DomainState::Running);
     assert_eq!(report.provider_id, format!("libvirt://{}", spec.uid));
@@ -172,7 +176,7 @@ pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     assert_eq!(domain.uuid, spec.uid);
     assert_eq!(domain.macs, vec![names.mac()]);
 
-    let again = ensure_machine(hv, &spec).expect("steady state");
+    let again = create_machine(hv, &spec, &user_data(&spec)).expect("steady state");
     assert!(!again.created && !again.started);
     assert_eq!(again.state, DomainState::Running);
     assert_eq!(again.addresses.last(), Some(&MachineAddress::Hostname(spec.name.clone())));
@@ -190,15 +194,35 @@ pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
 pub fn stopped_machine_is_started(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "stopped-0");
     let names = spec.names();
-    ensure_machine(hv, &spec).expect("create");
+    create_machine(hv, &spec, &user_data(&spec)).expect("create");
     let ip = reserved_ip(hv, fx, &names);
     hv.domain_destroy(&names.domain).unwrap();
     assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Shutoff);
-    let report = ensure_machine(hv, &spec).expect("start");
+    let report = start_machine(hv, &spec).expect("start").expect("the domain exists");
     assert!(report.started && !report.created);
     assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Running);
     assert_eq!(reserved_ip(hv, fx, &names), ip);
     delete_machine(hv, &spec).expect("delete");
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// Starting a machine whose domain does not exist creates nothing: it says
+/// so (`None`), and creating it takes the bootstrap data. Also after a crash
+/// that left disks, seed and reservation but no domain.
+pub fn start_never_creates(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "start-0");
+    assert_eq!(start_machine(hv, &spec).expect("start of an absent machine"), None);
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+
+    let before_define = &CreateStep::ALL[..CreateStep::ALL.iter().position(|s| *s == CreateStep::Define).unwrap()];
+    run_create_steps(hv, &spec, &user_data(&spec), before_define).unwrap();
+    assert_eq!(start_machine(hv, &spec).expect("start without a domain"), None);
+    assert!(!hv.domain_list().unwrap().contains(&spec.names().domain), "start defined a domain");
+
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("create");
+    assert!(report.created);
+    assert_created_once(hv, fx, &spec);
+    delete_machine(hv, &spec).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
@@ -207,10 +231,13 @@ pub fn stopped_machine_is_started(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
 pub fn crash_after_every_step(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
         let spec = fresh_spec(hv, fx, namespace, &format!("crash-{k}"));
-        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap_or_else(|e| panic!("first {k} steps: {e}"));
+        run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k])
+            .unwrap_or_else(|e| panic!("first {k} steps: {e}"));
         // Running the same prefix twice (a crash during the retry) changes nothing.
-        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap_or_else(|e| panic!("first {k} steps again: {e}"));
-        ensure_machine(hv, &spec).unwrap_or_else(|e| panic!("create after a crash after step {k}: {e}"));
+        run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k])
+            .unwrap_or_else(|e| panic!("first {k} steps again: {e}"));
+        create_machine(hv, &spec, &user_data(&spec))
+            .unwrap_or_else(|e| panic!("create after a crash after step {k}: {e}"));
         assert_created_once(hv, fx, &spec);
         delete_machine(hv, &spec).unwrap_or_else(|e| panic!("delete after step {k}: {e}"));
         assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "after step {k}");
@@ -221,7 +248,7 @@ pub fn crash_after_every_step(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str
 pub fn delete_after_partial_create(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
         let spec = fresh_spec(hv, fx, namespace, &format!("partial-{k}"));
-        run_create_steps(hv, &spec, &CreateStep::ALL[..k]).unwrap();
+        run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k]).unwrap();
         delete_machine(hv, &spec).unwrap_or_else(|e| panic!("delete after the first {k} create steps: {e}"));
         assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "after step {k}");
     }
@@ -235,7 +262,8 @@ pub fn twenty_concurrent_machines(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
     let specs: Vec<MachineSpec> = (0..20).map(|i| fresh_spec(hv, fx, namespace, &format!("par-{i}"))).collect();
     let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
     std::thread::scope(|scope| {
-        let handles: Vec<_> = specs.iter().map(|s| scope.spawn(move || run_create_steps(hv, s, steps))).collect();
+        let handles: Vec<_> =
+            specs.iter().map(|s| scope.spawn(move || run_create_steps(hv, s, &user_data(s), steps))).collect();
         for (handle, s) in handles.into_iter().zip(&specs) {
             handle.join().expect("thread").unwrap_or_else(|e| panic!("create {}: {e}", s.name));
         }
@@ -265,7 +293,7 @@ pub fn foreign_domain_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace
     hv.domain_define(&foreign_xml).expect("define the foreign domain");
     let before = hv.domain_xml(&names.domain).unwrap();
 
-    let err = ensure_machine(hv, &spec).expect_err("create must refuse a foreign domain");
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a foreign domain");
     assert_collision(&err, &names.domain);
     let err = delete_machine(hv, &spec).expect_err("delete must refuse a foreign domain");
     assert_collision(&err, &names.domain);
@@ -296,7 +324,7 @@ pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace
     );
     let _ = hv.volume_delete(&fx.domain_pool, &names.overlay_volume());
     hv.volume_create(&fx.domain_pool, &xml).unwrap();
-    let err = ensure_machine(hv, &spec).expect_err("create must refuse a foreign volume");
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a foreign volume");
     assert!(
         matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&names.overlay_volume())),
         "{err}"
@@ -312,13 +340,13 @@ pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace
 pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     let mut small = fresh_spec(hv, fx, namespace, "small-0");
     small.disk_gib = 0;
-    let err = ensure_machine(hv, &small).expect_err("disk smaller than the image");
+    let err = create_machine(hv, &small, &user_data(&small)).expect_err("disk smaller than the image");
     assert!(matches!(err, HostError::DiskTooSmall { min_gib: 1, .. }), "{err}");
     assert_eq!(err.kind(), FailureKind::InvalidMachineSpec);
 
     let mut missing = fresh_spec(hv, fx, namespace, "missing-0");
     missing.image = "no-such-image.qcow2".into();
-    let err = ensure_machine(hv, &missing).expect_err("missing image");
+    let err = create_machine(hv, &missing, &user_data(&missing)).expect_err("missing image");
     assert!(matches!(&err, HostError::ImageMissing { image, .. } if image == "no-such-image.qcow2"), "{err}");
     assert_eq!(err.kind(), FailureKind::InfrastructureMissing);
     assert!(err.to_string().contains(&fx.base_pool), "{err}");
@@ -328,13 +356,13 @@ pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
 /// The control-plane endpoint address is never handed out.
 pub fn endpoint_address_is_avoided(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     let first = fresh_spec(hv, fx, namespace, "ep-0");
-    run_create_steps(hv, &first, &[CreateStep::DhcpReservation]).unwrap();
+    run_create_steps(hv, &first, &user_data(&first), &[CreateStep::DhcpReservation]).unwrap();
     let taken = reserved_ip(hv, fx, &first.names());
     delete_machine(hv, &first).unwrap();
     // The address the first machine got is now free; as the endpoint, it must be skipped.
     let mut second = fresh_spec(hv, fx, namespace, "ep-1");
     second.control_plane_host = Some(taken.to_string());
-    run_create_steps(hv, &second, &[CreateStep::DhcpReservation]).unwrap();
+    run_create_steps(hv, &second, &user_data(&second), &[CreateStep::DhcpReservation]).unwrap();
     assert_ne!(reserved_ip(hv, fx, &second.names()), taken);
     delete_machine(hv, &second).unwrap();
     assert_eq!(leftovers(hv, fx, &[first, second]), Vec::<String>::new());
@@ -387,7 +415,7 @@ pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir:
     let mut spec = fresh_spec(hv, fx, namespace, "log-0");
     spec.console_log_dir = Some(dir.to_string());
     let names = spec.names();
-    ensure_machine(hv, &spec).expect("create with a console log");
+    create_machine(hv, &spec, &user_data(&spec)).expect("create with a console log");
     let xml = hv.domain_xml(&names.domain).unwrap();
     let expected = format!("{dir}/{}-console.log", names.domain);
     assert!(
@@ -405,7 +433,8 @@ pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir:
 pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir: &str) {
     let mut spec = fresh_spec(hv, fx, namespace, "nolog-0");
     spec.console_log_dir = Some(dir.to_string());
-    let err = ensure_machine(hv, &spec).expect_err("a missing console log directory must fail the create");
+    let err =
+        create_machine(hv, &spec, &user_data(&spec)).expect_err("a missing console log directory must fail the create");
     assert!(
         matches!(&err, HostError::ConsoleLogDirMissing { dir: d, uri, .. } if d == dir && uri == hv.uri()),
         "{err:?}"
@@ -415,7 +444,7 @@ pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &st
     assert_eq!(err.kind(), FailureKind::ProvisioningFailed, "{err}");
     assert!(!err.is_transient(), "{err}");
     // The next reconcile sees the defined domain and fails the same way.
-    let again = ensure_machine(hv, &spec).expect_err("still missing");
+    let again = create_machine(hv, &spec, &user_data(&spec)).expect_err("still missing");
     assert!(matches!(again, HostError::ConsoleLogDirMissing { .. }), "{again:?}");
     delete_machine(hv, &spec).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
@@ -433,7 +462,7 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, names
     let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign);
     hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::AddLast, &foreign).unwrap();
 
-    let err = ensure_machine(hv, &spec).expect_err("create must refuse a DHCP entry with our MAC");
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a DHCP entry with our MAC");
     assert!(
         matches!(&err, HostError::Collision { kind: ObjectKind::DhcpHost, object, .. } if object.contains(&names.mac())),
         "{err}"
@@ -453,10 +482,10 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, names
 pub fn older_incarnation_is_reported(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
     let old = fresh_spec(hv, fx, namespace, "reborn-0");
     let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
-    run_create_steps(hv, &old, steps).unwrap();
+    run_create_steps(hv, &old, &user_data(&old), steps).unwrap();
     let mut new = old.clone();
     new.uid = uid_for(namespace, "reborn-0-second");
-    let err = ensure_machine(hv, &new).expect_err("a domain of another UID");
+    let err = create_machine(hv, &new, &user_data(&new)).expect_err("a domain of another UID");
     assert!(err.to_string().contains(&old.uid) && err.to_string().contains(&new.uid), "{err}");
     assert_eq!(err.kind(), FailureKind::DomainCollision);
     assert!(delete_machine(hv, &new).is_err());

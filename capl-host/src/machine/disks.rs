@@ -1,0 +1,173 @@
+//! The root disk (a qcow2 overlay on the base image) and the volume calls it
+//! shares with the seed ISO.
+
+use crate::domain_xml::DomainInfo;
+use crate::error::{HostError, HostResult, ObjectKind};
+use crate::hypervisor::{ErrorKind, HypervisorError};
+use crate::volume_xml::{BackingStore, GIB, VolumeInfo, overlay_volume_xml, parse_volume};
+
+use super::MachineRun;
+
+impl MachineRun<'_> {
+    /// A volume's XML: `None` when the volume is absent.
+    pub(super) fn lookup_volume(&self, pool: &str, name: &str) -> HostResult<Option<VolumeInfo>> {
+        match self.hv.volume_xml(pool, name) {
+            Ok(xml) => parse_volume(&xml).map(Some).map_err(|e| self.unreadable(ObjectKind::Volume, name, e)),
+            Err(e) if e.kind == ErrorKind::NoStorageVol => Ok(None),
+            Err(e) => Err(self.pool_error("read", ObjectKind::Volume, pool, name, e)),
+        }
+    }
+
+    /// Maps errors of a call on a volume, recognising a missing or inactive pool.
+    pub(super) fn pool_error(
+        &self,
+        action: &'static str,
+        kind: ObjectKind,
+        pool: &str,
+        name: &str,
+        e: HypervisorError,
+    ) -> HostError {
+        match e.kind {
+            ErrorKind::NoStoragePool => HostError::PoolMissing { pool: pool.to_string(), uri: self.uri.clone() },
+            ErrorKind::OperationInvalid if e.is_pool_inactive() => {
+                HostError::PoolInactive { pool: pool.to_string(), uri: self.uri.clone() }
+            }
+            _ => self.error(action, kind, &format!("{pool}/{name}"), e),
+        }
+    }
+
+    pub(super) fn base_image(&self) -> HostResult<VolumeInfo> {
+        let spec = self.spec;
+        self.lookup_volume(&spec.base_pool, &spec.image)?.ok_or_else(|| HostError::ImageMissing {
+            image: spec.image.clone(),
+            pool: spec.base_pool.clone(),
+            uri: self.uri.clone(),
+        })
+    }
+
+    pub(super) fn ensure_root_disk(&mut self) -> HostResult<()> {
+        let spec = self.spec;
+        let base = self.base_image()?;
+        let capacity = spec.disk_gib.saturating_mul(GIB);
+        if capacity < base.capacity {
+            return Err(HostError::DiskTooSmall {
+                machine: format!("{}/{}", spec.namespace, spec.name),
+                disk_gib: spec.disk_gib,
+                image: spec.image.clone(),
+                image_bytes: base.capacity,
+                min_gib: base.capacity.div_ceil(GIB),
+            });
+        }
+        let name = self.names.overlay_volume();
+        if let Some(existing) = self.lookup_volume(&spec.domain_pool, &name)? {
+            self.check_overlay_is_ours(&existing, Some(&base))?;
+            self.overlay_path = Some(existing.path);
+            return Ok(());
+        }
+        let backing = BackingStore {
+            path: base.path.clone(),
+            format: Some(base.format.clone().unwrap_or_else(|| "qcow2".into())),
+        };
+        let created = self.create_volume(&spec.domain_pool, &name, &overlay_volume_xml(&name, capacity, &backing))?;
+        self.check_overlay_is_ours(&created, Some(&base))?;
+        self.overlay_path = Some(created.path);
+        Ok(())
+    }
+
+    /// A root disk is ours when it is a qcow2 overlay on our base image.
+    pub(super) fn check_overlay_is_ours(&self, volume: &VolumeInfo, base: Option<&VolumeInfo>) -> HostResult<()> {
+        let backing_matches = volume.backing.as_ref().is_some_and(|backing| match base {
+            Some(base) => backing.path == base.path,
+            None => backing.path.rsplit('/').next() == Some(self.spec.image.as_str()),
+        });
+        if volume.format.as_deref() == Some("qcow2") && backing_matches {
+            return Ok(());
+        }
+        Err(self.collision(
+            ObjectKind::Volume,
+            &format!("{}/{}", self.spec.domain_pool, volume.name),
+            format!(
+                "it is format {} backed by {}, not a qcow2 overlay on base image \"{}\"",
+                volume.format.as_deref().unwrap_or("unknown"),
+                volume.backing.as_ref().map(|b| b.path.as_str()).unwrap_or("nothing"),
+                self.spec.image
+            ),
+        ))
+    }
+
+    pub(super) fn overlay_path(&mut self) -> HostResult<String> {
+        if let Some(path) = &self.overlay_path {
+            return Ok(path.clone());
+        }
+        let path = self.created_volume_path(&self.names.overlay_volume(), "the root disk")?;
+        self.overlay_path = Some(path.clone());
+        Ok(path)
+    }
+
+    /// Creates volume `name` in `pool` from `xml` and reads it back. A volume
+    /// created concurrently under the same name is read back too; the caller
+    /// checks that it is ours.
+    pub(super) fn create_volume(&self, pool: &str, name: &str, xml: &str) -> HostResult<VolumeInfo> {
+        match self.hv.volume_create(pool, xml) {
+            Ok(_) => {}
+            Err(e) if e.kind == ErrorKind::StorageVolExists => {}
+            Err(e) => return Err(self.pool_error("create", ObjectKind::Volume, pool, name, e)),
+        }
+        self.lookup_volume(pool, name)?.ok_or_else(|| {
+            self.error(
+                "read back",
+                ObjectKind::Volume,
+                name,
+                HypervisorError::new(ErrorKind::NoStorageVol, 50, "volume vanished after create"),
+            )
+        })
+    }
+
+    /// The path of a volume an earlier step created in domainPool, for the domain XML.
+    pub(super) fn created_volume_path(&self, name: &str, what: &str) -> HostResult<String> {
+        let volume = self.lookup_volume(&self.spec.domain_pool, name)?.ok_or_else(|| {
+            self.error(
+                "find",
+                ObjectKind::Volume,
+                name,
+                HypervisorError::new(
+                    ErrorKind::NoStorageVol,
+                    50,
+                    format!("{what} must be created before the domain is defined"),
+                ),
+            )
+        })?;
+        Ok(volume.path)
+    }
+
+    pub(super) fn delete_volume(&self, pool: &str, name: &str) -> HostResult<()> {
+        match self.hv.volume_delete(pool, name) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(self.pool_error("delete", ObjectKind::Volume, pool, name, e)),
+        }
+    }
+
+    /// A volume lookup for delete: a missing pool means nothing to delete.
+    pub(super) fn lookup_volume_for_delete(&self, name: &str) -> HostResult<Option<VolumeInfo>> {
+        match self.lookup_volume(&self.spec.domain_pool, name) {
+            Err(HostError::PoolMissing { .. }) => Ok(None),
+            other => other,
+        }
+    }
+
+    pub(super) fn remove_overlay(&self, domain: Option<&DomainInfo>) -> HostResult<()> {
+        let name = self.names.overlay_volume();
+        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(()) };
+        let used_by_our_domain = domain.is_some_and(|d| d.disk_paths.contains(&volume.path));
+        if !used_by_our_domain {
+            let base = match self.lookup_volume(&self.spec.base_pool, &self.spec.image) {
+                Ok(base) => base,
+                Err(HostError::PoolMissing { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            self.check_overlay_is_ours(&volume, base.as_ref())?;
+        }
+        self.delete_volume(&self.spec.domain_pool, &name)
+    }
+}

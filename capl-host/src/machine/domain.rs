@@ -1,0 +1,166 @@
+//! The machine's domain: ours or a collision, define, autostart, start, remove.
+
+use crate::domain_xml::{DomainDefinition, DomainInfo, choose_domain_type, domain_xml, host_kvm_support, parse_domain};
+use crate::error::{HostError, HostResult, ObjectKind};
+use crate::hypervisor::{DomainState, ErrorKind, HypervisorError, UndefineFlags};
+
+use super::MachineRun;
+
+impl MachineRun<'_> {
+    /// The domain with our name: `None` when absent, an error when it is not ours.
+    pub(super) fn owned_domain(&self) -> HostResult<Option<DomainInfo>> {
+        let domain = &self.names.domain;
+        let xml = match self.hv.domain_xml(domain) {
+            Ok(xml) => xml,
+            Err(e) if e.kind == ErrorKind::NoDomain => return Ok(None),
+            Err(e) => return Err(self.error("read", ObjectKind::Domain, domain, e)),
+        };
+        let info = parse_domain(&xml).map_err(|e| self.unreadable(ObjectKind::Domain, domain, e))?;
+        match &info.owner {
+            Some(owner) if owner.uid == self.spec.uid => Ok(Some(info)),
+            Some(owner) => Err(self.collision(
+                ObjectKind::Domain,
+                domain,
+                format!(
+                    "its metadata names LibvirtMachine {}/{} with UID {}, not UID {}",
+                    owner.namespace, owner.name, owner.uid, self.spec.uid
+                ),
+            )),
+            None => Err(self.collision(
+                ObjectKind::Domain,
+                domain,
+                "it carries no cluster-api-provider-libvirt metadata".into(),
+            )),
+        }
+    }
+
+    /// Whether our domain is defined; remembers "absent" so later steps need not ask again.
+    pub(super) fn domain_defined(&mut self) -> HostResult<bool> {
+        if self.domain_absent {
+            return Ok(false);
+        }
+        let defined = self.owned_domain()?.is_some();
+        self.domain_absent = !defined;
+        Ok(defined)
+    }
+
+    pub(super) fn domain_state(&self) -> HostResult<DomainState> {
+        self.hv
+            .domain_state(&self.names.domain)
+            .map_err(|e| self.error("read the state of", ObjectKind::Domain, &self.names.domain, e))
+    }
+
+    pub(super) fn ensure_defined(&mut self) -> HostResult<()> {
+        if self.domain_defined()? {
+            return Ok(());
+        }
+        let (arch, kvm) = match self.hv.capabilities_xml() {
+            Ok(xml) => host_kvm_support(&xml).map_err(|e| self.unreadable(ObjectKind::Host, &self.uri, e))?,
+            Err(e) => return Err(self.error("read the capabilities of", ObjectKind::Host, &self.uri.clone(), e)),
+        };
+        let definition = DomainDefinition {
+            name: self.names.domain.clone(),
+            uuid: self.spec.uid.clone(),
+            domain_type: choose_domain_type(self.spec.domain_type, kvm).to_string(),
+            arch,
+            vcpu: self.spec.vcpu,
+            memory_mib: self.spec.memory_mib,
+            overlay_path: self.overlay_path()?,
+            iso_path: self.seed_path()?,
+            network: self.spec.network.clone(),
+            mac: self.names.mac(),
+            console_log_path: self
+                .spec
+                .console_log_dir
+                .as_ref()
+                .map(|dir| format!("{dir}/{}-console.log", self.names.domain)),
+            owner: self.spec.owner(),
+        };
+        match self.hv.domain_define(&domain_xml(&definition)) {
+            Ok(_) => {
+                self.defined_now = true;
+                self.domain_absent = false;
+                Ok(())
+            }
+            // A domain with our UUID under another name (libvirt: "domain 'x' already exists with uuid ...").
+            Err(e) if e.is_domain_exists() => Err(self.collision(
+                ObjectKind::Domain,
+                &self.names.domain,
+                format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
+            )),
+            Err(e) => Err(self
+                .console_log_error(&e)
+                .unwrap_or_else(|| self.error("define", ObjectKind::Domain, &self.names.domain, e))),
+        }
+    }
+
+    /// A define or start that failed because the console log directory does
+    /// not exist on the host. libvirt (virtlogd) says "Unable to open file:
+    /// <dir>/<domain>-console.log: No such file or directory".
+    pub(super) fn console_log_error(&self, e: &HypervisorError) -> Option<HostError> {
+        let dir = self.spec.console_log_dir.as_ref()?;
+        e.is_missing_file_in(dir).then(|| HostError::ConsoleLogDirMissing {
+            dir: dir.clone(),
+            uri: self.uri.clone(),
+            detail: e.to_string(),
+        })
+    }
+
+    pub(super) fn set_autostart(&self) -> HostResult<()> {
+        self.hv
+            .domain_set_autostart(&self.names.domain, true)
+            .map_err(|e| self.error("turn on autostart of", ObjectKind::Domain, &self.names.domain, e))
+    }
+
+    pub(super) fn ensure_autostart_on(&self) -> HostResult<()> {
+        let on = self
+            .hv
+            .domain_autostart(&self.names.domain)
+            .map_err(|e| self.error("read autostart of", ObjectKind::Domain, &self.names.domain, e))?;
+        if on { Ok(()) } else { self.set_autostart() }
+    }
+
+    pub(super) fn ensure_started(&self) -> HostResult<()> {
+        if !self.defined_now {
+            let state = self.domain_state()?;
+            if !matches!(state, DomainState::Shutoff | DomainState::Crashed) {
+                return Ok(());
+            }
+        }
+        self.start()
+    }
+
+    pub(super) fn start(&self) -> HostResult<()> {
+        match self.hv.domain_start(&self.names.domain) {
+            Ok(()) => Ok(()),
+            // Started by someone else between our state read and this call.
+            Err(e) if e.is_already_running() => Ok(()),
+            Err(e) => Err(self
+                .console_log_error(&e)
+                .unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))),
+        }
+    }
+
+    pub(super) fn remove_domain(&self) -> HostResult<()> {
+        let domain = &self.names.domain;
+        let state = match self.hv.domain_state(domain) {
+            Ok(state) => state,
+            Err(e) if e.kind == ErrorKind::NoDomain => return Ok(()),
+            Err(e) => return Err(self.error("read the state of", ObjectKind::Domain, domain, e)),
+        };
+        if state != DomainState::Shutoff {
+            match self.hv.domain_destroy(domain) {
+                Ok(()) => {}
+                Err(e) if e.kind == ErrorKind::NoDomain => return Ok(()),
+                // Stopped on its own between our state read and this call.
+                Err(e) if e.kind == ErrorKind::OperationInvalid => {}
+                Err(e) => return Err(self.error("destroy", ObjectKind::Domain, domain, e)),
+            }
+        }
+        match self.hv.domain_undefine(domain, UndefineFlags::all()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::NoDomain => Ok(()),
+            Err(e) => Err(self.error("undefine", ObjectKind::Domain, domain, e)),
+        }
+    }
+}

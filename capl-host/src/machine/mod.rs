@@ -1,0 +1,312 @@
+//! One LibvirtMachine on a host: create (each step idempotent and safe to
+//! repeat after a crash at any point), start, observe, delete.
+//!
+//! Create and start are different verbs: [`create_machine`] takes the
+//! bootstrap data (the seed's user-data) and makes everything;
+//! [`start_machine`] only starts a domain that exists and never creates.
+//!
+//! The flow lives here; its parts, one file each, are the [`domain`], the
+//! root [`disks`] (and the volume calls they share with the seed), the
+//! cloud-init [`seed`] ISO, and the DHCP [`reservation`] (and the address
+//! read from the leases).
+//!
+//! # What is ours
+//!
+//! A **domain** is ours when its `<metadata>` carries our marker
+//! ([`METADATA_NAMESPACE`]) with this LibvirtMachine's UID. Any other domain
+//! with our name (no marker, or another UID, e.g. a leftover of an older
+//! LibvirtMachine with the same name) is a collision: nothing is touched.
+//!
+//! **Volumes** carry no metadata, so a volume with one of our names is ours
+//! only when the domain with our name is ours or absent (if the domain is
+//! foreign, its volumes are left alone) and, in addition:
+//! - the domain is ours and uses the volume (its `<source file>` is the
+//!   volume's path), or
+//! - root disk: it is a qcow2 whose backing file is `spec.image` of basePool
+//!   (the path libvirt reports for that volume, or, when the image is gone,
+//!   a backing path whose file name is `spec.image`): exactly what we create;
+//! - cloud-init ISO: it is a raw volume of at most [`MAX_SEED_BYTES`] whose
+//!   content is all zeros (created, crashed before the upload) or an ISO 9660
+//!   image labelled `cidata`: a seed we wrote. Checking this downloads the
+//!   volume, which only happens when recovering from a crash or deleting a
+//!   machine whose domain is already gone.
+//!
+//! A **DHCP host entry** is ours when both its MAC and its name (the domain
+//! name) are ours. An entry with our MAC or our name but not both is a
+//! collision.
+//!
+//! # Libvirt calls
+//!
+//! Counted on the simulator and pinned by `libvirt_call_counts` in
+//! provider/tests/host_machine_sim.rs: [`Hypervisor`] calls this module makes, and the
+//! operations libvirt-sim counts for them (its adapter looks the network up
+//! before a DHCP update). On a real host each by-name trait call is two RPCs,
+//! the lookup and the call itself; none opens a connection.
+//!
+//! | path                          | trait calls | operations |
+//! |-------------------------------|-------------|------------|
+//! | create of a new machine       | 16          | 17         |
+//! | steady state of a running one | 3           | 3          |
+//! | delete of a running machine   | 10          | 11         |
+//!
+//! Create: domain lookup; base image read; overlay lookup, create, read back;
+//! ISO lookup, create, upload, read back; network XML, leases, DHCP update;
+//! capabilities, define, autostart, start. Steady state: domain XML (the
+//! ownership check), state, leases. Delete: domain XML, state, destroy,
+//! undefine; overlay read, delete; ISO read, delete; network XML, DHCP update.
+//!
+//! [`METADATA_NAMESPACE`]: crate::domain_xml::METADATA_NAMESPACE
+
+mod disks;
+mod domain;
+mod reservation;
+mod seed;
+
+use std::net::Ipv4Addr;
+
+use crate::domain_xml::{DomainTypePreference, OwnerMarker};
+use crate::error::{HostError, HostResult, ObjectKind};
+use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
+use crate::naming::MachineNames;
+pub use seed::MAX_SEED_BYTES;
+
+/// Everything the host layer needs to know about one machine, in plain Rust.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSpec {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub cluster_name: String,
+    pub vcpu: u32,
+    pub memory_mib: u64,
+    pub disk_gib: u64,
+    /// The base image volume in `base_pool`.
+    pub image: String,
+    pub network: String,
+    pub base_pool: String,
+    pub domain_pool: String,
+    /// The cluster's control-plane endpoint host; never handed out when it is an IPv4 address.
+    pub control_plane_host: Option<String>,
+    pub domain_type: DomainTypePreference,
+    /// When set, the serial console is also logged to `<dir>/<domain>-console.log` on the host
+    /// (not `<domain>.log`: in libvirt's `/var/log/libvirt/qemu` that is QEMU's own log, held
+    /// open by virtlogd, and the start would fail with "Device or resource busy").
+    pub console_log_dir: Option<String>,
+}
+
+impl MachineSpec {
+    pub fn names(&self) -> MachineNames {
+        MachineNames::new(&self.namespace, &self.name, &self.uid)
+    }
+
+    fn owner(&self) -> OwnerMarker {
+        OwnerMarker {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            cluster: self.cluster_name.clone(),
+        }
+    }
+}
+
+/// The create steps, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CreateStep {
+    RootDisk,
+    CloudInitVolume,
+    CloudInitUpload,
+    DhcpReservation,
+    Define,
+    Autostart,
+    Start,
+}
+
+impl CreateStep {
+    pub const ALL: [CreateStep; 7] = [
+        CreateStep::RootDisk,
+        CreateStep::CloudInitVolume,
+        CreateStep::CloudInitUpload,
+        CreateStep::DhcpReservation,
+        CreateStep::Define,
+        CreateStep::Autostart,
+        CreateStep::Start,
+    ];
+}
+
+/// A machine address as CAPI reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MachineAddress {
+    InternalIp(Ipv4Addr),
+    Hostname(String),
+}
+
+/// What a reconcile learned about the machine's domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineReport {
+    pub domain: String,
+    pub provider_id: String,
+    pub state: DomainState,
+    /// The domain did not exist and was created by this call.
+    pub created: bool,
+    /// The domain was stopped and was started by this call.
+    pub started: bool,
+    /// The InternalIP from the network's leases (only while running), then the hostname.
+    pub addresses: Vec<MachineAddress>,
+}
+
+/// Creates the machine, seeded with the bootstrap data `user_data` (the
+/// cloud-init user-data): root disk, seed ISO, DHCP reservation, domain,
+/// autostart, start ([`CreateStep::ALL`]). Each step first checks whether it
+/// is done, so a create after a crash at any point finishes the job. When the
+/// domain exists already nothing is created: it is started when stopped, as
+/// [`start_machine`] does.
+pub fn create_machine(hv: &dyn Hypervisor, spec: &MachineSpec, user_data: &[u8]) -> HostResult<MachineReport> {
+    let mut run = MachineRun::new(hv, spec);
+    if run.owned_domain()?.is_some() {
+        return run.start_existing();
+    }
+    run.domain_absent = true;
+    for step in CreateStep::ALL {
+        run.step(step, user_data)?;
+    }
+    Ok(run.report(DomainState::Running, true, true, Vec::new()))
+}
+
+/// Makes an existing machine run: starts its domain when it is stopped and
+/// reads its address when it runs. Never creates anything: `None` when the
+/// domain does not exist (that takes [`create_machine`] and the bootstrap data).
+pub fn start_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
+    let run = MachineRun::new(hv, spec);
+    if run.owned_domain()?.is_none() {
+        return Ok(None);
+    }
+    run.start_existing().map(Some)
+}
+
+/// Runs the given create steps in order, seeded with `user_data`, each one
+/// checking whether it was already done. [`create_machine`] runs all of
+/// [`CreateStep::ALL`]; running a prefix of it simulates a crash after that step.
+pub fn run_create_steps(
+    hv: &dyn Hypervisor,
+    spec: &MachineSpec,
+    user_data: &[u8],
+    steps: &[CreateStep],
+) -> HostResult<()> {
+    let mut run = MachineRun::new(hv, spec);
+    for step in steps {
+        run.step(*step, user_data)?;
+    }
+    Ok(())
+}
+
+/// Reads the machine's domain without changing anything: `None` when it does not exist.
+pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
+    let run = MachineRun::new(hv, spec);
+    if run.owned_domain()?.is_none() {
+        return Ok(None);
+    }
+    let state = run.domain_state()?;
+    let addresses = if state == DomainState::Running { run.addresses()? } else { Vec::new() };
+    Ok(Some(run.report(state, false, false, addresses)))
+}
+
+/// Removes the domain (destroy, undefine with managed save, snapshot
+/// metadata and NVRAM), the root disk, the cloud-init ISO and the DHCP
+/// reservation. Each step tolerates "already gone". A foreign domain with our
+/// name stops the delete before anything is touched; a foreign volume or DHCP
+/// entry is left alone and reported after the other steps ran.
+pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<()> {
+    let run = MachineRun::new(hv, spec);
+    let domain = run.owned_domain()?;
+    if domain.is_some() {
+        run.remove_domain()?;
+    }
+    let results = [run.remove_overlay(domain.as_ref()), run.remove_seed(domain.as_ref()), run.remove_reservation()];
+    results.into_iter().collect::<HostResult<Vec<()>>>().map(|_| ())
+}
+
+/// One reconcile's view of one machine: the spec, the names, and what
+/// earlier steps of this run learned (so later steps need not ask again).
+struct MachineRun<'a> {
+    hv: &'a dyn Hypervisor,
+    spec: &'a MachineSpec,
+    names: MachineNames,
+    uri: String,
+    /// Set when this run saw that the domain does not exist.
+    domain_absent: bool,
+    overlay_path: Option<String>,
+    seed_path: Option<String>,
+    /// Set when this run defined the domain (so it is known to be shut off).
+    defined_now: bool,
+}
+
+impl<'a> MachineRun<'a> {
+    fn new(hv: &'a dyn Hypervisor, spec: &'a MachineSpec) -> Self {
+        Self {
+            hv,
+            spec,
+            names: spec.names(),
+            uri: hv.uri().to_string(),
+            domain_absent: false,
+            overlay_path: None,
+            seed_path: None,
+            defined_now: false,
+        }
+    }
+
+    fn report(&self, state: DomainState, created: bool, started: bool, mut ips: Vec<MachineAddress>) -> MachineReport {
+        ips.push(MachineAddress::Hostname(self.names.hostname().to_string()));
+        MachineReport {
+            domain: self.names.domain.clone(),
+            provider_id: self.names.provider_id(),
+            state,
+            created,
+            started,
+            addresses: ips,
+        }
+    }
+
+    /// One create step; only the create flows run these, and they have the seed.
+    fn step(&mut self, step: CreateStep, user_data: &[u8]) -> HostResult<()> {
+        match step {
+            CreateStep::RootDisk => self.ensure_root_disk(),
+            // Once the domain is defined the seed is complete (define comes after the upload),
+            // and rewriting a cdrom a guest may be reading is not done.
+            CreateStep::CloudInitVolume if self.domain_defined()? => Ok(()),
+            CreateStep::CloudInitUpload if self.domain_defined()? => Ok(()),
+            CreateStep::CloudInitVolume => self.ensure_seed_volume(user_data),
+            CreateStep::CloudInitUpload => self.upload_seed(user_data),
+            CreateStep::DhcpReservation => self.ensure_reservation().map(|_| ()),
+            CreateStep::Define => self.ensure_defined(),
+            CreateStep::Autostart => self.set_autostart(),
+            CreateStep::Start => self.ensure_started(),
+        }
+    }
+
+    /// The domain exists: start it when it is stopped (autostart on first),
+    /// then read its address when it runs.
+    fn start_existing(&self) -> HostResult<MachineReport> {
+        let mut state = self.domain_state()?;
+        let mut started = false;
+        if matches!(state, DomainState::Shutoff | DomainState::Crashed) {
+            self.ensure_autostart_on()?;
+            self.start()?;
+            state = DomainState::Running;
+            started = true;
+        }
+        let addresses = if state == DomainState::Running { self.addresses()? } else { Vec::new() };
+        Ok(self.report(state, false, started, addresses))
+    }
+
+    fn error(&self, action: &'static str, kind: ObjectKind, object: &str, source: HypervisorError) -> HostError {
+        HostError::Libvirt { action, kind, object: object.to_string(), uri: self.uri.clone(), source }
+    }
+
+    fn unreadable(&self, kind: ObjectKind, object: &str, detail: String) -> HostError {
+        HostError::UnreadableXml { kind, object: object.to_string(), uri: self.uri.clone(), detail }
+    }
+
+    fn collision(&self, kind: ObjectKind, object: &str, detail: String) -> HostError {
+        HostError::Collision { kind, object: object.to_string(), uri: self.uri.clone(), detail }
+    }
+}

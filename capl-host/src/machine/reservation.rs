@@ -1,0 +1,130 @@
+//! The machine's DHCP host entry on the network (its reserved address) and
+//! the address read back from the network's leases.
+
+use std::net::Ipv4Addr;
+
+use crate::dhcp::{address_ranges, choose_address, describe_ranges, dhcp_host_xml, network_lock};
+use crate::error::{HostError, HostResult, ObjectKind};
+use crate::hypervisor::{ErrorKind, NetworkUpdateCommand};
+use crate::network_xml::{DhcpHost, Ipv4Subnet, parse_network};
+
+use super::{MachineAddress, MachineRun};
+
+/// How often a DHCP reservation is re-read and retried when libvirt refuses it
+/// (another writer took the address between our read and our update).
+const DHCP_ATTEMPTS: usize = 3;
+
+impl MachineRun<'_> {
+    pub(super) fn network_hosts(&self) -> HostResult<(Ipv4Subnet, Option<DhcpHost>)> {
+        let network = &self.spec.network;
+        let xml = self.hv.network_xml(network).map_err(|e| match e.kind {
+            ErrorKind::NoNetwork => HostError::NetworkMissing { network: network.clone(), uri: self.uri.clone() },
+            _ => self.error("read", ObjectKind::Network, network, e),
+        })?;
+        let info = parse_network(&xml).map_err(|e| self.unreadable(ObjectKind::Network, network, e))?;
+        let subnet = info.ipv4.ok_or_else(|| HostError::NoIpv4 { network: network.clone(), uri: self.uri.clone() })?;
+        let mine = self.our_dhcp_host(&subnet.hosts)?;
+        Ok((subnet, mine))
+    }
+
+    /// Our entry among the network's hosts; an error when our MAC or name is used by a different entry.
+    pub(super) fn our_dhcp_host(&self, hosts: &[DhcpHost]) -> HostResult<Option<DhcpHost>> {
+        let mac = self.names.mac();
+        let domain = &self.names.domain;
+        for host in hosts {
+            let mac_matches = host.mac.as_deref() == Some(mac.as_str());
+            let name_matches = host.name.as_deref() == Some(domain.as_str());
+            match (mac_matches, name_matches) {
+                (true, true) => return Ok(Some(host.clone())),
+                (false, false) => {}
+                _ => {
+                    return Err(self.collision(
+                        ObjectKind::DhcpHost,
+                        &format!(
+                            "{} mac={} name={}",
+                            self.spec.network,
+                            host.mac.as_deref().unwrap_or("-"),
+                            host.name.as_deref().unwrap_or("-")
+                        ),
+                        format!("the provider's entry for domain {domain} would be mac={mac} name={domain}"),
+                    ));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The reserved address: the existing entry for our MAC, or a new one.
+    pub(super) fn ensure_reservation(&self) -> HostResult<Ipv4Addr> {
+        let lock = network_lock(&self.uri, &self.spec.network);
+        let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mac = self.names.mac();
+        let avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (subnet, mine) = self.network_hosts()?;
+            if let Some(ip) = mine.and_then(|host| host.ip) {
+                return Ok(ip);
+            }
+            let leases = self
+                .hv
+                .network_dhcp_leases(&self.spec.network)
+                .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
+            let ip = choose_address(&subnet, &leases, &mac, &avoid).ok_or_else(|| HostError::NoFreeAddress {
+                network: self.spec.network.clone(),
+                uri: self.uri.clone(),
+                pool_description: describe_ranges(&address_ranges(&subnet)),
+            })?;
+            let host = dhcp_host_xml(&mac, &self.names.domain, ip);
+            match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::AddLast, &host) {
+                Ok(()) => return Ok(ip),
+                // Another writer took the address (or added our entry) meanwhile: read again.
+                Err(e)
+                    if attempt < DHCP_ATTEMPTS
+                        && !matches!(e.kind, ErrorKind::ConnectionLost | ErrorKind::NoNetwork) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(self.error("add a DHCP host to", ObjectKind::Network, &self.spec.network, e)),
+            }
+        }
+    }
+
+    pub(super) fn remove_reservation(&self) -> HostResult<()> {
+        let lock = network_lock(&self.uri, &self.spec.network);
+        let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (_, mine) = match self.network_hosts() {
+            Ok(found) => found,
+            Err(HostError::NetworkMissing { .. } | HostError::NoIpv4 { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(host) = mine else { return Ok(()) };
+        let xml = match host.ip {
+            Some(ip) => dhcp_host_xml(&self.names.mac(), &self.names.domain, ip),
+            None => format!("<host mac='{}' name='{}'/>", self.names.mac(), self.names.domain),
+        };
+        match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::Delete, &xml) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::NoNetwork => Ok(()),
+            Err(e) => Err(self.error("remove a DHCP host from", ObjectKind::Network, &self.spec.network, e)),
+        }
+    }
+
+    // --- the address from the leases ---------------------------------------
+
+    /// The InternalIP from the network's leases, matched by our MAC (the newest lease wins).
+    pub(super) fn addresses(&self) -> HostResult<Vec<MachineAddress>> {
+        let mac = self.names.mac();
+        let leases = self
+            .hv
+            .network_dhcp_leases(&self.spec.network)
+            .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
+        let ip = leases
+            .iter()
+            .filter(|lease| lease.mac.eq_ignore_ascii_case(&mac))
+            .max_by_key(|lease| lease.expiry_time)
+            .and_then(|lease| lease.ip.parse::<Ipv4Addr>().ok());
+        Ok(ip.map(MachineAddress::InternalIp).into_iter().collect())
+    }
+}

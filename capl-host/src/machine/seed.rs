@@ -1,0 +1,92 @@
+//! The cloud-init NoCloud seed ISO: a raw volume in domainPool holding the
+//! bootstrap data as user-data, written before the domain is defined.
+
+use crate::cloud_init::{VOLUME_LABEL, iso_volume_label, meta_data, nocloud_iso};
+use crate::domain_xml::DomainInfo;
+use crate::error::{HostResult, ObjectKind};
+use crate::volume_xml::{VolumeInfo, iso_volume_xml};
+
+use super::MachineRun;
+
+/// The largest cloud-init ISO the provider creates (a Secret holds at most 1 MiB).
+pub const MAX_SEED_BYTES: u64 = 4 * 1024 * 1024;
+
+impl MachineRun<'_> {
+    pub(super) fn seed_bytes(&self, user_data: &[u8]) -> Vec<u8> {
+        let meta = meta_data(self.names.instance_id(), self.names.hostname());
+        nocloud_iso(user_data, meta.as_bytes())
+    }
+
+    pub(super) fn ensure_seed_volume(&mut self, user_data: &[u8]) -> HostResult<()> {
+        let pool = self.spec.domain_pool.clone();
+        let name = self.names.cloud_init_volume();
+        let size = self.seed_bytes(user_data).len() as u64;
+        if let Some(existing) = self.lookup_volume(&pool, &name)? {
+            self.check_seed_is_ours(&existing)?;
+            if existing.capacity == size {
+                self.seed_path = Some(existing.path);
+                return Ok(());
+            }
+            // Ours, but sized for other user-data: replace it.
+            self.delete_volume(&pool, &name)?;
+        }
+        let created = self.create_volume(&pool, &name, &iso_volume_xml(&name, size))?;
+        self.seed_path = Some(created.path);
+        Ok(())
+    }
+
+    /// Writes the seed into its volume. Always rewritten while the domain is
+    /// not yet defined: a crash between creating the volume and uploading
+    /// leaves it empty, and the upload is cheap.
+    pub(super) fn upload_seed(&self, user_data: &[u8]) -> HostResult<()> {
+        let pool = &self.spec.domain_pool;
+        let name = self.names.cloud_init_volume();
+        self.hv
+            .volume_upload(pool, &name, &self.seed_bytes(user_data))
+            .map_err(|e| self.pool_error("upload", ObjectKind::Volume, pool, &name, e))
+    }
+
+    /// A seed volume is ours when it is small, raw, and either empty (zeros) or a `cidata` ISO.
+    pub(super) fn check_seed_is_ours(&self, volume: &VolumeInfo) -> HostResult<()> {
+        let pool = &self.spec.domain_pool;
+        let object = format!("{pool}/{}", volume.name);
+        let format_ok = matches!(volume.format.as_deref(), None | Some("raw") | Some("iso"));
+        if !format_ok || volume.capacity > MAX_SEED_BYTES {
+            return Err(self.collision(
+                ObjectKind::Volume,
+                &object,
+                format!(
+                    "it is format {} and {} bytes, not a raw cloud-init seed of at most {MAX_SEED_BYTES} bytes",
+                    volume.format.as_deref().unwrap_or("unknown"),
+                    volume.capacity
+                ),
+            ));
+        }
+        let content = self
+            .hv
+            .volume_download(pool, &volume.name)
+            .map_err(|e| self.pool_error("download", ObjectKind::Volume, pool, &volume.name, e))?;
+        if content.iter().all(|b| *b == 0) || iso_volume_label(&content).as_deref() == Some(VOLUME_LABEL) {
+            return Ok(());
+        }
+        Err(self.collision(ObjectKind::Volume, &object, "its content is neither empty nor a cidata ISO".into()))
+    }
+
+    pub(super) fn seed_path(&mut self) -> HostResult<String> {
+        if let Some(path) = &self.seed_path {
+            return Ok(path.clone());
+        }
+        let path = self.created_volume_path(&self.names.cloud_init_volume(), "the cloud-init ISO")?;
+        self.seed_path = Some(path.clone());
+        Ok(path)
+    }
+
+    pub(super) fn remove_seed(&self, domain: Option<&DomainInfo>) -> HostResult<()> {
+        let name = self.names.cloud_init_volume();
+        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(()) };
+        if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
+            self.check_seed_is_ours(&volume)?;
+        }
+        self.delete_volume(&self.spec.domain_pool, &name)
+    }
+}
