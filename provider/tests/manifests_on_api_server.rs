@@ -247,3 +247,162 @@ async fn the_api_server_enforces_our_schema() {
     let err = clusters.patch("c", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap_err().to_string();
     assert!(err.contains("controlPlaneEndpoint can be set once"), "{err}");
 }
+
+/// A release written by `capl-manifests release` into a fresh directory, and a
+/// clusterctl.yaml whose `providers:` entry points at it (a file:// repository).
+struct LocalRepository {
+    root: std::path::PathBuf,
+    version: String,
+    config: std::path::PathBuf,
+}
+
+impl LocalRepository {
+    fn release(version: &str) -> Self {
+        let root = std::env::temp_dir().join(format!("capl-clusterctl-repo-{version}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+            .args(["release", "--version", version, "--image"])
+            .arg(format!("registry.example/cluster-api-provider-libvirt:{version}"))
+            .arg("--root")
+            .arg(repo_root())
+            .arg("--out")
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "release {version}: {}", String::from_utf8_lossy(&output.stderr));
+        let config = root.join("clusterctl.yaml");
+        let components = root.join("infrastructure-libvirt").join(version).join("infrastructure-components.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "providers:\n  - name: libvirt\n    type: InfrastructureProvider\n    url: file://{}\n",
+                components.display()
+            ),
+        )
+        .unwrap();
+        Self { root, version: version.into(), config }
+    }
+
+    fn dir(&self) -> std::path::PathBuf {
+        self.root.join("infrastructure-libvirt").join(&self.version)
+    }
+
+    /// Runs clusterctl with this repository's config; returns (success, stdout, stderr).
+    fn clusterctl(&self, env: &testenv::TestEnv, args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
+        let clusterctl = env.assets().clusterctl().expect("clusterctl (run `cargo xtask control-plane build`)");
+        let output = std::process::Command::new(clusterctl)
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            // `generate provider` reads no cluster and takes no --kubeconfig.
+            .env("KUBECONFIG", env.kubeconfig_path())
+            .env("XDG_CONFIG_HOME", &self.root) // no user overrides, no cache shared with other runs
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for LocalRepository {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The variables a user sets for `clusterctl generate cluster` (the required ones).
+const CLUSTER_VARIABLES: &[(&str, &str)] = &[
+    ("CAPL_LIBVIRT_URI", "qemu+tls://kvm1.lab.example/system"),
+    ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
+    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("KUBERNETES_VERSION", "v1.34.1"),
+];
+
+#[tokio::test]
+async fn clusterctl_reads_the_release_as_a_provider_repository() {
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    // v0.2.0: a series newer than the committed metadata.yaml lists.
+    let repo = LocalRepository::release("v0.2.0");
+    let (ok, out, err) =
+        repo.clusterctl(env, &["generate", "provider", "--infrastructure", "libvirt:v0.2.0", "--describe"], &[]);
+    assert!(ok, "clusterctl generate provider --describe: {err}");
+    for expected in ["CAPL_CONCURRENCY", "CAPL_LOG_FORMAT", "CAPL_WATCH_NAMESPACE", "Version:            v0.2.0"] {
+        assert!(out.contains(expected), "--describe lacks {expected}:\n{out}");
+    }
+    // Without any variable set: every variable has a default clusterctl accepts.
+    let (ok, out, err) = repo.clusterctl(env, &["generate", "provider", "--infrastructure", "libvirt:v0.2.0"], &[]);
+    assert!(ok, "clusterctl generate provider: {err}");
+    assert!(out.contains("--namespace=*"), "the default watches every namespace");
+    assert!(out.contains("image: registry.example/cluster-api-provider-libvirt:v0.2.0"));
+
+    // The check has teeth: a version outside every release series is refused.
+    let stale = repo.root.join("infrastructure-libvirt").join("v0.9.0");
+    std::fs::create_dir_all(&stale).unwrap();
+    for file in ["infrastructure-components.yaml", "metadata.yaml"] {
+        std::fs::copy(repo.dir().join(file), stale.join(file)).unwrap();
+    }
+    let (ok, _, err) = repo.clusterctl(env, &["generate", "provider", "--infrastructure", "libvirt:v0.9.0"], &[]);
+    assert!(!ok && err.contains("does not match any release series"), "{err}");
+}
+
+#[tokio::test]
+async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_capi_crds().await.unwrap();
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let repo = LocalRepository::release("v0.1.0");
+    let mut flavors: Vec<String> = std::fs::read_dir(repo.dir())
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            let stem = name.strip_prefix("cluster-template")?.strip_suffix(".yaml")?.to_string();
+            Some(stem.strip_prefix('-').unwrap_or(&stem).to_string())
+        })
+        .collect();
+    flavors.sort();
+    assert!(flavors.contains(&String::new()) && flavors.contains(&"topology".to_string()), "{flavors:?}");
+    let client = env.client();
+
+    for flavor in &flavors {
+        let namespace = env.unique_namespace("clusterctl-generate").await.unwrap();
+        let mut args = vec!["generate", "cluster", "lab", "--infrastructure", "libvirt:v0.1.0", "-n", &namespace];
+        if !flavor.is_empty() {
+            args.extend(["--flavor", flavor]);
+        }
+        args.extend(["--worker-machine-count", "2"]);
+        let (ok, out, err) = repo.clusterctl(env, &args, CLUSTER_VARIABLES);
+        assert!(ok, "clusterctl generate cluster (flavor {flavor:?}): {err}");
+        let docs = parse_documents(&out);
+        assert!(docs.iter().any(|d| d["kind"] == "Cluster"), "flavor {flavor:?} makes a Cluster");
+        for doc in &docs {
+            let api_version = doc["apiVersion"].as_str().unwrap();
+            let kind = doc["kind"].as_str().unwrap();
+            let name = doc["metadata"]["name"].as_str().unwrap();
+            assert_eq!(doc["metadata"]["namespace"], namespace.as_str(), "flavor {flavor:?}: {kind} {name}");
+            let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+            let (resource, _) = pinned_kind(&client, &GroupVersionKind::gvk(group, version, kind))
+                .await
+                .unwrap_or_else(|e| panic!("flavor {flavor:?}: the API server does not serve {kind}: {e}"));
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+            let params = PatchParams::apply("clusterctl-test").dry_run().validation_strict();
+            api.patch(name, &params, &Patch::Apply(doc))
+                .await
+                .unwrap_or_else(|e| panic!("flavor {flavor:?}: {kind} {name} is rejected by the API server: {e}"));
+        }
+    }
+
+    // A required variable left unset: clusterctl names it and writes nothing.
+    let without_uri: Vec<(&str, &str)> =
+        CLUSTER_VARIABLES.iter().copied().filter(|(name, _)| *name != "CAPL_LIBVIRT_URI").collect();
+    let (ok, out, err) = repo.clusterctl(
+        env,
+        &["generate", "cluster", "lab", "--infrastructure", "libvirt:v0.1.0", "-n", "default"],
+        &without_uri,
+    );
+    assert!(!ok && out.trim().is_empty(), "a missing variable fails");
+    assert!(err.contains("CAPL_LIBVIRT_URI"), "the error names the variable: {err}");
+}
