@@ -451,6 +451,22 @@ impl ReleaseVersion {
     }
 }
 
+/// The manager image of a release must be a canonical reference, with a
+/// registry host: clusterctl refuses `name:tag` or `org/name:tag` ("repository
+/// name must be canonical") when it reads the components.
+pub fn check_release_image(image: &str) -> Result<(), String> {
+    let host = image.split_once('/').map(|(first, _)| first);
+    let canonical = host.is_some_and(|h| h.contains('.') || h.contains(':') || h == "localhost");
+    if canonical && !image.chars().any(char::is_whitespace) {
+        Ok(())
+    } else {
+        Err(format!(
+            "release image {image:?} has no registry host; clusterctl needs a canonical reference such as \
+             registry.example/cluster-api-provider-libvirt:v0.1.0 (docker.io/{image} for Docker Hub)"
+        ))
+    }
+}
+
 /// The metadata.yaml of one release: [`RELEASE_SERIES`], plus the release's
 /// own series when it is newer than all of them. A version of an older series
 /// that was never published cannot be made consistent (clusterctl sorts

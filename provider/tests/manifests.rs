@@ -134,7 +134,7 @@ fn crd_schema_snapshot(#[case] kind: &str) {
 fn release_has_the_shape_clusterctl_expects() {
     let out = tempdir("release");
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
-        .args(["release", "--version", "v0.1.0", "--image", "example/capl:v0.1.0", "--root"])
+        .args(["release", "--version", "v0.1.0", "--image", "registry.example/capl:v0.1.0", "--root"])
         .arg(repo_root())
         .arg("--out")
         .arg(&out)
@@ -164,7 +164,7 @@ fn release_has_the_shape_clusterctl_expects() {
         let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
         assert_eq!(containers.len(), 1);
         assert_eq!(containers[0]["name"], "manager");
-        assert_eq!(containers[0]["image"], "example/capl:v0.1.0");
+        assert_eq!(containers[0]["image"], "registry.example/capl:v0.1.0");
         let args: Vec<&str> = containers[0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
         assert!(args.iter().any(|a| a.starts_with("--namespace=")), "{args:?}");
         let crds = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").count();
@@ -183,7 +183,7 @@ fn release_has_the_shape_clusterctl_expects() {
 fn release(version: &str) -> (bool, String, PathBuf) {
     let out = tempdir(&format!("release-{version}"));
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
-        .args(["release", "--version", version, "--image", "example/capl:dev", "--root"])
+        .args(["release", "--version", version, "--image", "registry.example/capl:dev", "--root"])
         .arg(repo_root())
         .arg("--out")
         .arg(&out)
@@ -215,6 +215,24 @@ fn a_release_lists_its_own_series(#[case] version: &str, #[case] expected: Vec<(
     let expected: Vec<(u64, u64, String)> = expected.into_iter().map(|(a, b)| (a, b, "v1beta2".into())).collect();
     assert_eq!(series, expected);
     std::fs::remove_dir_all(out).unwrap();
+}
+
+#[test]
+fn a_release_needs_a_canonical_image_reference() {
+    let out = tempdir("release-image");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+        .args(["release", "--version", "v0.1.0", "--image", "capl:v0.1.0", "--root"])
+        .arg(repo_root())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("registry host"), "{stderr}");
+    for ok in ["registry.example/capl:v1", "localhost:5000/capl:v1", "localhost/capl:v1", "docker.io/library/capl:v1"] {
+        assert_eq!(manifests::check_release_image(ok), Ok(()), "{ok}");
+    }
+    let _ = std::fs::remove_dir_all(out);
 }
 
 #[test]

@@ -34,12 +34,15 @@ pub fn uninstall() -> Result<()> {
 }
 
 fn rendered_install(sh: &Shell, image: &str) -> Result<std::path::PathBuf> {
-    // The version only names the release directory; the workspace's is in a published series.
-    let version = concat!("v", env!("CARGO_PKG_VERSION"));
-    let out = repo_root().join("target/deploy");
-    crate::manifests::release(version, image, &out)?;
-    let _ = sh;
-    Ok(out.join("infrastructure-libvirt").join(version).join("install.yaml"))
+    let root = repo_root();
+    let out = root.join("target/deploy/install.yaml");
+    sh.change_dir(&root);
+    cmd!(
+        sh,
+        "cargo run --quiet --locked -p cluster-api-provider-libvirt --bin capl-manifests -- install-yaml --image {image} --out {out}"
+    )
+    .run()?;
+    Ok(out)
 }
 
 /// Apply CRDs, RBAC, the admission policy and the manager Deployment with `image`.

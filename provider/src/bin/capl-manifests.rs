@@ -36,12 +36,24 @@ enum Command {
         #[arg(long, default_value = "dist")]
         out: PathBuf,
     },
+    /// Write only install.yaml (CRDs, RBAC, policy, Deployment) for kubectl, with any image reference.
+    InstallYaml {
+        #[arg(long)]
+        image: String,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Write { root } => write_config(&root),
         Command::Release { version, image, root, out } => release(&version, &image, &root, &out),
+        Command::InstallYaml { image, out } => {
+            let install = manifests::release_components(&DeploymentSettings { image, ..Default::default() });
+            write_file(&out, &manifests::render_yaml(&install))
+        }
     }
 }
 
@@ -71,6 +83,7 @@ const PROVIDER_DIRECTORY: &str = "infrastructure-libvirt";
 /// in clusterctl.yaml's `providers:`).
 fn release(version: &str, image: &str, root: &Path, out: &Path) -> Result<()> {
     let parsed = manifests::ReleaseVersion::parse(version).map_err(anyhow::Error::msg)?;
+    manifests::check_release_image(image).map_err(anyhow::Error::msg)?;
     let metadata = manifests::release_metadata(&parsed).map_err(anyhow::Error::msg)?;
     let out = std::path::absolute(out).with_context(|| format!("resolving {}", out.display()))?;
     let dir = out.join(PROVIDER_DIRECTORY).join(version);
