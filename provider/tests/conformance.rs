@@ -19,7 +19,7 @@ mod scenarios;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use capl_host::hypervisor::Hypervisor;
+use capl_host::hypervisor::HostAdmin;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 use fixtures::{Backend, Ctx, SeenError, take_seen_errors};
@@ -27,7 +27,7 @@ use rstest::rstest;
 
 const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
 
-fn open(backend: Backend) -> (Box<dyn Hypervisor>, Option<libvirt_sim::Host>) {
+fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
     match backend {
         Backend::Sim => {
             let uri = format!("sim:///conformance-{}-{}", std::process::id(), run_id());
@@ -67,7 +67,7 @@ fn run_id() -> u32 {
 
 /// Runs one scenario; returns the expected errors it saw, or why it failed.
 fn run_scenario(
-    hv: &dyn Hypervisor,
+    hv: &dyn HostAdmin,
     backend: Backend,
     run: u32,
     index: u32,

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::hypervisor::{DomainState, ErrorKind, Hypervisor, NetworkUpdateCommand, UndefineFlags};
+use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 
 const NETWORK: &str = "capl-test-net";
 const BASE_POOL: &str = "capl-test-base";
@@ -69,7 +69,7 @@ fn keepalive_is_supported_by_the_daemon() {
     let connector = LibvirtConnector::new(KeepAlive::default());
     let cache = Arc::new(Connections::new(Arc::new(connector), 4));
     let host = cache.host(&uri());
-    host.call_blocking(|h| h.domain_list()).unwrap();
+    host.call_blocking(|h| h.capabilities_xml()).unwrap();
     // The connector enabled keepalive; doing it again on a fresh connection
     // must report support (Ok(true)), unlike test:///.
     capl_host::hypervisor::connections::ensure_event_loop().unwrap();

@@ -49,7 +49,7 @@ async fn cluster_becomes_ready_and_deletion_removes_only_the_finalizer() {
     // Deletion: only the finalizer goes; the host is not touched.
     let before = w.host_objects();
     let hv = w.inspect();
-    use capl_host::hypervisor::Hypervisor;
+    use capl_host::hypervisor::{HostAdmin, Hypervisor};
     let networks = hv.network_list().unwrap();
     let pools = hv.pool_list().unwrap();
     let calls_before = w.calls();

@@ -5,7 +5,7 @@ mod reconcile_support;
 
 use capl::api::LibvirtMachine;
 use capl::api::capi::Machine;
-use capl_host::hypervisor::{DomainState, Hypervisor};
+use capl_host::hypervisor::{DomainState, HostAdmin, Hypervisor};
 use kube::ResourceExt;
 use reconcile_support::*;
 use serde_json::json;

@@ -335,3 +335,41 @@ impl HostHandle {
         self.cache.max_calls_per_host - self.slot.permits.available_permits()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use libvirt_sim::{Error, ErrorCode, Host, Op};
+
+    use super::*;
+    use crate::hypervisor::sim::SimConnector;
+
+    /// A call that fails because the connection is gone returns its error
+    /// (it is not retried) and the next call reconnects; a connection that is
+    /// no longer alive is replaced before the next call and then reused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_connection_is_replaced_on_the_next_call() {
+        let uri = "sim:///capl-connections-lost";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+        let handle = cache.host(uri);
+        let opened = || host.counters().connections_opened();
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(opened(), 1);
+
+        host.fail_nth(Op::GetCapabilities, 1, Error::new(ErrorCode::NoConnect, "client socket is closed"));
+        let calls = host.counters().calls(Op::GetCapabilities);
+        let e = handle.call(|h| h.capabilities_xml()).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::ConnectionLost, "{e}");
+        assert_eq!(host.counters().calls(Op::GetCapabilities), calls + 1, "the error is returned, not retried");
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(opened(), 2, "reconnected after ConnectionLost");
+
+        host.drop_connections();
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(opened(), 3, "a connection that is not alive is replaced");
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(opened(), 3);
+        assert_eq!(cache.connections_opened(), 3);
+        host.unregister();
+    }
+}

@@ -22,8 +22,8 @@ use virt::stream::Stream;
 use virt::sys;
 
 use super::{
-    DhcpLease, DomainState, ErrorKind, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
-    kind_of,
+    DhcpLease, DomainState, ErrorKind, HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
+    UndefineFlags, kind_of,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -104,35 +104,12 @@ impl Hypervisor for LibvirtHypervisor {
         matches!(self.conn.is_alive(), Ok(true))
     }
 
-    // --- networks ---------------------------------------------------------
-
-    fn network_list(&self) -> Result<Vec<String>> {
-        let nets = self.conn.list_all_networks(0).map_err(from_virt)?;
-        nets.iter().map(|n| n.name().map_err(from_virt)).collect()
-    }
-
     fn network_xml(&self, name: &str) -> Result<String> {
         self.network(name)?.xml_desc(0).map_err(from_virt)
     }
 
     fn network_is_active(&self, name: &str) -> Result<bool> {
         self.network(name)?.is_active().map_err(from_virt)
-    }
-
-    fn network_define(&self, xml: &str) -> Result<String> {
-        self.conn.define_network_xml(xml).and_then(|n| n.name()).map_err(from_virt)
-    }
-
-    fn network_start(&self, name: &str) -> Result<()> {
-        self.network(name)?.create().map_err(from_virt)
-    }
-
-    fn network_stop(&self, name: &str) -> Result<()> {
-        self.network(name)?.destroy().map_err(from_virt)
-    }
-
-    fn network_undefine(&self, name: &str) -> Result<()> {
-        self.network(name)?.undefine().map_err(from_virt)
     }
 
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
@@ -152,49 +129,8 @@ impl Hypervisor for LibvirtHypervisor {
         dhcp_leases(&net)
     }
 
-    // --- storage pools ----------------------------------------------------
-
-    fn pool_list(&self) -> Result<Vec<String>> {
-        let pools = self.conn.list_all_storage_pools(0).map_err(from_virt)?;
-        pools.iter().map(|p| p.name().map_err(from_virt)).collect()
-    }
-
-    fn pool_xml(&self, name: &str) -> Result<String> {
-        self.pool(name)?.xml_desc(0).map_err(from_virt)
-    }
-
     fn pool_is_active(&self, name: &str) -> Result<bool> {
         self.pool(name)?.is_active().map_err(from_virt)
-    }
-
-    fn pool_define(&self, xml: &str) -> Result<String> {
-        self.conn.define_storage_pool_xml(xml, 0).and_then(|p| p.name()).map_err(from_virt)
-    }
-
-    fn pool_build(&self, name: &str) -> Result<()> {
-        self.pool(name)?.build(0).map_err(from_virt)
-    }
-
-    fn pool_start(&self, name: &str) -> Result<()> {
-        self.pool(name)?.create(0).map_err(from_virt)
-    }
-
-    fn pool_stop(&self, name: &str) -> Result<()> {
-        self.pool(name)?.destroy().map_err(from_virt)
-    }
-
-    fn pool_undefine(&self, name: &str) -> Result<()> {
-        self.pool(name)?.undefine().map_err(from_virt)
-    }
-
-    fn pool_refresh(&self, name: &str) -> Result<()> {
-        self.pool(name)?.refresh(0).map_err(from_virt)
-    }
-
-    // --- volumes ----------------------------------------------------------
-
-    fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
-        self.pool(pool)?.list_volumes().map_err(from_virt)
     }
 
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
@@ -263,13 +199,6 @@ impl Hypervisor for LibvirtHypervisor {
         self.volume(pool, name)?.delete(0).map_err(from_virt)
     }
 
-    // --- domains ----------------------------------------------------------
-
-    fn domain_list(&self) -> Result<Vec<String>> {
-        let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
-        doms.iter().map(|d| d.name().map_err(from_virt)).collect()
-    }
-
     fn domain_define(&self, xml: &str) -> Result<String> {
         self.conn.define_domain_xml(xml).and_then(|d| d.name()).map_err(from_virt)
     }
@@ -321,6 +250,71 @@ impl Hypervisor for LibvirtHypervisor {
 
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
         self.domain(name)?.set_autostart(autostart).map_err(from_virt)
+    }
+}
+
+impl HostAdmin for LibvirtHypervisor {
+    fn network_list(&self) -> Result<Vec<String>> {
+        let nets = self.conn.list_all_networks(0).map_err(from_virt)?;
+        nets.iter().map(|n| n.name().map_err(from_virt)).collect()
+    }
+
+    fn network_define(&self, xml: &str) -> Result<String> {
+        self.conn.define_network_xml(xml).and_then(|n| n.name()).map_err(from_virt)
+    }
+
+    fn network_start(&self, name: &str) -> Result<()> {
+        self.network(name)?.create().map_err(from_virt)
+    }
+
+    fn network_stop(&self, name: &str) -> Result<()> {
+        self.network(name)?.destroy().map_err(from_virt)
+    }
+
+    fn network_undefine(&self, name: &str) -> Result<()> {
+        self.network(name)?.undefine().map_err(from_virt)
+    }
+
+    fn pool_list(&self) -> Result<Vec<String>> {
+        let pools = self.conn.list_all_storage_pools(0).map_err(from_virt)?;
+        pools.iter().map(|p| p.name().map_err(from_virt)).collect()
+    }
+
+    fn pool_xml(&self, name: &str) -> Result<String> {
+        self.pool(name)?.xml_desc(0).map_err(from_virt)
+    }
+
+    fn pool_define(&self, xml: &str) -> Result<String> {
+        self.conn.define_storage_pool_xml(xml, 0).and_then(|p| p.name()).map_err(from_virt)
+    }
+
+    fn pool_build(&self, name: &str) -> Result<()> {
+        self.pool(name)?.build(0).map_err(from_virt)
+    }
+
+    fn pool_start(&self, name: &str) -> Result<()> {
+        self.pool(name)?.create(0).map_err(from_virt)
+    }
+
+    fn pool_stop(&self, name: &str) -> Result<()> {
+        self.pool(name)?.destroy().map_err(from_virt)
+    }
+
+    fn pool_undefine(&self, name: &str) -> Result<()> {
+        self.pool(name)?.undefine().map_err(from_virt)
+    }
+
+    fn pool_refresh(&self, name: &str) -> Result<()> {
+        self.pool(name)?.refresh(0).map_err(from_virt)
+    }
+
+    fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
+        self.pool(pool)?.list_volumes().map_err(from_virt)
+    }
+
+    fn domain_list(&self) -> Result<Vec<String>> {
+        let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
+        doms.iter().map(|d| d.name().map_err(from_virt)).collect()
     }
 }
 

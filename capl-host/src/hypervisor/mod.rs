@@ -4,7 +4,11 @@
 //! XML documents in, read XML documents back, move bytes through streams. It
 //! is deliberately synchronous: libvirt's API is blocking, so callers on an
 //! async runtime run these methods through `tokio::task::spawn_blocking`
-//! (see `host::HostHandle`), never on a runtime worker.
+//! (see [`connections::HostHandle`]), never on a runtime worker.
+//!
+//! [`HostAdmin`] holds the calls only tests and host set-up make (network
+//! and pool lifecycle, listing), so that the production trait stays the
+//! provider's real surface.
 //!
 //! Two implementations exist: `libvirt::LibvirtHypervisor` over the `virt`
 //! crate (real hosts, `test:///default`) and `sim::SimHypervisor` over the
@@ -88,10 +92,12 @@ impl UndefineFlags {
     }
 }
 
-/// A connection to one libvirt host.
+/// A connection to one libvirt host: the calls the provider makes in
+/// production, and nothing else.
 ///
 /// All methods block. Object arguments are names, as libvirt's `LookupByName`
-/// calls take them; XML in and out is libvirt's own format.
+/// calls take them; XML in and out is libvirt's own format. Setting a host
+/// up (networks, pools) and listing its objects are [`HostAdmin`]'s.
 pub trait Hypervisor: Send + Sync {
     /// The URI this connection was opened with.
     fn uri(&self) -> &str;
@@ -104,18 +110,9 @@ pub trait Hypervisor: Send + Sync {
 
     // --- networks ---------------------------------------------------------
 
-    fn network_list(&self) -> Result<Vec<String>>;
     /// `virNetworkGetXMLDesc` (live config).
     fn network_xml(&self, name: &str) -> Result<String>;
     fn network_is_active(&self, name: &str) -> Result<bool>;
-    /// `virNetworkDefineXML`; returns the network name.
-    fn network_define(&self, xml: &str) -> Result<String>;
-    /// `virNetworkCreate`
-    fn network_start(&self, name: &str) -> Result<()>;
-    /// `virNetworkDestroy`
-    fn network_stop(&self, name: &str) -> Result<()>;
-    /// `virNetworkUndefine`
-    fn network_undefine(&self, name: &str) -> Result<()>;
     /// `virNetworkUpdate` on the `ip-dhcp-host` section of the first IPv4
     /// `<ip>` element, applied live and to the persistent config.
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()>;
@@ -124,25 +121,10 @@ pub trait Hypervisor: Send + Sync {
 
     // --- storage pools ----------------------------------------------------
 
-    fn pool_list(&self) -> Result<Vec<String>>;
-    fn pool_xml(&self, name: &str) -> Result<String>;
     fn pool_is_active(&self, name: &str) -> Result<bool>;
-    /// `virStoragePoolDefineXML`; returns the pool name.
-    fn pool_define(&self, xml: &str) -> Result<String>;
-    /// `virStoragePoolBuild` (flags 0).
-    fn pool_build(&self, name: &str) -> Result<()>;
-    /// `virStoragePoolCreate`
-    fn pool_start(&self, name: &str) -> Result<()>;
-    /// `virStoragePoolDestroy`
-    fn pool_stop(&self, name: &str) -> Result<()>;
-    /// `virStoragePoolUndefine`
-    fn pool_undefine(&self, name: &str) -> Result<()>;
-    /// `virStoragePoolRefresh`
-    fn pool_refresh(&self, name: &str) -> Result<()>;
 
     // --- volumes ----------------------------------------------------------
 
-    fn volume_list(&self, pool: &str) -> Result<Vec<String>>;
     /// `virStorageVolGetXMLDesc`
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String>;
     /// `virStorageVolCreateXML` (flags 0); returns the volume name.
@@ -157,8 +139,6 @@ pub trait Hypervisor: Send + Sync {
 
     // --- domains ----------------------------------------------------------
 
-    /// All domains, active and inactive.
-    fn domain_list(&self) -> Result<Vec<String>>;
     /// `virDomainDefineXML`; returns the domain name.
     fn domain_define(&self, xml: &str) -> Result<String>;
     /// `virDomainGetXMLDesc` (flags 0).
@@ -172,4 +152,39 @@ pub trait Hypervisor: Send + Sync {
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()>;
     fn domain_autostart(&self, name: &str) -> Result<bool>;
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()>;
+}
+
+/// The calls the provider never makes but tests, benchmarks and host set-up
+/// do: network and pool lifecycle, and listing a host's objects. Both
+/// backends implement it; the conformance suite pins them alike.
+pub trait HostAdmin: Hypervisor {
+    fn network_list(&self) -> Result<Vec<String>>;
+    /// `virNetworkDefineXML`; returns the network name.
+    fn network_define(&self, xml: &str) -> Result<String>;
+    /// `virNetworkCreate`
+    fn network_start(&self, name: &str) -> Result<()>;
+    /// `virNetworkDestroy`
+    fn network_stop(&self, name: &str) -> Result<()>;
+    /// `virNetworkUndefine`
+    fn network_undefine(&self, name: &str) -> Result<()>;
+
+    fn pool_list(&self) -> Result<Vec<String>>;
+    fn pool_xml(&self, name: &str) -> Result<String>;
+    /// `virStoragePoolDefineXML`; returns the pool name.
+    fn pool_define(&self, xml: &str) -> Result<String>;
+    /// `virStoragePoolBuild` (flags 0).
+    fn pool_build(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolCreate`
+    fn pool_start(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolDestroy`
+    fn pool_stop(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolUndefine`
+    fn pool_undefine(&self, name: &str) -> Result<()>;
+    /// `virStoragePoolRefresh`
+    fn pool_refresh(&self, name: &str) -> Result<()>;
+
+    fn volume_list(&self, pool: &str) -> Result<Vec<String>>;
+
+    /// All domains, active and inactive.
+    fn domain_list(&self) -> Result<Vec<String>>;
 }

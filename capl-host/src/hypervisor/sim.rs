@@ -15,7 +15,8 @@ use libvirt_sim::{Connection, UpdateCommand, UpdateSection, update_flags};
 
 use super::connections::Connector;
 use super::{
-    DhcpLease, DomainState, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
+    DhcpLease, DomainState, HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
+    kind_of,
 };
 
 /// A connection to a simulated host registered with `libvirt_sim::Host::builder(uri)`.
@@ -93,32 +94,12 @@ impl Hypervisor for SimHypervisor {
         self.conn.is_alive()
     }
 
-    fn network_list(&self) -> Result<Vec<String>> {
-        self.conn.list_all_networks().map_err(|e| self.err(e))
-    }
-
     fn network_xml(&self, name: &str) -> Result<String> {
         self.conn.network_get_xml_desc(name).map_err(|e| self.err(e))
     }
 
     fn network_is_active(&self, name: &str) -> Result<bool> {
         self.conn.network_is_active(name).map_err(|e| self.err(e))
-    }
-
-    fn network_define(&self, xml: &str) -> Result<String> {
-        self.conn.network_define_xml(xml).map_err(|e| self.err(e))
-    }
-
-    fn network_start(&self, name: &str) -> Result<()> {
-        self.conn.network_create(name).map_err(|e| self.err(e))
-    }
-
-    fn network_stop(&self, name: &str) -> Result<()> {
-        self.conn.network_destroy(name).map_err(|e| self.err(e))
-    }
-
-    fn network_undefine(&self, name: &str) -> Result<()> {
-        self.conn.network_undefine(name).map_err(|e| self.err(e))
     }
 
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
@@ -157,44 +138,8 @@ impl Hypervisor for SimHypervisor {
             .collect())
     }
 
-    fn pool_list(&self) -> Result<Vec<String>> {
-        self.conn.list_all_storage_pools().map_err(|e| self.err(e))
-    }
-
-    fn pool_xml(&self, name: &str) -> Result<String> {
-        self.conn.storage_pool_get_xml_desc(name).map_err(|e| self.err(e))
-    }
-
     fn pool_is_active(&self, name: &str) -> Result<bool> {
         self.conn.storage_pool_is_active(name).map_err(|e| self.err(e))
-    }
-
-    fn pool_define(&self, xml: &str) -> Result<String> {
-        self.conn.storage_pool_define_xml(xml).map_err(|e| self.err(e))
-    }
-
-    fn pool_build(&self, name: &str) -> Result<()> {
-        self.conn.storage_pool_build(name).map_err(|e| self.err(e))
-    }
-
-    fn pool_start(&self, name: &str) -> Result<()> {
-        self.conn.storage_pool_create(name).map_err(|e| self.err(e))
-    }
-
-    fn pool_stop(&self, name: &str) -> Result<()> {
-        self.conn.storage_pool_destroy(name).map_err(|e| self.err(e))
-    }
-
-    fn pool_undefine(&self, name: &str) -> Result<()> {
-        self.conn.storage_pool_undefine(name).map_err(|e| self.err(e))
-    }
-
-    fn pool_refresh(&self, name: &str) -> Result<()> {
-        self.conn.storage_pool_refresh(name).map_err(|e| self.err(e))
-    }
-
-    fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
-        self.conn.storage_pool_list_all_volumes(pool).map_err(|e| self.err(e))
     }
 
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
@@ -215,10 +160,6 @@ impl Hypervisor for SimHypervisor {
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {
         self.conn.storage_vol_delete(pool, name).map_err(|e| self.err(e))
-    }
-
-    fn domain_list(&self) -> Result<Vec<String>> {
-        self.conn.list_all_domains().map_err(|e| self.err(e))
     }
 
     fn domain_define(&self, xml: &str) -> Result<String> {
@@ -266,6 +207,68 @@ impl Hypervisor for SimHypervisor {
     }
 }
 
+impl HostAdmin for SimHypervisor {
+    fn network_list(&self) -> Result<Vec<String>> {
+        self.conn.list_all_networks().map_err(|e| self.err(e))
+    }
+
+    fn network_define(&self, xml: &str) -> Result<String> {
+        self.conn.network_define_xml(xml).map_err(|e| self.err(e))
+    }
+
+    fn network_start(&self, name: &str) -> Result<()> {
+        self.conn.network_create(name).map_err(|e| self.err(e))
+    }
+
+    fn network_stop(&self, name: &str) -> Result<()> {
+        self.conn.network_destroy(name).map_err(|e| self.err(e))
+    }
+
+    fn network_undefine(&self, name: &str) -> Result<()> {
+        self.conn.network_undefine(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_list(&self) -> Result<Vec<String>> {
+        self.conn.list_all_storage_pools().map_err(|e| self.err(e))
+    }
+
+    fn pool_xml(&self, name: &str) -> Result<String> {
+        self.conn.storage_pool_get_xml_desc(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_define(&self, xml: &str) -> Result<String> {
+        self.conn.storage_pool_define_xml(xml).map_err(|e| self.err(e))
+    }
+
+    fn pool_build(&self, name: &str) -> Result<()> {
+        self.conn.storage_pool_build(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_start(&self, name: &str) -> Result<()> {
+        self.conn.storage_pool_create(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_stop(&self, name: &str) -> Result<()> {
+        self.conn.storage_pool_destroy(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_undefine(&self, name: &str) -> Result<()> {
+        self.conn.storage_pool_undefine(name).map_err(|e| self.err(e))
+    }
+
+    fn pool_refresh(&self, name: &str) -> Result<()> {
+        self.conn.storage_pool_refresh(name).map_err(|e| self.err(e))
+    }
+
+    fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
+        self.conn.storage_pool_list_all_volumes(pool).map_err(|e| self.err(e))
+    }
+
+    fn domain_list(&self) -> Result<Vec<String>> {
+        self.conn.list_all_domains().map_err(|e| self.err(e))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,7 +285,7 @@ mod tests {
         let err = hv.network_list().unwrap_err();
         assert_eq!(err.kind, ErrorKind::ConnectionLost, "{err}");
         let again = SimConnector.connect(uri).unwrap();
-        assert!(again.network_list().is_ok());
+        assert!(again.capabilities_xml().is_ok());
         assert_eq!(host.counters().connections_opened(), 2);
         host.unregister();
     }

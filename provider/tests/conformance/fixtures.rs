@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use capl_host::hypervisor::{ErrorKind, Hypervisor, HypervisorError, UndefineFlags};
+use capl_host::hypervisor::{ErrorKind, HostAdmin, HypervisorError, UndefineFlags};
 
 /// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
 pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
@@ -41,7 +41,7 @@ enum Cleanup {
 
 /// One scenario's world: the connection, a unique name prefix, cleanup on drop.
 pub struct Ctx<'a> {
-    pub hv: &'a dyn Hypervisor,
+    pub hv: &'a dyn HostAdmin,
     pub backend: Backend,
     /// Unique per run and scenario; every object name starts with it.
     pub prefix: String,
@@ -51,7 +51,7 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(hv: &'a dyn Hypervisor, backend: Backend, run: u32, index: u32) -> Self {
+    pub fn new(hv: &'a dyn HostAdmin, backend: Backend, run: u32, index: u32) -> Self {
         Ctx { hv, backend, prefix: format!("capl-conf-{run}-{index}"), index, cleanup: RefCell::new(Vec::new()) }
     }
 

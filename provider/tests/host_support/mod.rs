@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
 use capl_host::cloud_init::{meta_data, nocloud_iso};
-use capl_host::hypervisor::{DomainState, ErrorKind, Hypervisor, UndefineFlags};
+use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, UndefineFlags};
 use capl_host::network_xml::parse_network;
 use capl_host::{
     CreateStep, DomainTypePreference, FailureKind, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
@@ -29,7 +29,7 @@ pub struct Fixture {
 pub const IMAGE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Creates the base image (a small empty qcow2; it need not boot) when absent.
-pub fn ensure_base_image(hv: &dyn Hypervisor, fx: &Fixture) {
+pub fn ensure_base_image(hv: &dyn HostAdmin, fx: &Fixture) {
     let xml = format!(
         "<volume><name>{}</name><capacity unit='bytes'>{}</capacity><target><format type='qcow2'/></target></volume>",
         fx.image, fx.image_bytes
@@ -67,7 +67,7 @@ pub fn user_data(spec: &MachineSpec) -> Vec<u8> {
 }
 
 /// A machine spec whose leftovers from an earlier, interrupted test run are removed first.
-pub fn fresh_spec(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
+pub fn fresh_spec(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
     let s = spec(fx, namespace, name);
     let _ = delete_machine(hv, &s);
     s
@@ -94,7 +94,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
 }
 
 /// Everything of these machines still on the host: domains, volumes, DHCP entries.
-pub fn leftovers(hv: &dyn Hypervisor, fx: &Fixture, specs: &[MachineSpec]) -> Vec<String> {
+pub fn leftovers(hv: &dyn HostAdmin, fx: &Fixture, specs: &[MachineSpec]) -> Vec<String> {
     let domains: HashSet<String> = hv.domain_list().expect("list domains").into_iter().collect();
     let volumes: HashSet<String> = hv.volume_list(&fx.domain_pool).expect("list volumes").into_iter().collect();
     let hosts = dhcp_hosts(hv, fx);
@@ -119,7 +119,7 @@ pub fn leftovers(hv: &dyn Hypervisor, fx: &Fixture, specs: &[MachineSpec]) -> Ve
 }
 
 /// The network's DHCP host entries as (mac, name, ip).
-pub fn dhcp_hosts(hv: &dyn Hypervisor, fx: &Fixture) -> Vec<(String, String, String)> {
+pub fn dhcp_hosts(hv: &dyn HostAdmin, fx: &Fixture) -> Vec<(String, String, String)> {
     let net = parse_network(&hv.network_xml(&fx.network).expect("network XML")).expect("parse network XML");
     net.ipv4
         .map(|v4| {
@@ -138,7 +138,7 @@ pub fn dhcp_hosts(hv: &dyn Hypervisor, fx: &Fixture) -> Vec<(String, String, Str
 }
 
 /// Asserts the machine exists exactly once, with both volumes and one DHCP entry.
-pub fn assert_created_once(hv: &dyn Hypervisor, fx: &Fixture, spec: &MachineSpec) {
+pub fn assert_created_once(hv: &dyn HostAdmin, fx: &Fixture, spec: &MachineSpec) {
     let names = spec.names();
     let domains = hv.domain_list().unwrap();
     assert_eq!(domains.iter().filter(|d| **d == names.domain).count(), 1, "domain {} in {domains:?}", names.domain);
@@ -158,13 +158,13 @@ pub fn assert_created_once(hv: &dyn Hypervisor, fx: &Fixture, spec: &MachineSpec
     assert!(seed[expected.len()..].iter().all(|b| *b == 0));
 }
 
-fn reserved_ip(hv: &dyn Hypervisor, fx: &Fixture, names: &MachineNames) -> Ipv4Addr {
+fn reserved_ip(hv: &dyn HostAdmin, fx: &Fixture, names: &MachineNames) -> Ipv4Addr {
     let entry = dhcp_hosts(hv, fx).into_iter().find(|(mac, _, _)| *mac == names.mac()).expect("our DHCP entry");
     entry.2.parse().unwrap()
 }
 
 /// create -> running -> steady state -> delete, nothing left behind; delete again is a no-op.
-pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn full_cycle(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "full-0");
     let names = spec.names();
     let report = create_machine(hv, &spec, &user_data(&spec)).expect("create");
@@ -191,7 +191,7 @@ pub fn full_cycle(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
 }
 
 /// A stopped machine is started again; its reserved address is kept.
-pub fn stopped_machine_is_started(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn stopped_machine_is_started(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "stopped-0");
     let names = spec.names();
     create_machine(hv, &spec, &user_data(&spec)).expect("create");
@@ -209,7 +209,7 @@ pub fn stopped_machine_is_started(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
 /// Starting a machine whose domain does not exist creates nothing: it says
 /// so (`None`), and creating it takes the bootstrap data. Also after a crash
 /// that left disks, seed and reservation but no domain.
-pub fn start_never_creates(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn start_never_creates(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "start-0");
     assert_eq!(start_machine(hv, &spec).expect("start of an absent machine"), None);
     assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
@@ -228,7 +228,7 @@ pub fn start_never_creates(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
 
 /// For every k: run the first k create steps (a crash after step k), then a
 /// full create, then delete: no duplicates, no leaks.
-pub fn crash_after_every_step(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn crash_after_every_step(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
         let spec = fresh_spec(hv, fx, namespace, &format!("crash-{k}"));
         run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k])
@@ -245,7 +245,7 @@ pub fn crash_after_every_step(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str
 }
 
 /// A delete that stopped after each of its parts leaves a state the next delete finishes.
-pub fn delete_after_partial_create(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn delete_after_partial_create(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
         let spec = fresh_spec(hv, fx, namespace, &format!("partial-{k}"));
         run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k]).unwrap();
@@ -258,7 +258,7 @@ pub fn delete_after_partial_create(hv: &dyn Hypervisor, fx: &Fixture, namespace:
 ///
 /// Runs every create step but the start: the addresses are chosen and
 /// reserved, and the test machine does not have to run 20 TCG guests.
-pub fn twenty_concurrent_machines(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn twenty_concurrent_machines(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let specs: Vec<MachineSpec> = (0..20).map(|i| fresh_spec(hv, fx, namespace, &format!("par-{i}"))).collect();
     let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
     std::thread::scope(|scope| {
@@ -282,7 +282,7 @@ pub fn twenty_concurrent_machines(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
 }
 
 /// A domain with our name but without our marker is reported and left untouched.
-pub fn foreign_domain_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn foreign_domain_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "foreign-0");
     let names = spec.names();
     let foreign_xml = format!(
@@ -315,7 +315,7 @@ fn assert_collision(err: &HostError, domain: &str) {
 }
 
 /// A foreign volume with our root disk's name is not adopted or deleted.
-pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn foreign_volume_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "foreign-vol-0");
     let names = spec.names();
     let xml = format!(
@@ -337,7 +337,7 @@ pub fn foreign_volume_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace
 }
 
 /// A disk smaller than the image, and a missing image, fail clearly before anything is created.
-pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn bad_disk_and_missing_image(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let mut small = fresh_spec(hv, fx, namespace, "small-0");
     small.disk_gib = 0;
     let err = create_machine(hv, &small, &user_data(&small)).expect_err("disk smaller than the image");
@@ -354,7 +354,7 @@ pub fn bad_disk_and_missing_image(hv: &dyn Hypervisor, fx: &Fixture, namespace: 
 }
 
 /// The control-plane endpoint address is never handed out.
-pub fn endpoint_address_is_avoided(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn endpoint_address_is_avoided(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let first = fresh_spec(hv, fx, namespace, "ep-0");
     run_create_steps(hv, &first, &user_data(&first), &[CreateStep::DhcpReservation]).unwrap();
     let taken = reserved_ip(hv, fx, &first.names());
@@ -369,7 +369,7 @@ pub fn endpoint_address_is_avoided(hv: &dyn Hypervisor, fx: &Fixture, namespace:
 }
 
 /// The cluster check tells missing from inactive and names the object; it changes nothing.
-pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn infra_missing_vs_inactive(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     use capl_host::{InfraSpec, check_infrastructure};
     let good =
         InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
@@ -411,7 +411,7 @@ pub fn infra_missing_vs_inactive(hv: &dyn Hypervisor, fx: &Fixture, namespace: &
 
 /// With a console log directory the serial console is also logged to `<dir>/<domain>-console.log`,
 /// and the domain still starts.
-pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir: &str) {
+pub fn console_log_file(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, dir: &str) {
     let mut spec = fresh_spec(hv, fx, namespace, "log-0");
     spec.console_log_dir = Some(dir.to_string());
     let names = spec.names();
@@ -430,7 +430,7 @@ pub fn console_log_file(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir:
 /// A console log directory that does not exist on the host: the create
 /// fails with an error that names the directory, the host and the fix, and
 /// is not retried as a lost connection; delete removes everything.
-pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str, dir: &str) {
+pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, dir: &str) {
     let mut spec = fresh_spec(hv, fx, namespace, "nolog-0");
     spec.console_log_dir = Some(dir.to_string());
     let err =
@@ -452,7 +452,7 @@ pub fn console_log_dir_missing(hv: &dyn Hypervisor, fx: &Fixture, namespace: &st
 
 /// A DHCP entry that uses our MAC under another name is reported and kept;
 /// delete still removes what is ours and reports the entry.
-pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     use capl_host::hypervisor::NetworkUpdateCommand;
     let spec = fresh_spec(hv, fx, namespace, "foreign-dhcp-0");
     let names = spec.names();
@@ -479,7 +479,7 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn Hypervisor, fx: &Fixture, names
 }
 
 /// A domain left by an older LibvirtMachine of the same name (another UID) is never adopted.
-pub fn older_incarnation_is_reported(hv: &dyn Hypervisor, fx: &Fixture, namespace: &str) {
+pub fn older_incarnation_is_reported(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let old = fresh_spec(hv, fx, namespace, "reborn-0");
     let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
     run_create_steps(hv, &old, &user_data(&old), steps).unwrap();
