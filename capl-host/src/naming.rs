@@ -32,8 +32,9 @@ pub const DNS_LABEL_MAX: usize = 63;
 pub const HASH_LEN: usize = 6;
 /// The locally administered prefix QEMU/KVM uses, also used by libvirt.
 pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
-/// The scheme of provider IDs.
-pub const PROVIDER_ID_SCHEME: &str = "libvirt://";
+/// The prefix of every provider ID the provider sets (`libvirt://<UID>`);
+/// the one definition of it.
+pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 
 /// The identity of one LibvirtMachine, and every name derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +93,7 @@ impl MachineNames {
 
 /// `libvirt://<uid>`.
 pub fn provider_id(uid: &str) -> String {
-    format!("{PROVIDER_ID_SCHEME}{uid}")
+    format!("{PROVIDER_ID_PREFIX}{uid}")
 }
 
 /// The first [`HASH_LEN`] hex digits of SHA-256 over `namespace/name`.

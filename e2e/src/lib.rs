@@ -18,3 +18,11 @@ pub mod scenarios;
 pub mod stack;
 pub mod suite;
 pub mod wait;
+
+/// The repository root.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the e2e crate lives in the repository")
+        .to_path_buf()
+}

@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use testenv::{CapiManager, TestEnv};
 
-use crate::stack::repo_root;
+use crate::repo_root;
 
 /// Which management cluster to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,7 +28,8 @@ pub const KIND_CLUSTER: &str = "capl-e2e";
 
 pub enum Management {
     // Field order matters for Local: CAPI stops before the API server.
-    Local { capi: CapiManager, env: TestEnv },
+    // Boxed: the manager is much larger than the Kind variant.
+    Local { capi: Box<CapiManager>, env: TestEnv },
     Kind { kubeconfig: PathBuf, client: Client },
 }
 
@@ -72,7 +73,7 @@ impl Management {
                 env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
                     .await
                     .context("installing the provider's CRDs from config/crd/bases")?;
-                Ok(Management::Local { capi, env })
+                Ok(Management::Local { capi: Box::new(capi), env })
             }
             ManagementKind::Kind => {
                 kind_prerequisites()?;

@@ -17,6 +17,7 @@ use crate::host_view::HostView;
 use crate::management::{Management, ManagementKind};
 use crate::objects::{self, Kind, Placement};
 use crate::provider_process::ProviderProcess;
+use crate::repo_root;
 use crate::wait::{Check, until};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
@@ -90,11 +91,6 @@ impl StackConfig {
         };
         Ok(Self { backend, provider_binary, guest_image, management: ManagementKind::Local })
     }
-}
-
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the e2e crate lives in the repository").to_path_buf()
 }
 
 /// A binary of the workspace in the target directory this process runs

@@ -55,7 +55,7 @@ fn names_table_example_is_what_the_code_computes() {
     let example = capl_host::naming::domain_name("default", "libvirt-xd-0");
     assert!(domain[1].contains(&format!("`{example}`")), "README says {:?}, the code computes {example}", domain[1]);
     let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
-    assert!(provider_id[1].starts_with(&format!("`{}", capl::api::PROVIDER_ID_PREFIX)));
+    assert!(provider_id[1].starts_with(&format!("`{}", capl_host::naming::PROVIDER_ID_PREFIX)));
 }
 
 #[test]

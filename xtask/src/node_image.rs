@@ -190,7 +190,8 @@ pub fn build(force: bool) -> Result<PathBuf> {
         return Ok(image);
     }
     require_root_and_tools(&sh)?;
-    let work = dir.with_extension("partial");
+    // Not with_extension: the key has dots (v1.36.3-...).
+    let work = cache.join(format!("{key}.partial"));
     if work.exists() {
         fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     }

@@ -32,10 +32,8 @@ pub mod reasons {
     pub const PAUSED: &str = "Paused";
     pub const NOT_PAUSED: &str = "NotPaused";
     pub const DELETING: &str = "Deleting";
-    pub const DELETION_COMPLETED: &str = "DeletionCompleted";
     pub const INTERNAL_ERROR: &str = "InternalError";
     pub const PROVISIONED: &str = "Provisioned";
-    pub const NOT_PROVISIONED: &str = "NotProvisioned";
     pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY: &str = "WaitingForClusterInfrastructureReady";
     pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
 
@@ -51,13 +49,11 @@ pub mod reasons {
     pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
     pub const DOMAIN_PROVISIONING: &str = "DomainProvisioning";
     pub const DOMAIN_PROVISIONED: &str = "DomainProvisioned";
-    pub const DOMAIN_PROVISIONING_FAILED: &str = "DomainProvisioningFailed";
     pub const DOMAIN_CREATED: &str = "DomainCreated";
     pub const DOMAIN_NOT_CREATED: &str = "DomainNotCreated";
     pub const DOMAIN_RUNNING: &str = "DomainRunning";
     pub const DOMAIN_NOT_RUNNING: &str = "DomainNotRunning";
     pub const DOMAIN_NAME_COLLISION: &str = "DomainNameCollision";
-    pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
     pub const INVALID_BOOTSTRAP_DATA: &str = "InvalidBootstrapData";
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
     /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).

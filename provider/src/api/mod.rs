@@ -34,9 +34,6 @@ pub const CLUSTER_FINALIZER: &str = "libvirtcluster.infrastructure.cluster.x-k8s
 /// Finalizer on LibvirtMachine objects.
 pub const MACHINE_FINALIZER: &str = "libvirtmachine.infrastructure.cluster.x-k8s.io";
 
-/// Prefix of every provider ID this provider sets.
-pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
-
 /// Every CRD this crate defines, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;

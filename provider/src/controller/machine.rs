@@ -332,7 +332,7 @@ async fn report_status(
 
     // providerID first: CAPI reads it once provisioned is true.
     if plan.provisioned && object.spec.provider_id.is_none() {
-        let provider_id = format!("{}{}", crate::api::PROVIDER_ID_PREFIX, object.uid().unwrap_or_default());
+        let provider_id = capl_host::naming::provider_id(&object.uid().unwrap_or_default());
         object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
     }
     if Some(&status) != object.status.as_ref() {

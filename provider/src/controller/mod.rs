@@ -46,7 +46,7 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// kvm, qemu, or auto (kvm when the host offers it).
     pub domain_type: DomainTypePreference,
-    /// When set, each domain's serial console is also logged to `<dir>/<domain>.log` on the host.
+    /// When set, each domain's serial console is also logged to `<dir>/<domain>-console.log` on the host.
     pub console_log_dir: Option<String>,
     /// Reconciles running at once, per controller.
     pub concurrency: u16,
