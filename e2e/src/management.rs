@@ -26,10 +26,11 @@ pub enum ManagementKind {
 /// Name of the kind cluster an e2e run creates (and deletes).
 pub const KIND_CLUSTER: &str = "capl-e2e";
 
+// One value per e2e run: the size of the Local variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Management {
     // Field order matters for Local: CAPI stops before the API server.
-    // Boxed: the manager is much larger than the Kind variant.
-    Local { capi: Box<CapiManager>, env: TestEnv },
+    Local { capi: CapiManager, env: TestEnv },
     Kind { kubeconfig: PathBuf, client: Client },
 }
 
@@ -73,7 +74,7 @@ impl Management {
                 env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
                     .await
                     .context("installing the provider's CRDs from config/crd/bases")?;
-                Ok(Management::Local { capi: Box::new(capi), env })
+                Ok(Management::Local { capi, env })
             }
             ManagementKind::Kind => {
                 kind_prerequisites()?;

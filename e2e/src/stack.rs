@@ -21,16 +21,14 @@ use crate::repo_root;
 use crate::wait::{Check, until};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
-pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
+pub use testenv::test_host::URI_ENV;
 pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
 pub const PROVIDER_BIN_ENV: &str = "CAPL_PROVIDER_BIN";
 
 /// The names `cargo xtask host up` gives the private host's network and pools.
-pub const TEST_NETWORK: &str = "capl-test-net";
-pub const TEST_BASE_POOL: &str = "capl-test-base";
-pub const TEST_DISK_POOL: &str = "capl-test-disks";
-/// Outside the test network's DHCP range (.2-.99): never handed to a guest.
-const TEST_ENDPOINT: &str = "10.251.0.250";
+pub use testenv::test_host::{BASE_POOL as TEST_BASE_POOL, DISK_POOL as TEST_DISK_POOL, NETWORK as TEST_NETWORK};
+/// The endpoint's host number, outside the test network's DHCP range: never handed to a guest.
+const TEST_ENDPOINT_HOST: u8 = 250;
 
 /// Every namespace (and so every domain, volume and DHCP host, which start
 /// with the namespace) an e2e run creates starts with this.
@@ -67,12 +65,7 @@ impl StackConfig {
         let backend = if sim {
             Backend::Sim
         } else {
-            let uri = std::env::var(URI_ENV).map_err(|_| {
-                anyhow::anyhow!(
-                    "{URI_ENV} is not set: the e2e tests need the private libvirtd; start it with \
-                     `cargo xtask host up` (as root) and export the URI it prints, or run `cargo xtask e2e`"
-                )
-            })?;
+            let uri = testenv::test_host::uri().map_err(|message| anyhow::anyhow!("the e2e tests: {message}"))?;
             Backend::Libvirt { uri }
         };
         let guest_image = match (&backend, std::env::var_os(GUEST_IMAGE_ENV)) {
@@ -151,7 +144,7 @@ impl Stack {
                     base_pool: TEST_BASE_POOL.into(),
                     domain_pool: TEST_DISK_POOL.into(),
                     image: volume,
-                    endpoint_host: TEST_ENDPOINT.into(),
+                    endpoint_host: testenv::test_host::static_address(TEST_ENDPOINT_HOST),
                 };
                 (placement, Some(host), Some(console_dir))
             }

@@ -44,6 +44,7 @@
 //! (`PR_SET_PDEATHSIG`) and the next start removes the left-over directory.
 
 pub mod control_plane_versions;
+pub mod test_host;
 
 mod assets;
 mod capi_manager;

@@ -41,21 +41,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-/// Runtime files: sockets, pid files, the URI file.
-pub const RUN_DIR: &str = "/run/capl-libvirt";
+#[path = "../../testenv/src/test_host.rs"]
+#[allow(dead_code)] // the tests' half of the contract (uri(), static_address()) is not used here
+mod test_host;
+pub use test_host::{
+    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, NETWORK, RUN_DIR, SUBNET_PREFIX, URI_ENV, URI_FILE,
+};
+
 /// Persistent files of the private daemon: its config, its state, the pools.
 pub const STATE_DIR: &str = "/var/lib/capl-libvirt";
-/// The file `up` writes the URI to (read by `cargo xtask test`).
-pub const URI_FILE: &str = "/run/capl-libvirt/uri";
-/// The environment variable tests read the URI from.
-pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
-
-pub const NETWORK: &str = "capl-test-net";
-pub const BRIDGE: &str = "capltest0";
-/// The network is `<SUBNET_PREFIX>.0/24`, gateway `.1`, DHCP range `.2`-`.99`.
-pub const SUBNET_PREFIX: &str = "10.251.0";
-pub const BASE_POOL: &str = "capl-test-base";
-pub const DISK_POOL: &str = "capl-test-disks";
 
 /// A domain define slower than this means the daemon re-probes QEMU on every
 /// call (the trap above): `up` fails instead of handing out a crawling host.
@@ -403,7 +397,7 @@ fn network_xml() -> String {
         "<network>\n  <name>{NETWORK}</name>\n  <forward mode='nat'/>\n  \
          <bridge name='{BRIDGE}' stp='on' delay='0'/>\n  \
          <ip address='{p}.1' netmask='255.255.255.0'>\n    <dhcp>\n      \
-         <range start='{p}.2' end='{p}.99'/>\n    </dhcp>\n  </ip>\n</network>\n"
+         <range start='{p}.{DHCP_FIRST}' end='{p}.{DHCP_LAST}'/>\n    </dhcp>\n  </ip>\n</network>\n"
     )
 }
 

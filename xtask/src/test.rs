@@ -6,10 +6,11 @@
 //! 2. the local control plane (kube-apiserver, etcd, kubectl, CAPI core),
 //!    built from Go modules into a cache outside the repository, or reused;
 //! 3. a private libvirtd with its own network and pools;
-//! 4. `cargo test` over the whole workspace, with that libvirtd's URI in
-//!    `CAPL_TEST_LIBVIRT_URI`, and then the libvirt conformance suite on its
-//!    own with its output shown (it prints how many scenarios ran on each
-//!    backend: libvirt-sim, `test:///default` and the real libvirtd);
+//! 4. `cargo test` over the whole workspace, once, with that libvirtd's URI in
+//!    `CAPL_TEST_LIBVIRT_URI` (the provider's integration tests are three
+//!    binaries by what they need: `offline`, `api_server`, `libvirtd`); then
+//!    the summaries the suites wrote (how many conformance scenarios ran on
+//!    each backend: libvirt-sim, `test:///default` and the real libvirtd);
 //! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
 //!    table (skipped only when a test name filter was given);
 //! 6. the private libvirtd is stopped again (unless `--keep-host`).
@@ -41,25 +42,43 @@ pub fn run(args: Args) -> Result<()> {
     sh.change_dir(repo_root());
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
     let extra = &args.cargo_test_args;
+    let reports = target_dir().join("tmp/reports");
+    let _ = std::fs::remove_dir_all(&reports);
     let workspace = step("cargo test", || {
-        cmd!(sh, "cargo test --workspace --exclude e2e --locked --no-fail-fast -- --skip conformance {extra...}")
+        cmd!(sh, "cargo test --workspace --exclude e2e --locked --no-fail-fast -- {extra...}")
             .run()
             .map_err(anyhow::Error::from)
     });
-    let conformance = step("conformance suite", || {
-        cmd!(sh, "cargo test --locked -p cluster-api-provider-libvirt --test conformance -- --nocapture")
-            .run()
-            .map_err(anyhow::Error::from)
-    });
+    print_reports(&reports);
     let e2e_units = step("e2e crate unit tests", || {
         cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
     });
     let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
-    let result = workspace.and(conformance).and(e2e_units).and(e2e);
+    let result = workspace.and(e2e_units).and(e2e);
 
     if !args.keep_host {
         step("stop private libvirtd", libvirt_host::down)?;
     }
     eprintln!("xtask test: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
+}
+
+/// Cargo's target directory (where the tests write their reports).
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), std::path::PathBuf::from)
+}
+
+/// Prints the summaries the test suites wrote (conformance per backend).
+fn print_reports(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        eprintln!("xtask test: no test summaries in {} (did the libvirtd tests run?)", dir.display());
+        return;
+    };
+    let mut files: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for file in files {
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            eprint!("{text}");
+        }
+    }
 }

@@ -38,7 +38,7 @@
 //! # Libvirt calls
 //!
 //! Counted on the simulator and pinned by `libvirt_call_counts` in
-//! provider/tests/host_machine_sim.rs: [`Hypervisor`] calls this module makes, and the
+//! provider/tests/libvirtd/host_sim.rs: [`Hypervisor`] calls this module makes, and the
 //! operations libvirt-sim counts for them (its adapter looks the network up
 //! before a DHCP update). On a real host each by-name trait call is two RPCs,
 //! the lookup and the call itself; none opens a connection.

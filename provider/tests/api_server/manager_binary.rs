@@ -8,9 +8,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/clusterctl_template.rs"]
-#[allow(dead_code)]
-mod clusterctl_template;
+use crate::clusterctl_template;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -2,7 +2,6 @@
 //! CAPI's and our CRDs, one namespace per test, one simulated libvirt host per
 //! test (registered under a unique URI), and the real controllers running
 //! in-process against both, scoped to the test's namespace.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -318,7 +317,6 @@ pub fn call_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>)
 pub struct Manager {
     task: tokio::task::JoinHandle<()>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pub ctx: Arc<Context>,
     pub connections: Arc<Connections>,
     pub metrics: Metrics,
 }
@@ -337,7 +335,7 @@ impl Manager {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = stopped.map(|_| ()).shared();
         let task = tokio::spawn(controller::run(ctx.clone(), shutdown));
-        Self { task, stop: Some(stop), ctx, connections, metrics }
+        Self { task, stop: Some(stop), connections, metrics }
     }
 
     /// Reconciles run so far by `controller` ("libvirtcluster" or "libvirtmachine").
@@ -527,8 +525,4 @@ pub fn machine_ready(lm: &LibvirtMachine) -> bool {
         && lm.spec.provider_id.is_some()
         && lm.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true)
         && has(c, "Ready", "True", None)
-}
-
-pub fn name_of(object: &impl ResourceExt) -> String {
-    object.name_any()
 }

@@ -1,13 +1,11 @@
 //! The LibvirtMachine flow on the real kube-apiserver with a simulated libvirt
 //! host: create, run, address, delete; and what a steady-state reconcile costs.
 
-mod reconcile_support;
-
+use crate::support::*;
 use capl::api::LibvirtMachine;
 use capl::api::capi::Machine;
 use capl_host::hypervisor::{DomainState, HostAdmin, Hypervisor};
 use kube::ResourceExt;
-use reconcile_support::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,13 +2,11 @@
 //! connection cache, fresh caches) takes over: the machine converges with
 //! exactly one domain, one overlay, one seed ISO and one DHCP host.
 
-mod reconcile_support;
-
+use crate::support::*;
 use capl::api::LibvirtMachine;
 use capl_host::MachineNames;
 use capl_host::hypervisor::{DomainState, Hypervisor};
 use libvirt_sim::{Error, ErrorCode, Op};
-use reconcile_support::*;
 
 /// The call that the step after step `k` makes first: failing it leaves the
 /// host exactly as a manager that died right after step `k` would.

@@ -2,18 +2,16 @@
 //! against the real kube-apiserver: flags, leader election, probes, metrics,
 //! a machine provisioned end to end, and a graceful stop on SIGTERM.
 
-mod reconcile_support;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use reconcile_support::*;
 use serde_json::json;
 
 fn free_port() -> u16 {

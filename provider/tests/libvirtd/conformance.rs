@@ -3,17 +3,15 @@
 //!
 //! 1. `libvirt-sim` through `capl_host::hypervisor::sim::SimHypervisor`;
 //! 2. libvirt's in-process `test:///default` driver through `LibvirtHypervisor`;
-//! 3. a real libvirtd, URI in `CAPL_TEST_LIBVIRT_URI`, through `LibvirtHypervisor`
-//!    (`cargo xtask host up` starts one and prints the URI). Without the variable
-//!    that test fails, it does not skip.
+//! 3. a real libvirtd, the private test host (`cargo xtask host up`; its URI from
+//!    `testenv::test_host::uri`), through `LibvirtHypervisor`. Without it that
+//!    test fails, it does not skip.
 //!
 //! Each backend is one test that runs every scenario, prints how many ran, passed and
 //! were marked as not modeled (with the reason), and fails listing every failure.
-//! Run: `cargo test -p cluster-api-provider-libvirt --test conformance -- --nocapture`.
+//! Run: `cargo test -p cluster-api-provider-libvirt --test libvirtd conformance -- --nocapture`.
 
-#[path = "conformance/fixtures.rs"]
 mod fixtures;
-#[path = "conformance/scenarios.rs"]
 mod scenarios;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -24,8 +22,6 @@ use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 use fixtures::{Backend, Ctx, SeenError, take_seen_errors};
 use rstest::rstest;
-
-const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
 
 fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
     match backend {
@@ -44,16 +40,10 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
             (Box::new(hv), None)
         }
         Backend::RealLibvirtd => {
-            let uri = std::env::var(URI_ENV).unwrap_or_else(|_| {
-                panic!(
-                    "{URI_ENV} is not set: the real-libvirtd conformance run needs a private libvirtd. \
-                     Start one with `cargo xtask host up` and export the URI it prints, e.g. \
-                     `{URI_ENV}=<uri> cargo test -p cluster-api-provider-libvirt --test conformance` \
-                     (see libvirt-sim/README.md)"
-                )
-            });
+            let uri = testenv::test_host::uri()
+                .unwrap_or_else(|message| panic!("the real-libvirtd conformance run: {message}"));
             let hv = LibvirtHypervisor::connect(&uri)
-                .unwrap_or_else(|e| panic!("connect to {uri} ({URI_ENV}): {e}; is `cargo xtask host up` running?"));
+                .unwrap_or_else(|e| panic!("connect to {uri}: {e}; is `{}` running?", testenv::test_host::UP_COMMAND));
             (Box::new(hv), None)
         }
     }
@@ -173,7 +163,10 @@ fn conformance(#[case] backend: Backend) {
             }
         }
     }
-    eprintln!(
+    use std::fmt::Write as _;
+    let mut summary = String::new();
+    let _ = writeln!(
+        summary,
         "conformance on {}: {ran} scenarios ran, {} passed, {} failed, {} marked as not modeled by this backend",
         backend.label(),
         ran - failures.len(),
@@ -181,17 +174,19 @@ fn conformance(#[case] backend: Backend) {
         marked.len()
     );
     for m in &marked {
-        eprintln!("  not modeled by {}: {m}", backend.label());
+        let _ = writeln!(summary, "  not modeled by {}: {m}", backend.label());
     }
     if twin.is_some() {
-        eprintln!(
+        let _ = writeln!(
+            summary,
             "  libvirt-sim twin: {compared} expected errors compared, {} differ from the real libvirtd's",
             message_diffs.len()
         );
         for d in &message_diffs {
-            eprintln!("  {d}");
+            let _ = writeln!(summary, "  {d}");
         }
     }
+    crate::report(&format!("conformance-{}", backend.label().replace(['/', ':', ' '], "_")), &summary);
     assert!(
         failures.is_empty(),
         "{} of {ran} scenarios failed on {}:\n{}",

@@ -1,11 +1,9 @@
 //! The LibvirtCluster flow on the real kube-apiserver with a simulated libvirt host.
 
-mod reconcile_support;
-
+use crate::support::*;
 use capl::api::capi::Cluster;
 use capl::api::{CLUSTER_FINALIZER, LibvirtCluster};
 use kube::ResourceExt;
-use reconcile_support::*;
 use serde_json::json;
 
 /// Cluster + LibvirtCluster (owned by it); `edit` changes the LibvirtCluster before it is written.

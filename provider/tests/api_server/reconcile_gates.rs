@@ -3,16 +3,14 @@
 //! also exercises a watch: the Cluster, Machine and Secret watches map their
 //! changes to the LibvirtMachine.
 
-mod reconcile_support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine, MACHINE_FINALIZER};
 use capl_host::hypervisor::{DomainState, Hypervisor};
 use kube::ResourceExt;
-use reconcile_support::*;
 use serde_json::json;
 
 /// Nothing of machine `name` on the host, and no libvirt call that creates anything was made.

@@ -1,7 +1,6 @@
 //! Scenarios for the host layer, generic over the backend: the same functions
-//! run against the simulator (tests/host_machine_sim.rs) and a real libvirtd
-//! (tests/host_machine_libvirtd.rs).
-#![allow(dead_code)]
+//! run against the simulator and a real libvirtd, as one table
+//! (host_scenarios.rs).
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;

@@ -7,9 +7,7 @@ use std::collections::BTreeSet;
 use capl::api::{LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine, LibvirtMachineTemplate};
 use serde_json::Value;
 
-#[path = "support/clusterctl_template.rs"]
-mod clusterctl_template;
-use clusterctl_template::{parse_documents, repo_root, substitute, template_files};
+use crate::clusterctl_template::{parse_documents, repo_root, substitute, template_files};
 
 /// Kinds that CAPI core and its kubeadm providers install.
 const CAPI_KINDS: &[&str] = &[

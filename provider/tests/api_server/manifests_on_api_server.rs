@@ -4,10 +4,7 @@
 //! installed: server-side apply, dry run, strict field validation. This
 //! catches a misspelt or misplaced v1beta2 field, which parsing alone cannot.
 
-#[path = "support/clusterctl_template.rs"]
-mod clusterctl_template;
-
-use clusterctl_template::{parse_documents, repo_root, substitute, template_files};
+use crate::clusterctl_template::{parse_documents, repo_root, substitute, template_files};
 use kube::Api;
 use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Scope, pinned_kind};

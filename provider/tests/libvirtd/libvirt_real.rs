@@ -2,9 +2,9 @@
 //! host up` (network `capl-test-net` 10.251.0.0/24, dir pools
 //! `capl-test-base` and `capl-test-disks`, QEMU with TCG).
 //!
-//! Needs `CAPL_TEST_LIBVIRT_URI`; every test fails, naming the command, when
-//! it is unset. A short check of the trait on the real thing; the full
-//! backend comparison is the conformance suite (tests/conformance.rs).
+//! Every test fails, naming the command, when that daemon is not running. A
+//! short check of the trait on the real thing; the full backend comparison is
+//! the conformance suite (conformance.rs).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,24 +13,12 @@ use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnecto
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 
-const NETWORK: &str = "capl-test-net";
-const BASE_POOL: &str = "capl-test-base";
-const DISK_POOL: &str = "capl-test-disks";
-
-fn uri() -> String {
-    std::env::var("CAPL_TEST_LIBVIRT_URI").unwrap_or_else(|_| {
-        panic!(
-            "CAPL_TEST_LIBVIRT_URI is not set: these tests need a real libvirtd. Start the private one \
-             with `sudo cargo xtask host up` and export the URI it prints."
-        )
-    })
-}
+use testenv::test_host::{BASE_POOL, DISK_POOL, NETWORK, UP_COMMAND, uri_or_panic as uri};
 
 fn hv() -> LibvirtHypervisor {
     let uri = uri();
-    LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
-        panic!("cannot connect to {uri}: {e}. Is the private libvirtd running? (`sudo cargo xtask host up`)")
-    })
+    LibvirtHypervisor::connect(&uri)
+        .unwrap_or_else(|e| panic!("cannot connect to {uri}: {e}. Is the private libvirtd running? (`{UP_COMMAND}`)"))
 }
 
 /// Runs `f` and prints how long it took (for the record; nothing asserts on it).

@@ -1,12 +1,11 @@
-//! The host scenarios on libvirt-sim, plus the libvirt call counts of a
-//! create, a steady-state check and a delete.
+//! Host tests only the simulator can do: the libvirt call counts of a create,
+//! a steady-state check and a delete, immediate leases, and connection faults.
+//! (The host scenarios both backends run are in `host_scenarios.rs`.)
 
-mod host_support;
-
+use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec, user_data};
 use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 use capl_host::{CreateStep, MachineAddress, create_machine, delete_machine, run_create_steps, start_machine};
-use host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec, user_data};
 use libvirt_sim::Host;
 
 const NETWORK_XML: &str = "<network><name>capl-test-net</name><forward mode='nat'/><bridge name='virbr-sim'/>\
@@ -17,7 +16,7 @@ const DISK_POOL_XML: &str =
     "<pool type='dir'><name>capl-test-disks</name><target><path>/sim/disks</path></target></pool>";
 
 /// A fresh simulated host for one test, with the fixture's network, pools and base image.
-fn sim(test: &str) -> (Host, SimHypervisor, Fixture) {
+pub fn sim(test: &str) -> (Host, SimHypervisor, Fixture) {
     let uri = format!("sim:///host-{test}");
     let host = Host::builder(&uri)
         .network(NETWORK_XML, true)
@@ -37,66 +36,6 @@ fn sim(test: &str) -> (Host, SimHypervisor, Fixture) {
     (host, hv, fx)
 }
 
-#[test]
-fn full_cycle() {
-    let (_host, hv, fx) = sim("full");
-    host_support::full_cycle(&hv, &fx, "sim-full");
-}
-
-#[test]
-fn stopped_machine_is_started() {
-    let (_host, hv, fx) = sim("stopped");
-    host_support::stopped_machine_is_started(&hv, &fx, "sim-stopped");
-}
-
-#[test]
-fn crash_after_every_step() {
-    let (_host, hv, fx) = sim("crash");
-    host_support::crash_after_every_step(&hv, &fx, "sim-crash");
-}
-
-#[test]
-fn delete_after_partial_create() {
-    let (_host, hv, fx) = sim("partial");
-    host_support::delete_after_partial_create(&hv, &fx, "sim-partial");
-}
-
-#[test]
-fn twenty_concurrent_machines() {
-    let (_host, hv, fx) = sim("parallel");
-    host_support::twenty_concurrent_machines(&hv, &fx, "sim-par");
-}
-
-#[test]
-fn foreign_domain_is_left_alone() {
-    let (_host, hv, fx) = sim("foreign");
-    host_support::foreign_domain_is_left_alone(&hv, &fx, "sim-foreign");
-}
-
-#[test]
-fn foreign_volume_is_left_alone() {
-    let (_host, hv, fx) = sim("foreign-vol");
-    host_support::foreign_volume_is_left_alone(&hv, &fx, "sim-foreign-vol");
-}
-
-#[test]
-fn bad_disk_and_missing_image() {
-    let (_host, hv, fx) = sim("bad-disk");
-    host_support::bad_disk_and_missing_image(&hv, &fx, "sim-bad");
-}
-
-#[test]
-fn endpoint_address_is_avoided() {
-    let (_host, hv, fx) = sim("endpoint");
-    host_support::endpoint_address_is_avoided(&hv, &fx, "sim-ep");
-}
-
-#[test]
-fn infra_missing_vs_inactive() {
-    let (_host, hv, fx) = sim("infra");
-    host_support::infra_missing_vs_inactive(&hv, &fx, "sim-infra");
-}
-
 /// The simulator hands out leases at once, so the steady state reports the reserved address.
 #[test]
 fn running_machine_reports_its_leased_address() {
@@ -104,7 +43,7 @@ fn running_machine_reports_its_leased_address() {
     let spec = spec(&fx, "sim-addr", "addr-0");
     create_machine(&hv, &spec, &user_data(&spec)).unwrap();
     let reserved =
-        host_support::dhcp_hosts(&hv, &fx).into_iter().find(|(mac, _, _)| *mac == spec.names().mac()).unwrap().2;
+        crate::host_support::dhcp_hosts(&hv, &fx).into_iter().find(|(mac, _, _)| *mac == spec.names().mac()).unwrap().2;
     let report = start_machine(&hv, &spec).unwrap().expect("the machine exists");
     assert_eq!(
         report.addresses,
@@ -152,33 +91,9 @@ fn create_steps_cover_the_readme_flow() {
     let (_host, hv, fx) = sim("steps");
     let spec = spec(&fx, "sim-steps", "steps-0");
     run_create_steps(&hv, &spec, &user_data(&spec), &CreateStep::ALL).unwrap();
-    host_support::assert_created_once(&hv, &fx, &spec);
+    crate::host_support::assert_created_once(&hv, &fx, &spec);
     delete_machine(&hv, &spec).unwrap();
     let _: &dyn Hypervisor = &hv;
-}
-
-#[test]
-fn start_never_creates() {
-    let (_host, hv, fx) = sim("start");
-    host_support::start_never_creates(&hv, &fx, "sim-start");
-}
-
-#[test]
-fn console_log_file() {
-    let (_host, hv, fx) = sim("log");
-    host_support::console_log_file(&hv, &fx, "sim-log", "/var/log/capl");
-}
-
-#[test]
-fn foreign_dhcp_entry_is_left_alone() {
-    let (_host, hv, fx) = sim("fdhcp");
-    host_support::foreign_dhcp_entry_is_left_alone(&hv, &fx, "sim-fdhcp");
-}
-
-#[test]
-fn older_incarnation_is_reported() {
-    let (_host, hv, fx) = sim("reborn");
-    host_support::older_incarnation_is_reported(&hv, &fx, "sim-reborn");
 }
 
 /// A host operation that fails because the connection is gone returns its

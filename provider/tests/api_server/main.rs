@@ -1,0 +1,18 @@
+//! Tests that need the local control plane: a real kube-apiserver and etcd,
+//! and for most also CAPI core (binaries built by `cargo xtask control-plane
+//! build`, started per test process by the `testenv` crate). The libvirt host
+//! is the simulator, embedded in the test or in the manager binary
+//! (`--hypervisor sim`). Without the control plane every test fails naming
+//! that command.
+
+#[path = "../support/clusterctl_template.rs"]
+mod clusterctl_template;
+mod support;
+
+mod manager_binary;
+mod manifests_on_api_server;
+mod reconcile_cluster;
+mod reconcile_gates;
+mod reconcile_machine;
+mod reconcile_manager_binary;
+mod reconcile_restart;

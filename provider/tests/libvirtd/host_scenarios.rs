@@ -1,0 +1,236 @@
+//! The host scenarios of `host_support.rs` as one table, run on two backends,
+//! as the conformance suite does:
+//!
+//! - libvirt-sim, a fresh simulated host per scenario;
+//! - the private test libvirtd (`cargo xtask host up`; the contract is in
+//!   `testenv::test_host`), with its network and pools. Domains are
+//!   `type='qemu'` (TCG): KVM does not work on the test machines. The base
+//!   image `capl-host-tests-base.qcow2` (64 MiB, empty: the guests need not
+//!   boot) is created in the base pool on first use and kept.
+//!
+//! Each backend is one test. Its scenarios run on a few threads at once (each
+//! in a namespace of its own), and the test fails listing every scenario that
+//! failed, with its message.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use capl_host::hypervisor::HostAdmin;
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::{InfraSpec, check_infrastructure};
+use rstest::rstest;
+use testenv::test_host;
+
+use crate::host_sim::sim;
+use crate::host_support::{self, Fixture, IMAGE_BYTES, ensure_base_image};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sim,
+    RealLibvirtd,
+}
+
+impl Backend {
+    /// The namespace prefix of this backend's machines.
+    fn tag(self) -> &'static str {
+        match self {
+            Backend::Sim => "sim",
+            Backend::RealLibvirtd => "real",
+        }
+    }
+}
+
+/// What one scenario gets.
+struct Ctx<'a> {
+    hv: &'a dyn HostAdmin,
+    fx: &'a Fixture,
+    /// `<backend>-<scenario tag>`: every name the scenario makes starts with it.
+    namespace: String,
+    /// A directory of this scenario's own under the system temp dir (which the
+    /// private daemon sees as it is), removed afterwards.
+    scratch: PathBuf,
+}
+
+struct Scenario {
+    name: &'static str,
+    /// Short: it becomes part of domain and volume names.
+    tag: &'static str,
+    run: fn(&Ctx),
+    /// The backend this scenario needs, when only one models it.
+    only_on: Option<Backend>,
+}
+
+const fn both(name: &'static str, tag: &'static str, run: fn(&Ctx)) -> Scenario {
+    Scenario { name, tag, run, only_on: None }
+}
+
+const SCENARIOS: &[Scenario] = &[
+    both("full_cycle", "full", |c| host_support::full_cycle(c.hv, c.fx, &c.namespace)),
+    both("stopped_machine_is_started", "stopped", |c| {
+        host_support::stopped_machine_is_started(c.hv, c.fx, &c.namespace)
+    }),
+    both("start_never_creates", "start", |c| host_support::start_never_creates(c.hv, c.fx, &c.namespace)),
+    both("crash_after_every_step", "crash", |c| host_support::crash_after_every_step(c.hv, c.fx, &c.namespace)),
+    both("delete_after_partial_create", "partial", |c| {
+        host_support::delete_after_partial_create(c.hv, c.fx, &c.namespace)
+    }),
+    both("twenty_concurrent_machines", "par", |c| host_support::twenty_concurrent_machines(c.hv, c.fx, &c.namespace)),
+    both("foreign_domain_is_left_alone", "foreign", |c| {
+        host_support::foreign_domain_is_left_alone(c.hv, c.fx, &c.namespace)
+    }),
+    both("foreign_volume_is_left_alone", "foreign-vol", |c| {
+        host_support::foreign_volume_is_left_alone(c.hv, c.fx, &c.namespace)
+    }),
+    both("bad_disk_and_missing_image", "bad", |c| host_support::bad_disk_and_missing_image(c.hv, c.fx, &c.namespace)),
+    both("endpoint_address_is_avoided", "ep", |c| host_support::endpoint_address_is_avoided(c.hv, c.fx, &c.namespace)),
+    both("infra_missing_vs_inactive", "infra", |c| host_support::infra_missing_vs_inactive(c.hv, c.fx, &c.namespace)),
+    both("foreign_dhcp_entry_is_left_alone", "fdhcp", |c| {
+        host_support::foreign_dhcp_entry_is_left_alone(c.hv, c.fx, &c.namespace)
+    }),
+    both("older_incarnation_is_reported", "reborn", |c| {
+        host_support::older_incarnation_is_reported(c.hv, c.fx, &c.namespace)
+    }),
+    both("console_log_file", "log", console_log_file),
+    Scenario {
+        name: "console_log_dir_missing_is_named",
+        tag: "nolog",
+        run: |c| {
+            let missing = c.scratch.join("not-created");
+            host_support::console_log_dir_missing(c.hv, c.fx, &c.namespace, missing.to_str().unwrap())
+        },
+        // The simulator does not model the host's file system.
+        only_on: Some(Backend::RealLibvirtd),
+    },
+];
+
+/// The console log goes to `<dir>/<domain>-console.log`; on a real host virtlogd writes the file.
+fn console_log_file(c: &Ctx) {
+    let dir = c.scratch.to_str().unwrap();
+    host_support::console_log_file(c.hv, c.fx, &c.namespace, dir);
+    if c.hv.uri().starts_with("sim:") {
+        return;
+    }
+    let logs: Vec<_> = std::fs::read_dir(&c.scratch).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        logs.iter().any(|name| name.to_string_lossy().ends_with("-console.log")),
+        "virtlogd wrote no console log into {dir}: {logs:?}"
+    );
+}
+
+/// The host for one scenario: a fresh simulated host, or a connection to the test libvirtd.
+fn open(backend: Backend, tag: &str) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>, Fixture) {
+    match backend {
+        Backend::Sim => {
+            let (host, hv, fx) = sim(&format!("scenario-{tag}"));
+            (Box::new(hv), Some(host), fx)
+        }
+        Backend::RealLibvirtd => {
+            let uri = test_host::uri_or_panic();
+            let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
+                panic!("cannot connect to the test libvirtd at {uri}: {e}: is `{}` running?", test_host::UP_COMMAND)
+            });
+            let fx = Fixture {
+                network: test_host::NETWORK.into(),
+                base_pool: test_host::BASE_POOL.into(),
+                domain_pool: test_host::DISK_POOL.into(),
+                image: "capl-host-tests-base.qcow2".into(),
+                image_bytes: IMAGE_BYTES,
+            };
+            let infra = InfraSpec {
+                network: fx.network.clone(),
+                base_pool: fx.base_pool.clone(),
+                domain_pool: fx.domain_pool.clone(),
+            };
+            if let Err(e) = check_infrastructure(&hv, &infra) {
+                panic!("the test libvirtd at {uri} is not set up ({e}): run `{}`", test_host::UP_COMMAND);
+            }
+            ensure_base_image(&hv, &fx);
+            (Box::new(hv), None, fx)
+        }
+    }
+}
+
+fn run_one(backend: Backend, scenario: &Scenario) -> Result<(), String> {
+    let scratch = std::env::temp_dir().join(format!("capl-{}-{}-{}", backend.tag(), scenario.tag, std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let (hv, _host, fx) = open(backend, scenario.tag);
+        let ctx = Ctx {
+            hv: hv.as_ref(),
+            fx: &fx,
+            namespace: format!("{}-{}", backend.tag(), scenario.tag),
+            scratch: scratch.clone(),
+        };
+        (scenario.run)(&ctx);
+    }));
+    let _ = std::fs::remove_dir_all(&scratch);
+    outcome.map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into())
+    })
+}
+
+#[rstest]
+#[case::sim(Backend::Sim)]
+#[case::real_libvirtd(Backend::RealLibvirtd)]
+fn host_scenarios(#[case] backend: Backend) {
+    if backend == Backend::RealLibvirtd {
+        // Fail once, clearly, rather than once per scenario.
+        open(backend, "probe");
+    }
+    let only = std::env::var("CAPL_HOST_SCENARIO_ONLY").ok();
+    let todo: Vec<&Scenario> = SCENARIOS
+        .iter()
+        .filter(|s| s.only_on.is_none_or(|b| b == backend))
+        .filter(|s| only.as_deref().is_none_or(|o| s.name.contains(o)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some(scenario) = todo.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    if let Err(message) = run_one(backend, scenario) {
+                        failures.lock().unwrap().push(format!("{}: {message}", scenario.name));
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    crate::report(
+        &format!("host-scenarios-{}", backend.tag()),
+        &format!("host scenarios on {}: {} ran, {} failed\n", backend.tag(), todo.len(), failures.len()),
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} host scenarios failed on {}:\n{}",
+        failures.len(),
+        todo.len(),
+        backend.tag(),
+        failures.join("\n")
+    );
+}
+
+/// Every scenario function of `host_support.rs` is in the table.
+#[test]
+fn the_table_lists_every_scenario() {
+    let source = include_str!("host_support.rs");
+    let missing: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub fn "))
+        // A scenario: takes the host, the fixture and a namespace, returns nothing.
+        .filter(|l| l.contains("hv: &dyn HostAdmin, fx: &Fixture, namespace: &str") && l.ends_with(") {"))
+        .map(|l| &l[..l.find('(').unwrap()])
+        .filter(|name| {
+            !SCENARIOS.iter().any(|s| s.name == *name || s.name.starts_with(name) || name.starts_with(s.name))
+        })
+        .collect();
+    assert!(missing.is_empty(), "host scenarios not in the table: {missing:?}");
+}

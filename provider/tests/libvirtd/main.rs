@@ -1,0 +1,28 @@
+//! Tests that need the private test libvirtd (`cargo xtask host up`; the
+//! contract, URI variable and network and pool names, is
+//! `testenv::test_host`). Without it the tests on the real daemon fail naming
+//! that command.
+//!
+//! - `conformance`: the `Hypervisor` trait on libvirt-sim, libvirt's
+//!   `test:///default` driver and the real libvirtd, scenario by scenario;
+//! - `host_scenarios`: the host operations (create, start, delete, faults,
+//!   foreign objects) on libvirt-sim and the real libvirtd, as one table;
+//! - `host_sim`: host tests only the simulator can do (call counts, faults);
+//! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon.
+
+mod conformance;
+mod host_scenarios;
+mod host_sim;
+mod host_support;
+mod libvirt_real;
+
+/// Writes a test's summary to `<target>/tmp/reports/<name>.txt` (which
+/// `cargo xtask test` prints after the run, since `cargo test` hides the
+/// output of passing tests) and to stderr.
+pub fn report(name: &str, text: &str) {
+    eprint!("{text}");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reports");
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(format!("{name}.txt")), text)) {
+        eprintln!("cannot write the {name} report into {}: {e}", dir.display());
+    }
+}
