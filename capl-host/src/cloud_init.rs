@@ -18,6 +18,22 @@
 //! | 25-    | `meta-data`, then `user-data`, sector-aligned  |
 //!
 //! All timestamps are a fixed date, so the same input gives the same bytes.
+//!
+//! # Why not a crate
+//!
+//! `hadris-iso` 2.5, the maintained ISO 9660 writer on crates.io, was tried
+//! in place of this writer (December 2026). It writes a cidata seed Linux
+//! reads, but it stamps the current time into every volume descriptor and
+//! directory record, with no option to fix it: the same seed gives different
+//! bytes (and a different blkid UUID) on every call. The provider relies on
+//! byte-identical seeds (a crashed create is recognised and finished by
+//! comparing the seed on the host with the one it would write; the host tests
+//! assert exactly one seed per machine, byte for byte). It also added about
+//! 20 crates and 27 s to a cold build, and its 2.x API is being replaced by
+//! 3.0, whose release candidate can fix the time. Revisit with hadris-iso
+//! 3.0 final: switch if it passes the same independent readers
+//! (`provider/tests/offline/host_cloud_init_iso.rs`: xorriso, blkid) and the
+//! guest boot of `cargo xtask e2e`.
 
 pub const VOLUME_LABEL: &str = "cidata";
 pub const SECTOR: usize = 2048;
