@@ -36,6 +36,8 @@ impl DomainTypePreference {
 pub struct OwnerMarker {
     pub namespace: String,
     pub name: String,
+    /// The machine's identity (element `uid`: the LibvirtMachine UID, or the
+    /// UUID of its `spec.providerID` once set; see [`crate::naming`]).
     pub uid: String,
     pub cluster: String,
 }

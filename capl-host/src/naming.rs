@@ -2,22 +2,36 @@
 //!
 //! | Item                   | Value                                                       |
 //! |------------------------|-------------------------------------------------------------|
+//! | Identity               | the UUID in `spec.providerID` once set, else the LibvirtMachine UID |
 //! | Domain name            | `<namespace>-<name>-<hash>`, a DNS label unique on the host |
 //! | Guest hostname         | the LibvirtMachine name                                     |
-//! | Domain UUID            | the LibvirtMachine UID                                      |
-//! | Provider ID            | `libvirt://<LibvirtMachine UID>`                            |
-//! | cloud-init instance-id | the domain UUID                                             |
+//! | Domain UUID            | the identity                                                |
+//! | Provider ID            | `libvirt://<identity>`                                      |
+//! | cloud-init instance-id | the identity                                                |
 //! | Volumes                | `<domain>.qcow2`, `cloudinit-<domain>.iso` in domainPool    |
 //! | MAC address            | `52:54:00` + 3 bytes derived from the domain name           |
 //!
-//! The hash is the first 6 hex digits of SHA-256 over `"<namespace>/<name>"`.
-//! It is taken from namespace and name rather than from the UID so that the
-//! domain name can be computed from what a user sees (`kubectl get`), and it
-//! separates pairs that print alike (`a-b`/`c` and `a`/`b-c` both read
-//! `a-b-c`) and names that truncation made equal. A LibvirtMachine deleted
-//! and created again under the same name gets the same domain name; its UID,
-//! kept in the domain's UUID and in our metadata, tells the incarnations apart
-//! (a leftover domain of an older UID is reported as a collision, never reused).
+//! # Identity
+//!
+//! Everything the provider makes on a host derives from one identity, a UUID.
+//! A new LibvirtMachine's identity is its UID; the provider writes it into
+//! `spec.providerID` (`libvirt://<UID>`) before it creates anything on the
+//! host, and from then on the identity is read back from `spec.providerID`.
+//! `clusterctl move` recreates objects with new UIDs but copies their spec, so
+//! a moved machine keeps its identity and the provider on the target finds its
+//! domain, disks, seed and DHCP entry as its own. A machine that had no
+//! providerID yet when it was moved has nothing on the host, so its new UID is
+//! as good as the old one.
+//!
+//! The hash is the first 6 hex digits of SHA-256 over
+//! `"<namespace>/<name>/<identity>"`. It separates pairs that print alike
+//! (`a-b`/`c` and `a`/`b-c` both read `a-b-c`) and names that truncation made
+//! equal, and it binds every name to the identity: a LibvirtMachine deleted
+//! (with host cleanup skipped) and created again under the same name, or the
+//! same namespace and name in another management cluster on the same host,
+//! gets another domain name, another MAC address and other volumes, so it
+//! can never adopt the old machine's disk or DHCP entry. The domain name is in
+//! the LibvirtMachine's `status.domainName`.
 //!
 //! Long names: the DNS label limit is 63 characters, so `<namespace>-<name>`
 //! is cut to 56 characters (63 minus `-` and 6 hash digits) and trailing
@@ -32,7 +46,7 @@ pub const DNS_LABEL_MAX: usize = 63;
 pub const HASH_LEN: usize = 6;
 /// The locally administered prefix QEMU/KVM uses, also used by libvirt.
 pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
-/// The prefix of every provider ID the provider sets (`libvirt://<UID>`);
+/// The prefix of every provider ID the provider sets (`libvirt://<identity>`);
 /// the one definition of it.
 pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 
@@ -41,17 +55,18 @@ pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 pub struct MachineNames {
     pub namespace: String,
     pub name: String,
-    pub uid: String,
+    /// The UUID in `spec.providerID` once set, else the LibvirtMachine UID (see the module docs).
+    pub identity: String,
     pub domain: String,
 }
 
 impl MachineNames {
-    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
         Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
-            uid: uid.to_string(),
-            domain: domain_name(namespace, name),
+            identity: identity.to_string(),
+            domain: domain_name(namespace, name, identity),
         }
     }
 
@@ -60,19 +75,19 @@ impl MachineNames {
         &self.name
     }
 
-    /// The domain UUID: the LibvirtMachine UID.
+    /// The domain UUID: the identity.
     pub fn domain_uuid(&self) -> &str {
-        &self.uid
+        &self.identity
     }
 
-    /// `libvirt://<UID>`.
+    /// `libvirt://<identity>`.
     pub fn provider_id(&self) -> String {
-        provider_id(&self.uid)
+        provider_id(&self.identity)
     }
 
-    /// cloud-init's instance-id: the domain UUID.
+    /// cloud-init's instance-id: the identity (the domain UUID).
     pub fn instance_id(&self) -> &str {
-        &self.uid
+        &self.identity
     }
 
     /// The root disk: `<domain>.qcow2`.
@@ -91,19 +106,38 @@ impl MachineNames {
     }
 }
 
-/// `libvirt://<uid>`.
-pub fn provider_id(uid: &str) -> String {
-    format!("{PROVIDER_ID_PREFIX}{uid}")
+/// `libvirt://<identity>`.
+pub fn provider_id(identity: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{identity}")
 }
 
-/// The first [`HASH_LEN`] hex digits of SHA-256 over `namespace/name`.
-pub fn name_hash(namespace: &str, name: &str) -> String {
-    let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+/// The identity a provider ID carries: the UUID after `libvirt://`. An error
+/// (naming the value and the form) for anything else: a provider ID this
+/// provider did not set.
+pub fn identity_from_provider_id(provider_id: &str) -> Result<String, String> {
+    match provider_id.strip_prefix(PROVIDER_ID_PREFIX) {
+        Some(uuid) if is_uuid(uuid) => Ok(uuid.to_ascii_lowercase()),
+        _ => Err(format!(
+            "spec.providerID {provider_id:?} is not of the form {PROVIDER_ID_PREFIX}<UUID> this provider sets; \
+             leave spec.providerID unset on a new LibvirtMachine (the provider sets it)"
+        )),
+    }
+}
+
+/// Whether `s` is a UUID in its 8-4-4-4-12 hex form.
+pub fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| if matches!(i, 8 | 13 | 18 | 23) { c == '-' } else { c.is_ascii_hexdigit() })
+}
+
+/// The first [`HASH_LEN`] hex digits of SHA-256 over `namespace/name/identity`.
+pub fn name_hash(namespace: &str, name: &str, identity: &str) -> String {
+    let digest = Sha256::digest(format!("{namespace}/{name}/{identity}").as_bytes());
     hex(&digest)[..HASH_LEN].to_string()
 }
 
 /// `<namespace>-<name>-<hash>`, shortened to fit a DNS label.
-pub fn domain_name(namespace: &str, name: &str) -> String {
+pub fn domain_name(namespace: &str, name: &str, identity: &str) -> String {
     let readable: String = format!("{namespace}-{name}")
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -114,7 +148,7 @@ pub fn domain_name(namespace: &str, name: &str) -> String {
     let room = DNS_LABEL_MAX - HASH_LEN - 1;
     let cut: String = readable.chars().take(room).collect();
     let prefix = cut.trim_matches('-');
-    let hash = name_hash(namespace, name);
+    let hash = name_hash(namespace, name, identity);
     if prefix.is_empty() { hash } else { format!("{prefix}-{hash}") }
 }
 

@@ -17,13 +17,13 @@ impl MachineRun<'_> {
         };
         let info = parse_domain(&xml).map_err(|e| self.unreadable(ObjectKind::Domain, domain, e))?;
         match &info.owner {
-            Some(owner) if owner.uid == self.spec.uid => Ok(Some(info)),
+            Some(owner) if owner.uid == self.spec.identity => Ok(Some(info)),
             Some(owner) => Err(self.collision(
                 ObjectKind::Domain,
                 domain,
                 format!(
-                    "its metadata names LibvirtMachine {}/{} with UID {}, not UID {}",
-                    owner.namespace, owner.name, owner.uid, self.spec.uid
+                    "its metadata names LibvirtMachine {}/{} with identity {}, not {}",
+                    owner.namespace, owner.name, owner.uid, self.spec.identity
                 ),
             )),
             None => Err(self.collision(
@@ -60,7 +60,7 @@ impl MachineRun<'_> {
         };
         let definition = DomainDefinition {
             name: self.names.domain.clone(),
-            uuid: self.spec.uid.clone(),
+            uuid: self.spec.identity.clone(),
             domain_type: choose_domain_type(self.spec.domain_type, kvm).to_string(),
             arch,
             vcpu: self.spec.vcpu,
@@ -86,7 +86,7 @@ impl MachineRun<'_> {
             Err(e) if e.is_domain_exists() => Err(self.collision(
                 ObjectKind::Domain,
                 &self.names.domain,
-                format!("libvirt refused to define it with UUID {}: {}", self.spec.uid, e.message),
+                format!("libvirt refused to define it with UUID {}: {}", self.spec.identity, e.message),
             )),
             Err(e) => Err(self
                 .console_log_error(&e)

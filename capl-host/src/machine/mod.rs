@@ -75,7 +75,10 @@ pub use seed::MAX_SEED_BYTES;
 pub struct MachineSpec {
     pub namespace: String,
     pub name: String,
-    pub uid: String,
+    /// The machine's identity: the UUID in `spec.providerID` once set, else the
+    /// LibvirtMachine UID (see [`crate::naming`]). Domain UUID, instance-id and
+    /// every name on the host derive from it.
+    pub identity: String,
     pub cluster_name: String,
     pub vcpu: u32,
     pub memory_mib: u64,
@@ -96,14 +99,14 @@ pub struct MachineSpec {
 
 impl MachineSpec {
     pub fn names(&self) -> MachineNames {
-        MachineNames::new(&self.namespace, &self.name, &self.uid)
+        MachineNames::new(&self.namespace, &self.name, &self.identity)
     }
 
     fn owner(&self) -> OwnerMarker {
         OwnerMarker {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            uid: self.uid.clone(),
+            uid: self.identity.clone(),
             cluster: self.cluster_name.clone(),
         }
     }

@@ -95,13 +95,25 @@ async fn bootstrap_data(ctx: &Context, ns: &str, machine: &Machine) -> Result<(B
     }
 }
 
+/// The machine's identity on the host (see `capl_host::naming`): the UUID in
+/// `spec.providerID` once set, which `clusterctl move` carries over, else the
+/// UID. Err (with the fix) for a provider ID this provider did not set; the
+/// UID then stands in, which finds nothing of ours.
+pub fn machine_identity(object: &LibvirtMachine) -> Result<String, String> {
+    match &object.spec.provider_id {
+        Some(provider_id) => capl_host::naming::identity_from_provider_id(provider_id)
+            .map_err(|why| format!("LibvirtMachine {}: {why}", object.name_any())),
+        None => Ok(object.uid().unwrap_or_default()),
+    }
+}
+
 fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Cluster>, ctx: &Context) -> MachineSpec {
     let endpoint =
         lc.spec.control_plane_endpoint.clone().or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
     MachineSpec {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
-        uid: object.uid().unwrap_or_default(),
+        identity: machine_identity(object).unwrap_or_else(|_| object.uid().unwrap_or_default()),
         cluster_name: cluster.map(|c| c.name_any()).unwrap_or_default(),
         vcpu: object.spec.vcpu.max(1) as u32,
         memory_mib: object.spec.memory_mib.max(1) as u64,
@@ -152,6 +164,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         bootstrap: Bootstrap::NotSet,
         host: Host::NotObserved,
     };
+    if let Err(message) = machine_identity(object)
+        && !snapshot.deleting
+    {
+        // Nothing of ours can exist under an identity we never set: report and wait for a new object.
+        snapshot.host = Host::Failed { reason: reasons::INVALID_MACHINE_SPEC, message, transient: false };
+    }
     let mut report: Option<MachineReport> = None;
     let mut user_data = Vec::new();
 

@@ -15,4 +15,5 @@ mod reconcile_cluster;
 mod reconcile_gates;
 mod reconcile_machine;
 mod reconcile_manager_binary;
+mod reconcile_move;
 mod reconcile_restart;

@@ -15,7 +15,7 @@ async fn machine_is_created_running_addressed_then_deleted() {
     provisioned_cluster(&w, "demo").await;
     let lm = ready_machine_objects(&w, "demo", "worker-0").await;
     let uid = lm.metadata.uid.clone().unwrap();
-    let domain = domain_of(&w, "worker-0");
+    let domain = domain_of(&w, "worker-0").await;
 
     let lm: LibvirtMachine = w.wait_for("worker-0", "a provisioned, addressed, Ready machine", machine_ready).await;
 
@@ -132,7 +132,7 @@ async fn stopped_domain_is_started_again() {
     provisioned_cluster(&w, "demo").await;
     ready_machine_objects(&w, "demo", "worker-0").await;
     w.wait_for::<LibvirtMachine>("worker-0", "a Ready machine", machine_ready).await;
-    let domain = domain_of(&w, "worker-0");
+    let domain = domain_of(&w, "worker-0").await;
     let hv = w.inspect();
     hv.domain_destroy(&domain).unwrap();
     assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Shutoff);
@@ -150,10 +150,13 @@ async fn stopped_domain_is_started_again() {
 async fn waiting_for_a_lease_backs_off() {
     let w = World::new("rc-lease").await;
     let manager = w.start_manager();
-    let domain = domain_of(&w, "worker-0");
-    w.host.faults().domain_never_asks_dhcp(&domain);
     provisioned_cluster(&w, "demo").await;
-    ready_machine_objects(&w, "demo", "worker-0").await;
+    // The domain's name is known once the LibvirtMachine exists; the fault is set before
+    // the bootstrap Secret lets the manager create it.
+    machine_pair(&w, "demo", "worker-0", Some("worker-0-bootstrap")).await;
+    let domain = domain_of(&w, "worker-0").await;
+    w.host.faults().domain_never_asks_dhcp(&domain);
+    create_bootstrap_secret(&w, "worker-0-bootstrap", cloud_config("worker-0")).await;
 
     let lm = w
         .wait_for::<LibvirtMachine>("worker-0", "DomainRunning True while waiting for the lease", |lm| {

@@ -30,7 +30,6 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
 
     for (k, (point, fault)) in CRASH_POINTS.iter().enumerate() {
         let name = format!("m{k}");
-        let domain = domain_of(&w, &name);
         if let Some((op, n)) = fault {
             // The manager retries once or twice on its own status writes before
             // the kill: every later call of the op fails too, until the kill.
@@ -44,6 +43,7 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
         }
         let lm = ready_machine_objects(&w, "demo", &name).await;
         let names = MachineNames::new(&w.ns, &name, lm.metadata.uid.as_deref().unwrap());
+        let domain = names.domain.clone();
 
         match fault {
             // The dying manager got as far as the step before the failed call.

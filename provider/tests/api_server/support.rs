@@ -508,9 +508,18 @@ pub async fn ready_machine_objects(w: &World, cluster: &str, name: &str) -> Libv
     machine_pair(w, cluster, name, Some(&secret)).await.1
 }
 
-/// The domain name the provider gives `name` in the test's namespace.
-pub fn domain_of(w: &World, name: &str) -> String {
-    capl_host::naming::domain_name(&w.ns, name)
+/// The domain name the provider gives LibvirtMachine `name` (which must
+/// exist) in the test's namespace: it derives from the machine's identity.
+pub async fn domain_of(w: &World, name: &str) -> String {
+    let lm: LibvirtMachine = w.api().get(name).await.unwrap_or_else(|e| panic!("LibvirtMachine {name}: {e}"));
+    let identity = capl::controller::machine::machine_identity(&lm).expect("a valid identity");
+    capl_host::naming::domain_name(&w.ns, name, &identity)
+}
+
+/// Whether `domain` is a domain name the provider could give LibvirtMachine
+/// `name` in the test's namespace, whatever its identity.
+pub fn is_domain_of(w: &World, name: &str, domain: &str) -> bool {
+    domain.strip_prefix(&format!("{}-{name}-", w.ns)).is_some_and(|hash| hash.len() == capl_host::naming::HASH_LEN)
 }
 
 /// Whether a LibvirtMachine is fully provisioned as a user would check it.

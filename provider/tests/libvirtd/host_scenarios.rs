@@ -89,8 +89,8 @@ const SCENARIOS: &[Scenario] = &[
     both("foreign_dhcp_entry_is_left_alone", "fdhcp", |c| {
         host_support::foreign_dhcp_entry_is_left_alone(c.hv, c.fx, &c.namespace)
     }),
-    both("older_incarnation_is_reported", "reborn", |c| {
-        host_support::older_incarnation_is_reported(c.hv, c.fx, &c.namespace)
+    both("recreated_machine_gets_fresh_objects", "reborn", |c| {
+        host_support::recreated_machine_gets_fresh_objects(c.hv, c.fx, &c.namespace)
     }),
     both("console_log_file", "log", console_log_file),
     Scenario {

@@ -76,7 +76,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
     MachineSpec {
         namespace: namespace.into(),
         name: name.into(),
-        uid: uid_for(namespace, name),
+        identity: uid_for(namespace, name),
         cluster_name: "host-tests".into(),
         vcpu: 1,
         memory_mib: 128,
@@ -169,10 +169,10 @@ pub fn full_cycle(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let report = create_machine(hv, &spec, &user_data(&spec)).expect("create");
     assert!(report.created);
     assert_eq!(report.state, DomainState::Running);
-    assert_eq!(report.provider_id, format!("libvirt://{}", spec.uid));
+    assert_eq!(report.provider_id, format!("libvirt://{}", spec.identity));
     assert_created_once(hv, fx, &spec);
     let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
-    assert_eq!(domain.uuid, spec.uid);
+    assert_eq!(domain.uuid, spec.identity);
     assert_eq!(domain.macs, vec![names.mac()]);
 
     let again = create_machine(hv, &spec, &user_data(&spec)).expect("steady state");
@@ -477,18 +477,38 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namesp
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
-/// A domain left by an older LibvirtMachine of the same name (another UID) is never adopted.
-pub fn older_incarnation_is_reported(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+/// A LibvirtMachine deleted without host cleanup and created again under the
+/// same name (a new identity) gets a fresh domain, disk, seed and DHCP entry:
+/// nothing of the old machine is adopted, reported as a collision or changed.
+pub fn recreated_machine_gets_fresh_objects(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let old = fresh_spec(hv, fx, namespace, "reborn-0");
-    let steps = &CreateStep::ALL[..CreateStep::ALL.len() - 1];
-    run_create_steps(hv, &old, &user_data(&old), steps).unwrap();
+    create_machine(hv, &old, &user_data(&old)).unwrap();
+    let old_names = old.names();
+    let old_disk = hv.volume_xml(&fx.domain_pool, &old_names.overlay_volume()).unwrap();
     let mut new = old.clone();
-    new.uid = uid_for(namespace, "reborn-0-second");
-    let err = create_machine(hv, &new, &user_data(&new)).expect_err("a domain of another UID");
-    assert!(err.to_string().contains(&old.uid) && err.to_string().contains(&new.uid), "{err}");
-    assert_eq!(err.kind(), FailureKind::DomainCollision);
-    assert!(delete_machine(hv, &new).is_err());
-    assert!(hv.domain_list().unwrap().contains(&old.names().domain));
+    new.identity = uid_for(namespace, "reborn-0-second");
+    let _ = delete_machine(hv, &new);
+    let new_names = new.names();
+    for (what, a, b) in [
+        ("domain", &old_names.domain, &new_names.domain),
+        ("root disk", &old_names.overlay_volume(), &new_names.overlay_volume()),
+        ("seed ISO", &old_names.cloud_init_volume(), &new_names.cloud_init_volume()),
+        ("MAC address", &old_names.mac(), &new_names.mac()),
+    ] {
+        assert_ne!(a, b, "the re-created machine's {what} is the old one's");
+    }
+    create_machine(hv, &new, &user_data(&new)).expect("a re-created machine is created afresh");
+    assert_created_once(hv, fx, &new);
+    assert_eq!(
+        capl_host::domain_xml::parse_domain(&hv.domain_xml(&new_names.domain).unwrap()).unwrap().uuid,
+        new.identity
+    );
+    // The old machine's objects are untouched.
+    assert_eq!(hv.volume_xml(&fx.domain_pool, &old_names.overlay_volume()).unwrap(), old_disk);
+    assert_eq!(hv.domain_state(&old_names.domain).unwrap(), DomainState::Running);
+    assert!(dhcp_hosts(hv, fx).iter().any(|(mac, name, _)| *mac == old_names.mac() && *name == old_names.domain));
+    delete_machine(hv, &new).unwrap();
+    assert!(hv.domain_list().unwrap().contains(&old_names.domain), "deleting the new machine removed the old one");
     delete_machine(hv, &old).unwrap();
-    assert_eq!(leftovers(hv, fx, &[old]), Vec::<String>::new());
+    assert_eq!(leftovers(hv, fx, &[old, new]), Vec::<String>::new());
 }

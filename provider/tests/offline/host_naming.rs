@@ -1,31 +1,64 @@
 //! The names and identity table of the README, one test per row.
 
 use capl_host::MachineNames;
-use capl_host::naming::{domain_name, is_dns_label, mac_address, name_hash};
+use capl_host::naming::{domain_name, identity_from_provider_id, is_dns_label, mac_address, name_hash, provider_id};
 use rstest::rstest;
 
 const UID: &str = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";
+const OTHER: &str = "0b9e1c52-3f1d-4e8a-8c57-2a6f4d9e7b31";
 
 #[test]
 fn domain_name_is_namespace_name_hash() {
     let names = MachineNames::new("default", "libvirt-xd-0", UID);
-    assert_eq!(names.domain, format!("default-libvirt-xd-0-{}", name_hash("default", "libvirt-xd-0")));
+    assert_eq!(names.domain, format!("default-libvirt-xd-0-{}", name_hash("default", "libvirt-xd-0", UID)));
     assert!(is_dns_label(&names.domain));
 }
 
 #[test]
 fn hash_is_stable_across_releases() {
-    // Pinned (checked with `printf default/libvirt-xd-0 | sha256sum`): changing
-    // the hash would orphan every existing domain.
-    assert_eq!(name_hash("default", "libvirt-xd-0"), "a00625");
-    assert_eq!(domain_name("default", "libvirt-xd-0"), "default-libvirt-xd-0-a00625");
+    // Pinned (checked with `printf default/libvirt-xd-0/<UID> | sha256sum`):
+    // changing the hash would orphan every existing domain.
+    assert_eq!(name_hash("default", "libvirt-xd-0", UID), "a722a4");
+    assert_eq!(domain_name("default", "libvirt-xd-0", UID), "default-libvirt-xd-0-a722a4");
     assert_eq!(mac_address("default-libvirt-xd-0-a00625"), "52:54:00:07:c6:a1");
 }
 
 #[test]
 fn hash_separates_names_that_print_alike() {
     // "a-b" + "c" and "a" + "b-c" both read "a-b-c".
-    assert_ne!(domain_name("a-b", "c"), domain_name("a", "b-c"));
+    assert_ne!(domain_name("a-b", "c", UID), domain_name("a", "b-c", UID));
+}
+
+#[test]
+fn every_name_is_bound_to_the_identity() {
+    // The same namespace and name with another identity (a machine deleted without host
+    // cleanup and created again, or one of another management cluster) shares nothing.
+    let a = MachineNames::new("ns", "worker-0", UID);
+    let b = MachineNames::new("ns", "worker-0", OTHER);
+    assert_ne!(a.domain, b.domain);
+    assert_ne!(a.overlay_volume(), b.overlay_volume());
+    assert_ne!(a.cloud_init_volume(), b.cloud_init_volume());
+    assert_ne!(a.mac(), b.mac());
+    assert_eq!(a.hostname(), b.hostname());
+}
+
+#[test]
+fn the_identity_survives_a_move_through_the_provider_id() {
+    // clusterctl move gives the LibvirtMachine a new UID but keeps spec.providerID.
+    let identity = identity_from_provider_id(&provider_id(UID)).unwrap();
+    assert_eq!(identity, UID);
+    assert_eq!(MachineNames::new("ns", "worker-0", &identity), MachineNames::new("ns", "worker-0", UID));
+    assert_eq!(identity_from_provider_id(&provider_id(&UID.to_uppercase())).unwrap(), UID);
+}
+
+#[rstest]
+#[case::other_scheme("aws:///us-east-1a/i-0123")]
+#[case::no_uuid("libvirt://worker-0")]
+#[case::empty("")]
+fn a_provider_id_the_provider_did_not_set_is_refused_with_the_fix(#[case] value: &str) {
+    let message = identity_from_provider_id(value).unwrap_err();
+    assert!(message.contains(&format!("{value:?}")) && message.contains("libvirt://<UUID>"), "{message}");
+    assert!(message.contains("leave spec.providerID unset"), "{message}");
 }
 
 #[rstest]
@@ -35,16 +68,16 @@ fn hash_separates_names_that_print_alike() {
 #[case::dots_in_name("default", "worker.pool-a.0")]
 #[case::dash_at_the_cut("default", &format!("{}-{}", "a".repeat(47), "b".repeat(20)))]
 fn long_and_odd_names_stay_dns_labels(#[case] namespace: &str, #[case] name: &str) {
-    let domain = domain_name(namespace, name);
+    let domain = domain_name(namespace, name, UID);
     assert!(is_dns_label(&domain), "{domain:?} is not a DNS label");
     assert!(domain.len() <= 63);
-    assert!(domain.ends_with(&name_hash(namespace, name)));
+    assert!(domain.ends_with(&name_hash(namespace, name, UID)));
 }
 
 #[test]
 fn truncated_names_stay_unique() {
     let base = "w".repeat(100);
-    assert_ne!(domain_name("default", &format!("{base}-1")), domain_name("default", &format!("{base}-2")));
+    assert_ne!(domain_name("default", &format!("{base}-1"), UID), domain_name("default", &format!("{base}-2"), UID));
 }
 
 #[test]
@@ -53,14 +86,14 @@ fn guest_hostname_is_the_machine_name() {
 }
 
 #[test]
-fn domain_uuid_and_instance_id_are_the_uid() {
+fn domain_uuid_and_instance_id_are_the_identity() {
     let names = MachineNames::new("ns", "worker-0", UID);
     assert_eq!(names.domain_uuid(), UID);
     assert_eq!(names.instance_id(), UID);
 }
 
 #[test]
-fn provider_id_is_libvirt_uid() {
+fn provider_id_is_libvirt_identity() {
     assert_eq!(MachineNames::new("ns", "worker-0", UID).provider_id(), format!("libvirt://{UID}"));
 }
 
@@ -84,10 +117,9 @@ fn mac_has_the_qemu_prefix_and_six_octets(#[case] namespace: &str, #[case] name:
 }
 
 #[test]
-fn mac_is_derived_from_the_domain_name_only() {
+fn mac_is_derived_from_the_domain_name() {
     let a = MachineNames::new("ns", "worker-0", UID);
-    let b = MachineNames::new("ns", "worker-0", "another-uid");
-    assert_eq!(a.mac(), b.mac());
+    assert_eq!(a.mac(), mac_address(&a.domain));
     assert_ne!(a.mac(), MachineNames::new("ns", "worker-1", UID).mac());
 }
 

@@ -15,7 +15,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
     let names = names();
     DomainDefinition {
         name: names.domain.clone(),
-        uuid: names.uid.clone(),
+        uuid: names.identity.clone(),
         domain_type: domain_type.into(),
         arch: "x86_64".into(),
         vcpu: 2,
@@ -28,7 +28,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
         owner: OwnerMarker {
             namespace: names.namespace.clone(),
             name: names.name.clone(),
-            uid: names.uid.clone(),
+            uid: names.identity.clone(),
             cluster: "libvirt-xd".into(),
         },
     }

@@ -52,7 +52,11 @@ fn kinds_table_lists_the_four_crds() {
 fn names_table_example_is_what_the_code_computes() {
     let rows = table_rows("| Item | Value |");
     let domain = rows.iter().find(|r| r[0] == "Domain name").expect("README names table has a Domain name row");
-    let example = capl_host::naming::domain_name("default", "libvirt-xd-0");
+    // The README's example: LibvirtMachine default/libvirt-xd-0 with the identity it shows.
+    let identity = rows.iter().find(|r| r[0] == "Identity").expect("README names table has an Identity row");
+    let uuid =
+        identity[1].split('`').find(|s| capl_host::naming::is_uuid(s)).expect("the Identity row shows an example UUID");
+    let example = capl_host::naming::domain_name("default", "libvirt-xd-0", uuid);
     assert!(domain[1].contains(&format!("`{example}`")), "README says {:?}, the code computes {example}", domain[1]);
     let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
     assert!(provider_id[1].starts_with(&format!("`{}", capl_host::naming::PROVIDER_ID_PREFIX)));
