@@ -53,6 +53,9 @@ pub mod reasons {
     pub const DOMAIN_NOT_CREATED: &str = "DomainNotCreated";
     pub const DOMAIN_RUNNING: &str = "DomainRunning";
     pub const DOMAIN_NOT_RUNNING: &str = "DomainNotRunning";
+    /// The domain of a provisioned machine no longer exists on the host; it is
+    /// not created again (that would run the bootstrap data twice).
+    pub const DOMAIN_LOST: &str = "DomainLost";
     pub const DOMAIN_NAME_COLLISION: &str = "DomainNameCollision";
     pub const INVALID_BOOTSTRAP_DATA: &str = "InvalidBootstrapData";
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";

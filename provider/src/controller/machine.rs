@@ -14,7 +14,7 @@ use super::condition_list::{self, Status};
 use super::machine_decision::{Bootstrap, Host, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide};
 use super::{Context, Error, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
-use crate::api::conditions::{DOMAIN_PROVISIONING_READY, reasons};
+use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
     Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
 };
@@ -163,6 +163,14 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         libvirt_cluster_found: g.libvirt_cluster.is_some(),
         bootstrap: Bootstrap::NotSet,
         host: Host::NotObserved,
+        provisioned: object.spec.provider_id.is_some()
+            || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
+        domain: capl_host::naming::domain_name(
+            &ns,
+            &object.name_any(),
+            &machine_identity(object).unwrap_or_else(|_| uid.clone()),
+        ),
+        host_uri: g.libvirt_cluster.as_ref().map(|lc| lc.spec.uri.clone()).unwrap_or_default(),
     };
     if let Err(message) = machine_identity(object)
         && !snapshot.deleting
@@ -200,7 +208,9 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 if let Ok(found) = result {
                     report = found;
                 }
+                // The bootstrap data is read only to create, and a provisioned machine is never created.
                 if snapshot.host == Host::Absent
+                    && !snapshot.provisioned
                     && let Some(machine) = &g.machine
                 {
                     let (bootstrap, data) = bootstrap_data(ctx, &ns, machine).await?;
@@ -233,12 +243,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                         report = Some(r);
                     }
                     Ok(None) => {
-                        // The domain vanished before the start: creating it needs the bootstrap data.
-                        if let Some(machine) = &g.machine {
-                            let (bootstrap, data) = bootstrap_data(ctx, &ns, machine).await?;
-                            snapshot.bootstrap = bootstrap;
-                            user_data = data;
-                        }
+                        // The domain vanished between the look and the start. It existed,
+                        // so the machine was provisioned and is now lost: decide reports
+                        // that, and nothing is created.
+                        snapshot.provisioned = true;
                     }
                     Err(_) => {
                         // A failed step is decided again below and reported as a condition.
@@ -321,6 +329,7 @@ async fn report_status(
     let name = object.name_any();
     let old = object.status.clone().unwrap_or_default();
     let already = old.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
+    let lost = plan.conditions.iter().any(|u| u.reason == reasons::DOMAIN_LOST);
     let mut status = LibvirtMachineStatus {
         initialization: (plan.provisioned || already).then_some(Initialization { provisioned: Some(true) }),
         failure_domain: g.machine.as_ref().and_then(|m| m.spec.failure_domain.clone()).or(old.failure_domain.clone()),
@@ -344,6 +353,10 @@ async fn report_status(
         );
         status.mac_address = Some(capl_host::naming::mac_address(&report.domain));
     }
+    if lost {
+        // No libvirt state to show: the domain is gone.
+        status.state = None;
+    }
     if let Some(lc) = &g.libvirt_cluster {
         status.host_uri = Some(lc.spec.uri.clone());
     }
@@ -356,15 +369,21 @@ async fn report_status(
     if Some(&status) != object.status.as_ref() {
         object_patch::patch_status(api, &name, &status).await?;
     }
-    // One Warning event per new failure message.
-    if let Some(update) =
-        plan.conditions.iter().find(|u| u.type_ == DOMAIN_PROVISIONING_READY && u.status == Status::False)
-    {
-        let is_failure = !matches!(update.reason, reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING);
+    // One Warning event per new failure message: a failed provisioning, or a lost domain.
+    let failure = plan.conditions.iter().filter(|u| u.status == Status::False).find_map(|u| match u.type_ {
+        DOMAIN_PROVISIONING_READY
+            if !matches!(u.reason, reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING) =>
+        {
+            Some((u, "Provision"))
+        }
+        MACHINE_CREATED if u.reason == reasons::DOMAIN_LOST => Some((u, "Observe")),
+        _ => None,
+    });
+    if let Some((update, action)) = failure {
         let was = old.conditions.as_ref().and_then(|c| c.iter().find(|c| c.type_ == update.type_));
-        if is_failure && was.is_none_or(|c| c.message != update.message) {
+        if was.is_none_or(|c| c.message != update.message) {
             ctx.metrics.reconcile_error("libvirtmachine", update.reason);
-            ctx.event(object, EventType::Warning, update.reason, "Provision", &update.message).await;
+            ctx.event(object, EventType::Warning, update.reason, action, &update.message).await;
         }
     }
     Ok(())

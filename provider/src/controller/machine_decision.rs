@@ -50,6 +50,14 @@ pub struct MachineSnapshot {
     pub libvirt_cluster_found: bool,
     pub bootstrap: Bootstrap,
     pub host: Host,
+    /// The machine was provisioned: `status.initialization.provisioned` or
+    /// `spec.providerID` is set (the latter survives `clusterctl move`), or
+    /// its domain was seen in this reconcile. Its guest has run the bootstrap
+    /// data, so a missing domain is lost, never created again.
+    pub provisioned: bool,
+    /// The domain's name and the host's URI, for messages.
+    pub domain: String,
+    pub host_uri: String,
 }
 
 /// The one next step.
@@ -100,6 +108,10 @@ pub const RECHECK_ODD_STATE: Duration = Duration::from_secs(60);
 /// changes when a domain is stopped on the host, so only a periodic look
 /// notices it (3 libvirt calls per look).
 pub const RECHECK_RUNNING: Duration = Duration::from_secs(60);
+/// How often to look for a lost domain (one lookup): an admin who restores
+/// it on the host (e.g. `virsh define` from a backup) sees the machine
+/// recover without touching the objects.
+pub const RECHECK_LOST: Duration = Duration::from_secs(300);
 
 /// The condition types the Ready summary is made of.
 pub const SUMMARIZED: &[&str] = &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING];
@@ -170,6 +182,7 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
             let retry = if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE };
             MachinePlan { requeue: Requeue::After(retry), ..plan(MachineAction::Nothing, with_summary(conditions)) }
         }
+        Host::Absent if s.provisioned => decide_lost(s, infra_ready),
         Host::Absent => decide_creation(s, infra_ready),
         Host::Present { state, has_address } => decide_running(*state, *has_address, infra_ready),
     }
@@ -207,6 +220,30 @@ fn decide_creation(s: &MachineSnapshot, infra_ready: ConditionUpdate) -> Machine
         ),
     };
     plan(action, with_summary(vec![infra_ready, provisioning, not_created, not_running]))
+}
+
+/// The domain of a provisioned machine is gone. Creating it again would run
+/// the bootstrap data a second time (for the first control-plane machine that
+/// is `kubeadm init`: a second cluster), so nothing is created, as CAPI's
+/// reference providers do: the machine reports the loss and CAPI replaces it
+/// (a MachineHealthCheck, or the user deleting the Machine).
+fn decide_lost(s: &MachineSnapshot, infra_ready: ConditionUpdate) -> MachinePlan {
+    let message = format!(
+        "domain {} no longer exists on {} although this machine was provisioned; it is not created again, because that would run the bootstrap data a second time. A MachineHealthCheck replaces the Machine, or delete the Machine to replace it",
+        s.domain, s.host_uri
+    );
+    let mut conditions = with_summary(vec![
+        infra_ready,
+        ConditionUpdate::true_(DOMAIN_PROVISIONING_READY, reasons::DOMAIN_PROVISIONED, ""),
+        ConditionUpdate::false_(MACHINE_CREATED, reasons::DOMAIN_LOST, message.clone()),
+        ConditionUpdate::false_(DOMAIN_RUNNING, reasons::DOMAIN_LOST, message),
+    ]);
+    // Ready names the loss itself (the summary would say NotReady), so that
+    // CAPI's Machine, which mirrors it, shows why.
+    for c in conditions.iter_mut().filter(|c| c.type_ == READY) {
+        c.reason = reasons::DOMAIN_LOST;
+    }
+    MachinePlan { requeue: Requeue::After(RECHECK_LOST), ..plan(MachineAction::Nothing, conditions) }
 }
 
 fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionUpdate) -> MachinePlan {
@@ -295,6 +332,9 @@ mod tests {
             libvirt_cluster_found: true,
             bootstrap: Bootstrap::Ready,
             host: Host::NotObserved,
+            provisioned: false,
+            domain: "ns-m-abc123".into(),
+            host_uri: "qemu+tcp://kvm1/system".into(),
         }
     }
 
@@ -324,6 +364,11 @@ mod tests {
     #[case::running(|s: &mut MachineSnapshot| s.host = Host::Present { state: DomainState::Running, has_address: true }, MachineAction::Nothing, READY, Status::True, r::READY)]
     #[case::host_failure(|s: &mut MachineSnapshot| s.host = failed(false), MachineAction::Nothing, DOMAIN_PROVISIONING_READY, Status::False, "InfrastructureMissing")]
     #[case::bootstrap_is_not_needed_once_created(|s: &mut MachineSnapshot| { s.bootstrap = Bootstrap::SecretMissing("b".into()); s.host = Host::Present { state: DomainState::Running, has_address: true } }, MachineAction::Nothing, MACHINE_CREATED, Status::True, r::DOMAIN_CREATED)]
+    #[case::a_provisioned_machine_lost_its_domain(|s: &mut MachineSnapshot| { s.provisioned = true; s.host = Host::Absent }, MachineAction::Nothing, READY, Status::False, r::DOMAIN_LOST)]
+    #[case::a_lost_domain_is_not_created(|s: &mut MachineSnapshot| { s.provisioned = true; s.host = Host::Absent }, MachineAction::Nothing, MACHINE_CREATED, Status::False, r::DOMAIN_LOST)]
+    #[case::a_lost_domain_is_not_running(|s: &mut MachineSnapshot| { s.provisioned = true; s.host = Host::Absent }, MachineAction::Nothing, DOMAIN_RUNNING, Status::False, r::DOMAIN_LOST)]
+    #[case::a_lost_domain_needs_no_bootstrap_data(|s: &mut MachineSnapshot| { s.provisioned = true; s.host = Host::Absent; s.bootstrap = Bootstrap::NotSet }, MachineAction::Nothing, READY, Status::False, r::DOMAIN_LOST)]
+    #[case::a_provisioned_stopped_domain_is_started(|s: &mut MachineSnapshot| { s.provisioned = true; s.host = Host::Present { state: DomainState::Shutoff, has_address: false } }, MachineAction::Start, DOMAIN_RUNNING, Status::False, r::DOMAIN_NOT_RUNNING)]
     #[case::paused(|s: &mut MachineSnapshot| s.paused = Some("Cluster c is paused".into()), MachineAction::Nothing, PAUSED, Status::True, r::PAUSED)]
     #[case::paused_even_when_deletable(|s: &mut MachineSnapshot| { s.paused = Some("annotation".into()); s.host = Host::Absent }, MachineAction::Nothing, PAUSED, Status::True, r::PAUSED)]
     fn decides(
@@ -391,6 +436,53 @@ mod tests {
             ..ready_machine()
         };
         assert_eq!(decide(&addressed).requeue, Requeue::After(RECHECK_RUNNING), "a running machine is looked at again");
+    }
+
+    #[test]
+    fn a_lost_domain_is_reported_with_what_to_do_and_deletion_still_cleans_up() {
+        let lost = MachineSnapshot { provisioned: true, host: Host::Absent, ..ready_machine() };
+        let p = decide(&lost);
+        assert_eq!(p.action, MachineAction::Nothing);
+        assert_eq!(p.requeue, Requeue::After(RECHECK_LOST));
+        assert!(!p.provisioned, "a lost machine does not claim a (new) provisioning: {p:?}");
+        let ready = p.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        for needle in
+            ["ns-m-abc123", "qemu+tcp://kvm1/system", "not created again", "MachineHealthCheck", "delete the Machine"]
+        {
+            assert!(ready.message.contains(needle), "Ready message lacks {needle:?}: {}", ready.message);
+        }
+        assert_eq!(condition(&p, DOMAIN_PROVISIONING_READY), (Status::True, r::DOMAIN_PROVISIONED));
+
+        // The same host without a provisioning behind it is a machine to create.
+        assert_eq!(decide(&MachineSnapshot { provisioned: false, ..lost.clone() }).action, MachineAction::Create);
+        // Deleting a lost machine removes what is left of it (disk, seed, reservation).
+        assert_eq!(decide(&MachineSnapshot { deleting: true, ..lost }).action, MachineAction::Delete);
+    }
+
+    /// Whatever the host and the bootstrap data say, a provisioned machine is never created again.
+    #[test]
+    fn a_provisioned_machine_is_never_created() {
+        let hosts = [
+            Host::NotObserved,
+            Host::Absent,
+            Host::Present { state: DomainState::Shutoff, has_address: false },
+            Host::Present { state: DomainState::Crashed, has_address: false },
+            Host::Present { state: DomainState::Running, has_address: true },
+            failed(true),
+        ];
+        let bootstraps =
+            [Bootstrap::NotSet, Bootstrap::SecretMissing("b".into()), Bootstrap::Invalid("x".into()), Bootstrap::Ready];
+        for host in &hosts {
+            for bootstrap in &bootstraps {
+                let s = MachineSnapshot {
+                    provisioned: true,
+                    host: host.clone(),
+                    bootstrap: bootstrap.clone(),
+                    ..ready_machine()
+                };
+                assert_ne!(decide(&s).action, MachineAction::Create, "{s:?}");
+            }
+        }
     }
 
     #[rstest]
