@@ -81,3 +81,12 @@ fn machine_failure_reasons_are_documented() {
         assert!(row[2].contains(reason), "README does not list reason {reason}");
     }
 }
+
+#[test]
+fn lost_domain_reason_is_documented() {
+    let rows = table_rows("| Resource | Condition | Meaning |");
+    for type_ in [conditions::MACHINE_CREATED, conditions::DOMAIN_RUNNING, conditions::READY] {
+        let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == type_).unwrap();
+        assert!(row[2].contains(conditions::reasons::DOMAIN_LOST), "README row {type_} lacks DomainLost");
+    }
+}
