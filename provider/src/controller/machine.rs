@@ -367,7 +367,12 @@ async fn report_status(
         object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
     }
     if Some(&status) != object.status.as_ref() {
-        object_patch::patch_status(api, &name, &status).await?;
+        let mut patch = serde_json::json!(status);
+        if lost {
+            // A merge patch leaves out what is None; null removes it.
+            patch["state"] = serde_json::Value::Null;
+        }
+        object_patch::patch_status(api, &name, &patch).await?;
     }
     // One Warning event per new failure message: a failed provisioning, or a lost domain.
     let failure = plan.conditions.iter().filter(|u| u.status == Status::False).find_map(|u| match u.type_ {
