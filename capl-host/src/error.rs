@@ -66,7 +66,7 @@ impl FailureKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
     #[error(
-        "network \"{network}\" on {uri} does not exist: define it (virsh net-define) or fix the LibvirtCluster's spec.network"
+        "network \"{network}\" on {uri} does not exist: define it (virsh net-define) or, since spec.network cannot be changed, create a new LibvirtCluster that names an existing network"
     )]
     NetworkMissing { network: String, uri: String },
 
@@ -74,7 +74,7 @@ pub enum HostError {
     NetworkInactive { network: String, uri: String },
 
     #[error(
-        "storage pool \"{pool}\" on {uri} does not exist: define it (virsh pool-define-as) or fix the LibvirtCluster's basePool/domainPool"
+        "storage pool \"{pool}\" on {uri} does not exist: define it (virsh pool-define-as) or, since basePool and domainPool cannot be changed, create a new LibvirtCluster that names existing pools"
     )]
     PoolMissing { pool: String, uri: String },
 
@@ -82,13 +82,15 @@ pub enum HostError {
     PoolInactive { pool: String, uri: String },
 
     #[error(
-        "base image \"{image}\" is not a volume of storage pool \"{pool}\" on {uri}: upload it (virsh vol-create-as + vol-upload, or copy it and run virsh pool-refresh {pool}) or fix the LibvirtMachine's spec.image"
+        "base image \"{image}\" is not a volume of storage pool \"{pool}\" on {uri}: upload it (virsh vol-create-as + vol-upload, or copy it and run virsh pool-refresh {pool}) or, since spec.image cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that names an existing image"
     )]
     ImageMissing { image: String, pool: String, uri: String },
 
     #[error(
-        "LibvirtMachine {machine}: spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): set spec.diskGiB to at least {min_gib}"
+        "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
+    /// `machine` (namespace/name) is for callers; the message leaves it to the
+    /// caller, which names the object once.
     DiskTooSmall { machine: String, disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
 
     #[error(
@@ -107,7 +109,8 @@ pub enum HostError {
     Collision { kind: ObjectKind, object: String, uri: String, detail: String },
 
     #[error(
-        "libvirt at {uri} is unreachable: {source}: check the host URI (the LibvirtCluster's spec.uri) and that libvirtd there accepts connections"
+        "libvirt at {uri} is unreachable: {}: check that libvirtd there accepts connections, and the host URI (the LibvirtCluster's spec.uri, which cannot be changed: a wrong URI needs a new LibvirtCluster)",
+        without_uri(source, uri)
     )]
     Unreachable { uri: String, source: HypervisorError },
 
@@ -125,11 +128,19 @@ pub enum HostError {
     UnreadableXml { kind: ObjectKind, object: String, uri: String, detail: String },
 }
 
-fn fix_hint(source: &HypervisorError, uri: &str) -> String {
+/// The libvirt error without the "cannot open libvirt connection to <uri>: "
+/// that `LibvirtHypervisor::connect` puts in front (the message names the URI once).
+fn without_uri(source: &HypervisorError, uri: &str) -> String {
+    let full = source.to_string();
+    full.strip_prefix(&format!("cannot open libvirt connection to {uri}: ")).map(str::to_string).unwrap_or(full)
+}
+
+fn fix_hint(source: &HypervisorError, _uri: &str) -> String {
     match source.kind {
-        ErrorKind::ConnectionLost => format!(
-            ": check that libvirtd at {uri} is running and reachable; the call is retried on the next reconcile"
-        ),
+        ErrorKind::ConnectionLost => {
+            ": check that libvirtd there is running and reachable; the call is retried on the next reconcile"
+                .to_string()
+        }
         _ => String::new(),
     }
 }

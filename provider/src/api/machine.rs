@@ -59,7 +59,8 @@ use super::shared::{Initialization, MachineAddress};
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
     #[serde(default = "default_vcpu")]
-    #[schemars(range(min = 1, max = 512))]
+    // QEMU's x86 machine types (pc, q35 without an IOMMU) stop at 255 vCPUs.
+    #[schemars(range(min = 1, max = 255))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("vcpu is immutable: roll out a new LibvirtMachineTemplate instead"))]
     pub vcpu: i32,
     /// Memory in MiB. Immutable.

@@ -77,6 +77,46 @@ fn messages_and_reasons() {
     insta::assert_yaml_snapshot!(rendered);
 }
 
+/// Found on a live stack: the URI printed twice in one message.
+#[test]
+fn each_message_names_the_host_once() {
+    for e in all_errors() {
+        let message = e.to_string();
+        assert!(message.matches(&uri()).count() <= 1, "the URI is repeated: {message}");
+    }
+}
+
+/// A fix the API server then refuses is no fix: the fields that cannot be changed
+/// (CEL `self == oldSelf` in our CRDs) are never the advice, except to say so.
+#[test]
+fn no_message_advises_changing_an_immutable_field() {
+    let mut immutable = Vec::new();
+    for crd in capl::api::crds() {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for (field, prop) in spec.as_object().into_iter().flatten() {
+            let rules = prop["x-kubernetes-validations"].as_array().cloned().unwrap_or_default();
+            if rules.iter().any(|r| r["rule"] == "self == oldSelf") {
+                immutable.push(field.clone());
+            }
+        }
+    }
+    for field in ["image", "diskGiB", "network", "basePool", "domainPool"] {
+        assert!(immutable.iter().any(|f| f == field), "{field} is expected to be immutable: {immutable:?}");
+    }
+    for e in all_errors() {
+        let message = e.to_string();
+        for field in &immutable {
+            for advice in [format!("fix the LibvirtMachine's spec.{field}"), format!("set spec.{field}")] {
+                assert!(!message.contains(&advice), "advises changing immutable {field}: {message}");
+            }
+            if message.contains(&format!("spec.{field}")) {
+                assert!(message.contains("cannot be changed"), "names immutable {field} without saying so: {message}");
+            }
+        }
+    }
+}
+
 #[test]
 fn only_a_lost_connection_is_transient() {
     let transient: Vec<String> = all_errors().iter().filter(|e| e.is_transient()).map(|e| format!("{e:?}")).collect();
