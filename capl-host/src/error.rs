@@ -89,9 +89,8 @@ pub enum HostError {
     #[error(
         "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
-    /// `machine` (namespace/name) is for callers; the message leaves it to the
-    /// caller, which names the object once.
-    DiskTooSmall { machine: String, disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    DiskTooSmall { disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
 
     #[error(
         "network \"{network}\" on {uri} has no IPv4 <ip> element with an address and a netmask or prefix: add one with a <dhcp> range (virsh net-edit {network})"
@@ -114,7 +113,7 @@ pub enum HostError {
     )]
     Unreachable { uri: String, source: HypervisorError },
 
-    #[error("{action} {kind} \"{object}\" on {uri} failed: {source}{}", fix_hint(source, uri))]
+    #[error("{action} {kind} \"{object}\" on {uri} failed: {source}{}", fix_hint(source))]
     Libvirt { action: &'static str, kind: ObjectKind, object: String, uri: String, source: HypervisorError },
 
     #[error(
@@ -135,7 +134,7 @@ fn without_uri(source: &HypervisorError, uri: &str) -> String {
     full.strip_prefix(&format!("cannot open libvirt connection to {uri}: ")).map(str::to_string).unwrap_or(full)
 }
 
-fn fix_hint(source: &HypervisorError, _uri: &str) -> String {
+fn fix_hint(source: &HypervisorError) -> String {
     match source.kind {
         ErrorKind::ConnectionLost => {
             ": check that libvirtd there is running and reachable; the call is retried on the next reconcile"

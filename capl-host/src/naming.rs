@@ -15,13 +15,13 @@
 //!
 //! Everything the provider makes on a host derives from one identity, a UUID.
 //! A new LibvirtMachine's identity is its UID; the provider writes it into
-//! `spec.providerID` (`libvirt://<UID>`) before it creates anything on the
-//! host, and from then on the identity is read back from `spec.providerID`.
-//! `clusterctl move` recreates objects with new UIDs but copies their spec, so
-//! a moved machine keeps its identity and the provider on the target finds its
-//! domain, disks, seed and DHCP entry as its own. A machine that had no
-//! providerID yet when it was moved has nothing on the host, so its new UID is
-//! as good as the old one.
+//! `spec.providerID` (`libvirt://<UID>`) when the domain is created, and from
+//! then on the identity is read back from `spec.providerID`. `clusterctl move`
+//! recreates objects with new UIDs but copies their spec, so a moved machine
+//! keeps its identity and the provider on the target finds its domain, disks,
+//! seed and DHCP entry as its own. `clusterctl move` refuses to start while any
+//! Machine has no Node (so no providerID yet): a machine is never moved
+//! half-made.
 //!
 //! The hash is the first 6 hex digits of SHA-256 over
 //! `"<namespace>/<name>/<identity>"`. It separates pairs that print alike

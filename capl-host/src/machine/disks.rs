@@ -51,7 +51,6 @@ impl MachineRun<'_> {
         let capacity = spec.disk_gib.saturating_mul(GIB);
         if capacity < base.capacity {
             return Err(HostError::DiskTooSmall {
-                machine: format!("{}/{}", spec.namespace, spec.name),
                 disk_gib: spec.disk_gib,
                 image: spec.image.clone(),
                 image_bytes: base.capacity,

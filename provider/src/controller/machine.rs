@@ -107,13 +107,19 @@ pub fn machine_identity(object: &LibvirtMachine) -> Result<String, String> {
     }
 }
 
-fn host_spec(object: &LibvirtMachine, lc: &LibvirtCluster, cluster: Option<&Cluster>, ctx: &Context) -> MachineSpec {
+fn host_spec(
+    object: &LibvirtMachine,
+    identity: &str,
+    lc: &LibvirtCluster,
+    cluster: Option<&Cluster>,
+    ctx: &Context,
+) -> MachineSpec {
     let endpoint =
         lc.spec.control_plane_endpoint.clone().or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
     MachineSpec {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
-        identity: machine_identity(object).unwrap_or_else(|_| object.uid().unwrap_or_default()),
+        identity: identity.to_string(),
         cluster_name: cluster.map(|c| c.name_any()).unwrap_or_default(),
         vcpu: object.spec.vcpu.max(1) as u32,
         memory_mib: object.spec.memory_mib.max(1) as u64,
@@ -149,6 +155,9 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     let api: Api<LibvirtMachine> = Api::namespaced(ctx.client.clone(), &ns);
     let g = gather(object, ctx, &ns).await?;
     let uid = object.uid().unwrap_or_default();
+    let identity = machine_identity(object);
+    // With a provider ID we never set, the UID stands in for the host lookups: it finds nothing of ours.
+    let host_identity = identity.clone().unwrap_or_else(|_| uid.clone());
 
     let mut snapshot = MachineSnapshot {
         deleting: object.meta().deletion_timestamp.is_some(),
@@ -165,14 +174,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         host: Host::NotObserved,
         provisioned: object.spec.provider_id.is_some()
             || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
-        domain: capl_host::naming::domain_name(
-            &ns,
-            &object.name_any(),
-            &machine_identity(object).unwrap_or_else(|_| uid.clone()),
-        ),
+        domain: capl_host::naming::domain_name(&ns, &object.name_any(), &host_identity),
         host_uri: g.libvirt_cluster.as_ref().map(|lc| lc.spec.uri.clone()).unwrap_or_default(),
     };
-    if let Err(message) = machine_identity(object)
+    if let Err(message) = identity
         && !snapshot.deleting
     {
         // Nothing of ours can exist under an identity we never set: report and wait for a new object.
@@ -197,7 +202,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::ObserveHost => {
                 let lc = lc.expect("decide observes only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
+                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
                 let result = timed(
                     ctx,
                     "observe",
@@ -220,7 +225,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::Create | MachineAction::Start => {
                 let lc = lc.expect("decide creates and starts only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
+                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
                 let host = ctx.connections.host(&lc.spec.uri);
                 let result = if plan.action == MachineAction::Create {
                     // The bootstrap data was read when the host said the domain is absent.
@@ -259,7 +264,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::Delete => {
                 let lc = lc.expect("decide deletes only with a LibvirtCluster");
-                let spec = host_spec(object, lc, g.cluster.as_ref(), ctx);
+                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
                 let result = timed(
                     ctx,
                     "delete",

@@ -17,7 +17,6 @@ fn all_errors() -> Vec<HostError> {
         HostError::PoolInactive { pool: "capi-vm-disks".into(), uri: uri() },
         HostError::ImageMissing { image: "noble.qcow2".into(), pool: "capi-base-images".into(), uri: uri() },
         HostError::DiskTooSmall {
-            machine: "default/worker-0".into(),
             disk_gib: 2,
             image: "noble.qcow2".into(),
             image_bytes: 3_758_096_384,
