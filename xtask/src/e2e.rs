@@ -91,9 +91,6 @@ pub fn build_binaries() -> Result<Binaries> {
     cmd!(sh, "cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt -p e2e --bin capl-e2e")
         .run()
         .context("building the provider and the e2e runner failed")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"))
-        .join("debug");
+    let target = crate::target_dir().join("debug");
     Ok(Binaries { provider: target.join("cluster-api-provider-libvirt"), e2e: target.join("capl-e2e") })
 }

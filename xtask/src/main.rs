@@ -116,6 +116,11 @@ pub fn repo_root() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR`, else `<repo>/target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), PathBuf::from)
+}
+
 /// Runs one named step of a longer command, printing its start, outcome and duration.
 pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     eprintln!("==> {name}");

@@ -42,7 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     sh.change_dir(repo_root());
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
     let extra = &args.cargo_test_args;
-    let reports = target_dir().join("tmp/reports");
+    let reports = crate::target_dir().join("tmp/reports");
     let _ = std::fs::remove_dir_all(&reports);
     let workspace = step("cargo test", || {
         cmd!(sh, "cargo test --workspace --exclude e2e --locked --no-fail-fast -- {extra...}")
@@ -61,11 +61,6 @@ pub fn run(args: Args) -> Result<()> {
     }
     eprintln!("xtask test: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
-}
-
-/// Cargo's target directory (where the tests write their reports).
-fn target_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), std::path::PathBuf::from)
 }
 
 /// Prints the summaries the test suites wrote (conformance per backend).

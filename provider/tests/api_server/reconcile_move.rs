@@ -32,14 +32,12 @@ async fn a_moved_machine_is_adopted_with_nothing_changed_on_the_host() {
     // The source side of the move: paused, finalizers removed, objects deleted.
     let _: Cluster = w.merge("demo", json!({ "spec": { "paused": true } })).await;
     w.wait_for::<LibvirtMachine>("m0", "Paused", |lm| has(machine_conditions(lm), "Paused", "True", None)).await;
-    for name in ["m0"] {
-        let _: LibvirtMachine = w.merge(name, json!({ "metadata": { "finalizers": null } })).await;
-        w.delete::<LibvirtMachine>(name).await;
-        w.wait_gone::<LibvirtMachine>(name).await;
-        let _: Machine = w.merge(name, json!({ "metadata": { "finalizers": null } })).await;
-        w.delete::<Machine>(name).await;
-        w.wait_gone::<Machine>(name).await;
-    }
+    let _: LibvirtMachine = w.merge("m0", json!({ "metadata": { "finalizers": null } })).await;
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    let _: Machine = w.merge("m0", json!({ "metadata": { "finalizers": null } })).await;
+    w.delete::<Machine>("m0").await;
+    w.wait_gone::<Machine>("m0").await;
     assert_eq!(w.host_objects(), host_before, "removing the source objects of a paused cluster touched the host");
 
     // The target side: the same objects with new UIDs and the same spec.

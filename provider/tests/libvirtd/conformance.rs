@@ -69,13 +69,7 @@ fn run_scenario(
         (scenario.run)(&ctx);
     }));
     let seen = take_seen_errors();
-    outcome.map(|()| seen).map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into())
-    })
+    outcome.map(|()| seen).map_err(crate::panic_message)
 }
 
 /// A message with UUIDs replaced, so two hosts' messages compare.

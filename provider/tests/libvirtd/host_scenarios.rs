@@ -166,13 +166,7 @@ fn run_one(backend: Backend, scenario: &Scenario) -> Result<(), String> {
         (scenario.run)(&ctx);
     }));
     let _ = std::fs::remove_dir_all(&scratch);
-    outcome.map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into())
-    })
+    outcome.map_err(crate::panic_message)
 }
 
 #[rstest]

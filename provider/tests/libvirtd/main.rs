@@ -16,6 +16,16 @@ mod host_sim;
 mod host_support;
 mod libvirt_real;
 
+/// The message of a caught panic (scenarios run under `catch_unwind` so one
+/// failure does not hide the others).
+pub fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
+}
+
 /// Writes a test's summary to `<target>/tmp/reports/<name>.txt` (which
 /// `cargo xtask test` prints after the run, since `cargo test` hides the
 /// output of passing tests) and to stderr.
