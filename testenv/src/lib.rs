@@ -81,6 +81,33 @@ const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The service CIDR given to kube-apiserver (nothing routes to it; it must just be valid).
 const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
 
+/// The audit policy of every test API server: one line per request of a service
+/// account (metadata only: no bodies), nothing for the admin user the tests use.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: [\"system:serviceaccounts\"]
+- level: None
+";
+/// The audit log's file name in the scratch directory.
+const AUDIT_LOG: &str = "audit.log";
+
+/// One request the API server audited (see [`TestEnv::audited_requests`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditedRequest {
+    /// `get`, `list`, `watch`, `create`, `patch`, ...
+    pub verb: String,
+    /// The API group ("" for the core group).
+    pub api_group: String,
+    /// The resource, with `/subresource` when there is one (`libvirtmachines/status`).
+    pub resource: String,
+    pub namespace: String,
+    /// The HTTP status of the response (0 when the log line has none).
+    pub code: u16,
+}
+
 /// A running etcd + kube-apiserver pair with an admin kubeconfig.
 pub struct TestEnv {
     assets: Assets,
@@ -149,6 +176,8 @@ impl TestEnv {
 
         let server_url = format!("https://127.0.0.1:{apiserver_port}");
         let path = |p: &Path| p.display().to_string();
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY).with_context(|| format!("writing {}", audit_policy.display()))?;
         let apiserver_args = vec![
             format!("--etcd-servers={etcd_client_url}"),
             "--bind-address=127.0.0.1".to_owned(),
@@ -170,6 +199,12 @@ impl TestEnv {
             "--endpoint-reconciler-type=none".to_owned(),
             // Priority and fairness only adds background work for a one-client server.
             "--enable-priority-and-fairness=false".to_owned(),
+            // Requests of service accounts only (see AUDIT_POLICY): what a controller
+            // running with its shipped RBAC asked for, read by `audited_requests`.
+            format!("--audit-policy-file={}", path(&audit_policy)),
+            format!("--audit-log-path={}", path(&dir.join(AUDIT_LOG))),
+            "--audit-log-format=json".to_owned(),
+            "--audit-log-mode=blocking".to_owned(),
         ];
         let apiserver = SupervisedProcess::start(
             "kube-apiserver",
@@ -244,6 +279,36 @@ impl TestEnv {
     /// The temporary directory of this instance (certificates, logs, kubeconfig, etcd data).
     pub fn scratch_dir(&self) -> &Path {
         self.scratch.path()
+    }
+
+    /// Every request the API server audited for `username` (e.g.
+    /// `system:serviceaccount:<namespace>:<name>`), in log order; only service
+    /// accounts are audited. A watch appears once per stage it reached.
+    pub fn audited_requests(&self, username: &str) -> Result<Vec<AuditedRequest>> {
+        let log = self.scratch.path().join(AUDIT_LOG);
+        let text = std::fs::read_to_string(&log).with_context(|| format!("reading the audit log {}", log.display()))?;
+        let mut requests = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let event: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("an audit log line is not JSON: {line}"))?;
+            if event["user"]["username"] != username {
+                continue;
+            }
+            let object = &event["objectRef"];
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            let mut resource = text(&object["resource"]);
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            requests.push(AuditedRequest {
+                verb: text(&event["verb"]),
+                api_group: text(&object["apiGroup"]),
+                resource,
+                namespace: text(&object["namespace"]),
+                code: event["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+            });
+        }
+        Ok(requests)
     }
 
     /// The last lines of the kube-apiserver log, for failure messages.
