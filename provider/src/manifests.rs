@@ -110,11 +110,9 @@ pub fn config_files() -> Vec<ManifestFile> {
         })
         .collect();
     files.push(ManifestFile { path: "config/rbac/service_account.yaml".into(), documents: vec![service_account()] });
-    files.push(ManifestFile { path: "config/rbac/role.yaml".into(), documents: vec![manager_cluster_role()] });
-    files.push(ManifestFile {
-        path: "config/rbac/role_binding.yaml".into(),
-        documents: vec![manager_cluster_role_binding()],
-    });
+    let [role, binding] = manager_role(&RbacScope::Cluster);
+    files.push(ManifestFile { path: "config/rbac/role.yaml".into(), documents: vec![role] });
+    files.push(ManifestFile { path: "config/rbac/role_binding.yaml".into(), documents: vec![binding] });
     files.push(ManifestFile {
         path: "config/rbac/leader_election_role.yaml".into(),
         documents: vec![leader_election_role(), leader_election_role_binding()],
@@ -153,53 +151,121 @@ fn service_account() -> Value {
     })
 }
 
-/// What the manager may do cluster-wide: exactly what the reconcilers use.
-fn manager_cluster_role() -> Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": { "name": name("manager-role") },
-        "rules": [
-            {
-                "apiGroups": [api::GROUP],
-                "resources": ["libvirtclusters", "libvirtmachines", "libvirtclustertemplates", "libvirtmachinetemplates"],
-                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]
-            },
-            {
-                "apiGroups": [api::GROUP],
-                "resources": [
-                    "libvirtclusters/status", "libvirtmachines/status", "libvirtmachinetemplates/status",
-                    "libvirtclusters/finalizers", "libvirtmachines/finalizers"
-                ],
-                "verbs": ["get", "patch", "update"]
-            },
-            {
-                "apiGroups": ["cluster.x-k8s.io"],
-                "resources": ["clusters", "machines"],
-                "verbs": ["get", "list", "watch"]
-            },
-            {
-                "apiGroups": [""],
-                "resources": ["secrets"],
-                "verbs": ["get", "list", "watch"]
-            },
-            {
-                "apiGroups": ["", "events.k8s.io"],
-                "resources": ["events"],
-                "verbs": ["create", "patch"]
-            }
-        ]
-    })
+/// Every API request the manager makes, as RBAC rules, and nothing more
+/// (issue 11 item 7). The reconcilers watch and patch our two kinds (finalizers,
+/// `spec.providerID`, the endpoint; a machine reads its LibvirtCluster, a
+/// LibvirtMachine is only ever read from the watch cache), patch their status, read CAPI's Cluster and
+/// Machine and the bootstrap Secrets, and publish `events.k8s.io` Events (kube's
+/// recorder creates an Event and patches it when the same one repeats). The
+/// templates are never read by the manager: CAPI copies them into objects. The
+/// API-server test `manager_binary_with_the_simulated_host_provisions_a_machine`
+/// runs the manager with only these rules and checks each one is used.
+fn manager_rules() -> Value {
+    json!([
+        {
+            "apiGroups": [api::GROUP],
+            "resources": ["libvirtclusters"],
+            "verbs": ["get", "list", "watch", "patch"]
+        },
+        {
+            "apiGroups": [api::GROUP],
+            "resources": ["libvirtmachines"],
+            "verbs": ["list", "watch", "patch"]
+        },
+        {
+            "apiGroups": [api::GROUP],
+            "resources": ["libvirtclusters/status", "libvirtmachines/status"],
+            "verbs": ["patch"]
+        },
+        {
+            "apiGroups": ["cluster.x-k8s.io"],
+            "resources": ["clusters", "machines"],
+            "verbs": ["get", "list", "watch"]
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "verbs": ["get", "list", "watch"]
+        },
+        {
+            "apiGroups": ["events.k8s.io"],
+            "resources": ["events"],
+            "verbs": ["create", "patch"]
+        }
+    ])
 }
 
-fn manager_cluster_role_binding() -> Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": { "name": name("manager-rolebinding") },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name("manager-role") },
-        "subjects": [{ "kind": "ServiceAccount", "name": name("controller-manager"), "namespace": NAMESPACE }]
-    })
+/// The Lease requests of leader election (kube-lease-manager reads the Lease,
+/// creates it when missing, and patches it to take, renew and release it).
+fn leader_election_rules() -> Value {
+    json!([{
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "patch"]
+    }])
+}
+
+/// Where the manager's rules apply: every namespace (a ClusterRole), or one
+/// namespace that the manager alone watches (a Role there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RbacScope {
+    Cluster,
+    Namespace(String),
+}
+
+/// Checks that `ns` can name a namespace (an RFC 1123 label), for
+/// `--watch-namespace`.
+pub fn check_namespace_name(ns: &str) -> Result<(), String> {
+    let valid = !ns.is_empty()
+        && ns.len() <= 63
+        && ns.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !ns.starts_with('-')
+        && !ns.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "--watch-namespace {ns:?} is not a namespace name: use at most 63 lower-case letters, digits and '-', \
+             starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// The manager's role and its binding to the manager's ServiceAccount.
+fn manager_role(scope: &RbacScope) -> [Value; 2] {
+    let subjects = json!([{ "kind": "ServiceAccount", "name": name("controller-manager"), "namespace": NAMESPACE }]);
+    match scope {
+        RbacScope::Cluster => [
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": { "name": name("manager-role") },
+                "rules": manager_rules()
+            }),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": { "name": name("manager-rolebinding") },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name("manager-role") },
+                "subjects": subjects
+            }),
+        ],
+        RbacScope::Namespace(ns) => [
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": { "name": name("manager-role"), "namespace": ns },
+                "rules": manager_rules()
+            }),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": { "name": name("manager-rolebinding"), "namespace": ns },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name("manager-role") },
+                "subjects": subjects
+            }),
+        ],
+    }
 }
 
 fn leader_election_role() -> Value {
@@ -207,11 +273,7 @@ fn leader_election_role() -> Value {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": { "name": name("leader-election-role"), "namespace": NAMESPACE },
-        "rules": [{
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]
-        }]
+        "rules": leader_election_rules()
     })
 }
 
@@ -273,6 +335,8 @@ pub struct DeploymentSettings {
     pub watch_namespace: String,
     pub concurrency: String,
     pub log_format: String,
+    /// A ClusterRole, or a Role in the one namespace the manager watches.
+    pub rbac_scope: RbacScope,
 }
 
 impl Default for DeploymentSettings {
@@ -282,6 +346,7 @@ impl Default for DeploymentSettings {
             watch_namespace: "*".into(),
             concurrency: "10".into(),
             log_format: "json".into(),
+            rbac_scope: RbacScope::Cluster,
         }
     }
 }
@@ -294,7 +359,16 @@ impl DeploymentSettings {
             watch_namespace: "${CAPL_WATCH_NAMESPACE:=*}".into(),
             concurrency: "${CAPL_CONCURRENCY:=10}".into(),
             log_format: "${CAPL_LOG_FORMAT:=json}".into(),
+            rbac_scope: RbacScope::Cluster,
         }
+    }
+
+    /// These settings for a manager that watches only `namespace`, with its
+    /// rules in a Role there instead of a ClusterRole.
+    pub fn for_one_namespace(mut self, namespace: &str) -> Self {
+        self.watch_namespace = namespace.into();
+        self.rbac_scope = RbacScope::Namespace(namespace.into());
+        self
     }
 }
 
@@ -371,13 +445,9 @@ fn metrics_service() -> Value {
 pub fn release_components(settings: &DeploymentSettings) -> Vec<Value> {
     let mut docs = vec![namespace()];
     docs.extend(crds().iter().map(|crd| serde_json::to_value(crd).expect("CRD serializes")));
-    docs.extend([
-        service_account(),
-        manager_cluster_role(),
-        manager_cluster_role_binding(),
-        leader_election_role(),
-        leader_election_role_binding(),
-    ]);
+    docs.extend([service_account()]);
+    docs.extend(manager_role(&settings.rbac_scope));
+    docs.extend([leader_election_role(), leader_election_role_binding()]);
     docs.extend(template_immutability_policy());
     docs.extend([deployment(settings), metrics_service()]);
     for doc in &mut docs {

@@ -46,6 +46,10 @@ enum Command {
         /// Output directory.
         #[arg(long, default_value = "dist")]
         out: PathBuf,
+        /// Install for one namespace: the manager watches only it, and its
+        /// rules are a Role there instead of a ClusterRole.
+        #[arg(long)]
+        watch_namespace: Option<String>,
     },
     /// Apply the CRDs to the cluster of the current kubeconfig.
     Install,
@@ -91,9 +95,9 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Test(args) => test::run(args),
         Command::Manifests => manifests::write(),
-        Command::Release { version, image, out } => {
+        Command::Release { version, image, out, watch_namespace } => {
             let out = if out.is_absolute() { out } else { repo_root().join(out) };
-            manifests::release(&version, &image, &out)
+            manifests::release(&version, &image, &out, watch_namespace.as_deref())
         }
         Command::Install => deploy::install(),
         Command::Uninstall => deploy::uninstall(),

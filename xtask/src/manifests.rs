@@ -19,13 +19,14 @@ pub fn write() -> Result<()> {
 }
 
 /// Write the release artifacts to `out`.
-pub fn release(version: &str, image: &str, out: &Path) -> Result<()> {
+pub fn release(version: &str, image: &str, out: &Path, watch_namespace: Option<&str>) -> Result<()> {
     let sh = Shell::new()?;
     let root = repo_root();
     sh.change_dir(&root);
+    let scope: Vec<String> = watch_namespace.map(|ns| vec!["--watch-namespace".into(), ns.into()]).unwrap_or_default();
     cmd!(
         sh,
-        "cargo run --quiet --locked -p cluster-api-provider-libvirt --bin capl-manifests -- release --version {version} --image {image} --root {root} --out {out}"
+        "cargo run --quiet --locked -p cluster-api-provider-libvirt --bin capl-manifests -- release --version {version} --image {image} --root {root} --out {out} {scope...}"
     )
     .run()?;
     Ok(())

@@ -35,6 +35,10 @@ enum Command {
         /// Output directory.
         #[arg(long, default_value = "dist")]
         out: PathBuf,
+        /// Install for one namespace: the manager watches only it and its
+        /// rules are a Role there (not a ClusterRole).
+        #[arg(long)]
+        watch_namespace: Option<String>,
     },
     /// Write only install.yaml (CRDs, RBAC, policy, Deployment) for kubectl, with any image reference.
     InstallYaml {
@@ -43,17 +47,30 @@ enum Command {
         /// Output file.
         #[arg(long)]
         out: PathBuf,
+        /// Install for one namespace: the manager watches only it and its
+        /// rules are a Role there (not a ClusterRole).
+        #[arg(long)]
+        watch_namespace: Option<String>,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Write { root } => write_config(&root),
-        Command::Release { version, image, root, out } => release(&version, &image, &root, &out),
-        Command::InstallYaml { image, out } => {
-            let install = manifests::release_components(&DeploymentSettings { image, ..Default::default() });
-            write_file(&out, &manifests::render_yaml(&install))
+        Command::Release { version, image, root, out, watch_namespace } => {
+            release(&version, &image, &root, &out, watch_namespace.as_deref())
         }
+        Command::InstallYaml { image, out, watch_namespace } => {
+            let settings = scoped(DeploymentSettings { image, ..Default::default() }, watch_namespace.as_deref());
+            write_file(&out, &manifests::render_yaml(&manifests::release_components(&settings)))
+        }
+    }
+}
+
+fn scoped(settings: DeploymentSettings, watch_namespace: Option<&str>) -> DeploymentSettings {
+    match watch_namespace {
+        Some(ns) => settings.for_one_namespace(ns),
+        None => settings,
     }
 }
 
@@ -81,7 +98,7 @@ const PROVIDER_DIRECTORY: &str = "infrastructure-libvirt";
 /// Writes `<out>/infrastructure-libvirt/<version>/`, the layout clusterctl
 /// reads from a local repository (`url: file://<out>/infrastructure-libvirt/<version>/infrastructure-components.yaml`
 /// in clusterctl.yaml's `providers:`).
-fn release(version: &str, image: &str, root: &Path, out: &Path) -> Result<()> {
+fn release(version: &str, image: &str, root: &Path, out: &Path, watch_namespace: Option<&str>) -> Result<()> {
     let parsed = manifests::ReleaseVersion::parse(version).map_err(anyhow::Error::msg)?;
     manifests::check_release_image(image).map_err(anyhow::Error::msg)?;
     let metadata = manifests::release_metadata(&parsed).map_err(anyhow::Error::msg)?;
@@ -91,9 +108,15 @@ fn release(version: &str, image: &str, root: &Path, out: &Path) -> Result<()> {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing the previous {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let components = manifests::release_components(&DeploymentSettings::clusterctl(image));
+    if let Some(ns) = watch_namespace {
+        manifests::check_namespace_name(ns).map_err(anyhow::Error::msg)?;
+    }
+    let components = manifests::release_components(&scoped(DeploymentSettings::clusterctl(image), watch_namespace));
     write_file(&dir.join("infrastructure-components.yaml"), &manifests::render_yaml(&components))?;
-    let install = manifests::release_components(&DeploymentSettings { image: image.into(), ..Default::default() });
+    let install = manifests::release_components(&scoped(
+        DeploymentSettings { image: image.into(), ..Default::default() },
+        watch_namespace,
+    ));
     write_file(&dir.join("install.yaml"), &manifests::render_yaml(&install))?;
     write_file(&dir.join("metadata.yaml"), &manifests::render_yaml(&[metadata]))?;
     let templates = root.join("templates");

@@ -291,6 +291,54 @@ fn release_rejects_a_malformed_version() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// `release --watch-namespace team-a`: the manager watches team-a only and its
+/// rules (the same as the ClusterRole's) are a Role bound there; the Lease
+/// stays in the provider's namespace. A bad namespace name is refused.
+#[test]
+fn a_release_for_one_namespace_grants_nothing_cluster_wide() {
+    let out = tempdir("release-namespaced");
+    let run = |ns: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+            .args(["release", "--version", "v0.1.0", "--image", "registry.example/capl:v0.1.0", "--root"])
+            .arg(repo_root())
+            .arg("--out")
+            .arg(&out)
+            .args(["--watch-namespace", ns])
+            .output()
+            .unwrap()
+    };
+    let output = run("team-a");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let cluster_wide = manifests::release_components(&manifests::DeploymentSettings::default());
+    let cluster_role = cluster_wide.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    for artifact in ["infrastructure-components.yaml", "install.yaml"] {
+        let path = out.join("infrastructure-libvirt").join("v0.1.0").join(artifact);
+        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&std::fs::read_to_string(path).unwrap())
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .filter(|d: &Value| !d.is_null())
+            .collect();
+        let kinds = manifests::kinds(&docs);
+        assert_eq!(kinds.get("ClusterRole"), None, "{artifact}: {kinds:?}");
+        assert_eq!(kinds.get("ClusterRoleBinding"), None, "{artifact}: {kinds:?}");
+        let role = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "team-a").unwrap();
+        assert_eq!(role["rules"], cluster_role["rules"], "{artifact}: the same rules, one namespace");
+        let binding =
+            docs.iter().find(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == "team-a").unwrap();
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["namespace"], "capl-system");
+        let lease_role =
+            docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "capl-system").unwrap();
+        assert_eq!(lease_role["rules"][0]["resources"][0], "leases");
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(args.as_array().unwrap().iter().any(|a| a == "--namespace=team-a"), "{artifact}: {args}");
+    }
+    let refused = run("Team_A");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("\"Team_A\" is not a namespace name"), "{stderr}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
 fn tempdir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("capl-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
