@@ -27,6 +27,7 @@ pub mod machine;
 pub mod naming;
 pub mod network_xml;
 pub mod sim_host;
+pub mod uri_policy;
 pub mod volume_xml;
 pub mod xml_tree;
 

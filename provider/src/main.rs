@@ -11,6 +11,7 @@ use axum::routing::get;
 use capl::controller::{self, Context, Settings, metrics::Metrics};
 use capl_host::domain_xml::DomainTypePreference;
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use capl_host::uri_policy::UriPolicy;
 use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
 
@@ -50,6 +51,14 @@ struct Flags {
     /// Also log each domain's serial console to <dir>/<domain>-console.log on the libvirt host.
     #[arg(long)]
     console_log_dir: Option<String>,
+    /// Accept every libvirt URI: the ext transport, command=, socket=, name=, no_verify=1,
+    /// known_hosts_verify=ignore and files outside the credentials directories. Only when
+    /// everyone who may create a LibvirtCluster is trusted with the manager's user.
+    #[arg(long)]
+    allow_unsafe_uris: bool,
+    /// A directory the URIs' pkipath=, keyfile= and known_hosts= may point into (repeatable).
+    #[arg(long = "credentials-dir", default_value = capl_host::uri_policy::DEFAULT_CREDENTIALS_DIR)]
+    credentials_dirs: Vec<std::path::PathBuf>,
     /// Concurrent libvirt calls per host.
     #[arg(long, default_value_t = DEFAULT_MAX_CALLS_PER_HOST)]
     max_calls_per_host: usize,
@@ -135,6 +144,10 @@ async fn run() -> Result<()> {
         domain_type,
         console_log_dir: flags.console_log_dir.clone(),
         concurrency: flags.concurrency,
+        uri_policy: UriPolicy {
+            allow_unsafe: flags.allow_unsafe_uris,
+            credentials_dirs: flags.credentials_dirs.clone(),
+        },
     };
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));

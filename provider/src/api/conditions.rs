@@ -63,4 +63,8 @@ pub mod reasons {
     pub const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
     /// A volume or DHCP entry with our name exists on the host but is not ours.
     pub const OBJECT_COLLISION: &str = "ObjectCollision";
+    /// The LibvirtCluster's URI would make the manager run a program, read a
+    /// file or skip the server's identity check, and the manager does not
+    /// allow that (`--allow-unsafe-uris`).
+    pub const URI_NOT_ALLOWED: &str = "UriNotAllowed";
 }

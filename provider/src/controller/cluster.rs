@@ -12,7 +12,7 @@ use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, Infra
 use super::condition_list::{self, Status};
 use super::{Context, Error, object_patch};
 use crate::api::capi::{Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
-use crate::api::conditions::INFRASTRUCTURE_READY;
+use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
 use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus};
 use capl_host::infra::{InfraSpec, check_infrastructure};
 
@@ -98,6 +98,10 @@ async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {
         base_pool: object.spec.base_pool.clone(),
         domain_pool: object.spec.domain_pool.clone(),
     };
+    if let Err(message) = ctx.settings.uri_policy.check(&object.spec.uri) {
+        // Never connected: opening this URI is what the policy refuses.
+        return InfraCheck::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
+    }
     let started = Instant::now();
     let result = ctx.connections.host(&object.spec.uri).call(move |h| check_infrastructure(h, &spec)).await;
     ctx.metrics.host_operation("check_infrastructure", started.elapsed());

@@ -183,6 +183,13 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         // Nothing of ours can exist under an identity we never set: report and wait for a new object.
         snapshot.host = Host::Failed { reason: reasons::INVALID_MACHINE_SPEC, message, transient: false };
     }
+    if let Some(lc) = &g.libvirt_cluster
+        && let Err(message) = ctx.settings.uri_policy.check(&lc.spec.uri)
+    {
+        // The manager does not open this URI, not even to delete: report it (the
+        // LibvirtCluster reports it too) and wait.
+        snapshot.host = Host::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
+    }
     let mut report: Option<MachineReport> = None;
     let mut user_data = Vec::new();
 

@@ -31,6 +31,7 @@ use crate::api::capi::{Cluster, Machine};
 use crate::api::{LibvirtCluster, LibvirtMachine};
 use capl_host::domain_xml::DomainTypePreference;
 use capl_host::hypervisor::connections::Connections;
+pub use capl_host::uri_policy::UriPolicy;
 
 /// Bounds of the interval between looks at a guest that has no lease yet.
 const LEASE_LOOK_MIN: Duration = Duration::from_secs(2);
@@ -50,11 +51,19 @@ pub struct Settings {
     pub console_log_dir: Option<String>,
     /// Reconciles running at once, per controller.
     pub concurrency: u16,
+    /// Which libvirt URIs a LibvirtCluster may name.
+    pub uri_policy: UriPolicy,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { namespace: None, domain_type: DomainTypePreference::Auto, console_log_dir: None, concurrency: 10 }
+        Self {
+            namespace: None,
+            domain_type: DomainTypePreference::Auto,
+            console_log_dir: None,
+            concurrency: 10,
+            uri_policy: UriPolicy::default(),
+        }
     }
 }
 

@@ -18,3 +18,4 @@ mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;
 mod reconcile_restart;
+mod reconcile_uri_policy;

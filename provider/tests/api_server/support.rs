@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::metrics::Metrics;
-use capl::controller::{self, Context, Settings};
+use capl::controller::{self, Context, Settings, UriPolicy};
 use capl_host::DomainTypePreference;
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
 use capl_host::hypervisor::sim::{SimConnector, SimHypervisor};
@@ -323,12 +323,18 @@ pub struct Manager {
 
 impl Manager {
     pub fn start(client: Client, ns: &str, connections: Arc<Connections>) -> Self {
+        Self::start_with_policy(client, ns, connections, UriPolicy::default())
+    }
+
+    /// [`Manager::start`] with the URI policy of `--allow-unsafe-uris`/`--credentials-dir`.
+    pub fn start_with_policy(client: Client, ns: &str, connections: Arc<Connections>, uri_policy: UriPolicy) -> Self {
         let settings = Settings {
             namespace: Some(ns.to_string()),
             // The simulator offers no KVM, as on these machines.
             domain_type: DomainTypePreference::Qemu,
             console_log_dir: None,
             concurrency: 4,
+            uri_policy,
         };
         let metrics = Metrics::default();
         let ctx = Arc::new(Context::new(client, connections.clone(), settings, metrics.clone()));

@@ -1,0 +1,195 @@
+//! Which libvirt URIs a LibvirtCluster may name (issue 12 item 7).
+//!
+//! Opening a connection runs libvirt's client inside the manager process, and
+//! some URIs make that client do more than talk to a daemon: the `ext`
+//! transport and the `command=` parameter run a program, `socket=` connects
+//! to any local socket, `pkipath=`, `keyfile=` and `known_hosts=` read files,
+//! `test:///<path>` parses a file, and `name=` hands another URI to the remote
+//! daemon. Anyone who may create a LibvirtCluster could otherwise make the
+//! manager run programs as its user or read its files (and see error text
+//! about them in a condition). So, unless the manager is started with
+//! `--allow-unsafe-uris`:
+//!
+//! - the `ext` transport is refused;
+//! - `command=`, `socket=` and `name=` are refused;
+//! - `pkipath=`, `keyfile=` and `known_hosts=` must be absolute paths inside
+//!   one of the credentials directories (`--credentials-dir`, default
+//!   [`DEFAULT_CREDENTIALS_DIR`]), with no `..`;
+//! - `no_verify` (other than `0`) and `known_hosts_verify=ignore|auto` (which
+//!   turn off the server's identity check) are refused;
+//! - the test driver is allowed only as `test:///default` (in memory).
+//!
+//! Parameter names and values are percent-decoded first, as libvirt does
+//! (`%6Eo_verify=1` is `no_verify=1`), and parameters are split at `&` and
+//! `;` as libvirt splits them.
+
+use std::path::{Component, Path, PathBuf};
+
+/// Where operators mount host credentials by default (the README's examples).
+pub const DEFAULT_CREDENTIALS_DIR: &str = "/etc/capl";
+
+/// The rules a URI is checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UriPolicy {
+    /// `--allow-unsafe-uris`: accept every URI libvirt accepts.
+    pub allow_unsafe: bool,
+    /// Directories that file parameters may point into.
+    pub credentials_dirs: Vec<PathBuf>,
+}
+
+impl Default for UriPolicy {
+    fn default() -> Self {
+        Self { allow_unsafe: false, credentials_dirs: vec![PathBuf::from(DEFAULT_CREDENTIALS_DIR)] }
+    }
+}
+
+impl UriPolicy {
+    /// A policy that accepts everything (`--allow-unsafe-uris`).
+    pub fn allow_all() -> Self {
+        Self { allow_unsafe: true, ..Self::default() }
+    }
+
+    /// `Ok` when the manager may open `uri`; otherwise what is refused and
+    /// what to do instead, as one sentence for a condition.
+    pub fn check(&self, uri: &str) -> Result<(), String> {
+        if self.allow_unsafe {
+            return Ok(());
+        }
+        let refuse = |what: String| {
+            Err(format!(
+                "the manager refuses URI {uri}: {what}; this manager does not allow it (it starts without \
+                 --allow-unsafe-uris), so create a new LibvirtCluster with a URI without it"
+            ))
+        };
+        let Some((scheme, rest)) = uri.split_once("://") else {
+            return refuse("it is not of the form driver[+transport]://[host]/path".into());
+        };
+        let (driver, transport) = match scheme.split_once('+') {
+            Some((d, t)) => (d, Some(t)),
+            None => (scheme, None),
+        };
+        if transport == Some("ext") {
+            return refuse("the ext transport runs a program named in the URI".into());
+        }
+        let (location, query) = match rest.split_once('?') {
+            Some((l, q)) => (l, q),
+            None => (rest, ""),
+        };
+        let location = location.split('#').next().unwrap_or_default();
+        let query = query.split('#').next().unwrap_or_default();
+        if driver == "test" && location != "/default" {
+            return refuse(format!("the test driver reads the file {location}; only test:///default is allowed"));
+        }
+        for param in query.split(['&', ';']).filter(|p| !p.is_empty()) {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            let (name, value) = (percent_decode(name), percent_decode(value));
+            match name.as_str() {
+                "command" => return refuse(format!("command={value} runs a program")),
+                "socket" => return refuse(format!("socket={value} connects to a local socket of the manager")),
+                "name" => return refuse(format!("name={value} makes the daemon open another URI")),
+                "no_verify" if value != "0" => {
+                    return refuse(format!("no_verify={value} turns off the server certificate check"));
+                }
+                "known_hosts_verify" if value == "ignore" || value == "auto" => {
+                    return refuse(format!("known_hosts_verify={value} accepts an unknown host key"));
+                }
+                "pkipath" | "keyfile" | "known_hosts" if !self.inside_credentials_dirs(Path::new(&value)) => {
+                    return refuse(format!(
+                        "{name}={value} is not inside the credentials directories ({}); put the files there",
+                        self.dirs_text()
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn inside_credentials_dirs(&self, path: &Path) -> bool {
+        path.is_absolute()
+            && path.components().all(|c| !matches!(c, Component::ParentDir | Component::CurDir))
+            && self.credentials_dirs.iter().any(|dir| path.starts_with(dir) && path != dir.as_path())
+    }
+
+    fn dirs_text(&self) -> String {
+        self.credentials_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// `%XX` escapes decoded to bytes (invalid escapes kept as written), read as
+/// UTF-8 with replacement.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case("qemu:///system")]
+    #[case("qemu+tcp://kvm1.lab/system")]
+    #[case("qemu+tls://kvm1.lab/system")]
+    #[case("qemu+tls://kvm1.lab/system?pkipath=/etc/capl/pki/kvm1")]
+    #[case("qemu+tls://kvm1.lab/system?no_verify=0")]
+    #[case("qemu+libssh://root@kvm1.lab/system?keyfile=/etc/capl/ssh/id_ed25519&known_hosts=/etc/capl/ssh/known_hosts")]
+    #[case("qemu+libssh2://root@kvm1.lab/system?sshauth=privkey&known_hosts_verify=normal")]
+    #[case("qemu+ssh://root@kvm1.lab/system")]
+    #[case("test:///default")]
+    fn safe_uris_pass(#[case] uri: &str) {
+        assert_eq!(UriPolicy::default().check(uri), Ok(()));
+    }
+
+    #[rstest::rstest]
+    #[case("qemu+ext:///system?command=/tmp/x.sh", "the ext transport runs a program")]
+    #[case("qemu+ssh://h/system?command=/tmp/fake-ssh", "command=/tmp/fake-ssh runs a program")]
+    #[case("qemu+unix:///system?socket=/run/other/sock", "socket=/run/other/sock connects")]
+    #[case("qemu+tcp://h/system?name=test:///etc/shadow", "name=test:///etc/shadow")]
+    #[case("qemu+tls://h/system?no_verify=1", "no_verify=1 turns off")]
+    #[case("qemu+tls://h/system?%6Eo_verify=1", "no_verify=1 turns off")]
+    #[case(
+        "qemu+tls://h/system?pkipath=/etc/ssl",
+        "pkipath=/etc/ssl is not inside the credentials directories (/etc/capl)"
+    )]
+    #[case("qemu+tls://h/system?pkipath=/etc/capl/../ssl", "pkipath=/etc/capl/../ssl is not inside")]
+    #[case("qemu+tls://h/system?pkipath=%2Fetc%2Fcapl%2F..%2Froot", "pkipath=/etc/capl/../root is not inside")]
+    #[case("qemu+libssh://h/system?keyfile=/root/.ssh/id_rsa", "keyfile=/root/.ssh/id_rsa is not inside")]
+    #[case("qemu+libssh://h/system?a=b;known_hosts=/etc/passwd", "known_hosts=/etc/passwd is not inside")]
+    #[case("qemu+libssh://h/system?known_hosts_verify=ignore", "known_hosts_verify=ignore accepts")]
+    #[case("test:///etc/passwd", "the test driver reads the file /etc/passwd")]
+    fn unsafe_uris_are_refused_with_the_reason(#[case] uri: &str, #[case] why: &str) {
+        let message = UriPolicy::default().check(uri).unwrap_err();
+        assert!(message.contains(why), "{message}");
+        assert!(message.contains(&format!("refuses URI {uri}")), "names the URI: {message}");
+        assert!(message.contains("--allow-unsafe-uris") && message.contains("new LibvirtCluster"), "{message}");
+        assert_eq!(UriPolicy::allow_all().check(uri), Ok(()), "--allow-unsafe-uris accepts {uri}");
+    }
+
+    #[test]
+    fn other_credentials_directories_can_be_configured() {
+        let policy = UriPolicy { allow_unsafe: false, credentials_dirs: vec!["/var/run/capl-credentials".into()] };
+        assert_eq!(policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials/ns/c"), Ok(()));
+        assert!(policy.check("qemu+tls://h/system?pkipath=/etc/capl/pki").is_err());
+        assert!(policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials").is_err(), "the directory itself");
+        assert!(policy.check("qemu+tls://h/system?pkipath=var/run/capl-credentials/x").is_err(), "relative");
+    }
+}
