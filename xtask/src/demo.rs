@@ -6,16 +6,16 @@
 //! provider, creates one Cluster with two Machines, prints what happens as it
 //! happens (machine phases, domain states, IPs, the guests' console lines),
 //! and on Ctrl-C deletes the cluster and stops everything. The private
-//! libvirtd keeps running (`cargo xtask host down` stops it).
+//! libvirtd is stopped too when this demo started it (a daemon that was
+//! already running, e.g. for tests, is left running).
 //!
 //! `--hypervisor sim` runs the provider on its embedded simulated libvirt
 //! host: no libvirtd, no guest image, no root needed at run time.
 
-use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 use crate::{control_plane, e2e, guest_image, libvirt_host, repo_root};
 
@@ -36,8 +36,10 @@ pub fn run(args: Args) -> Result<()> {
     libvirt_host::deps()?;
     control_plane::run(control_plane::Command::Build)?;
     let mut runner_env = Vec::new();
+    let mut started_libvirtd = false;
     if !sim {
         let image = guest_image::build(false)?;
+        started_libvirtd = !libvirt_host::is_up();
         let uri = libvirt_host::up()?;
         runner_env.push((libvirt_host::URI_ENV, uri));
         runner_env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
@@ -53,7 +55,18 @@ pub fn run(args: Args) -> Result<()> {
     if args.exit_after_ready {
         command.arg("--exit-after-ready");
     }
-    // Replace this process: Ctrl-C then reaches only the demo, which cleans up.
-    let err = command.exec();
-    Err(anyhow::anyhow!("starting {} failed: {err}", bins.e2e.display()))
+    let mut child = command.spawn().with_context(|| format!("starting {}", bins.e2e.display()))?;
+    // Ctrl-C reaches the whole foreground process group: the demo cleans up on
+    // it, and this process waits for that instead of dying first.
+    // SAFETY: sets the disposition of SIGINT for this process; no handler runs.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let status = child.wait().context("waiting for the demo")?;
+    if started_libvirtd {
+        eprintln!("demo: stopping the private libvirtd this demo started");
+        libvirt_host::down()?;
+    }
+    if !status.success() {
+        bail!("the demo failed ({status})");
+    }
+    Ok(())
 }

@@ -418,6 +418,11 @@ fn probe_domain_xml() -> String {
     )
 }
 
+/// Whether the private libvirtd answers now.
+pub fn is_up() -> bool {
+    Shell::new().is_ok_and(|sh| daemon_responds(&sh, &uri()))
+}
+
 /// `cargo xtask host up`: returns the URI.
 pub fn up() -> Result<String> {
     require_root("host up", "it starts a root libvirtd in a private mount namespace")?;
