@@ -87,6 +87,12 @@ pub enum HostError {
     ImageMissing { image: String, pool: String, uri: String },
 
     #[error(
+        "base image \"{image}\" in storage pool \"{pool}\" {why}: a machine's disk is an overlay on its image, so the image must be a standalone volume the provider did not make; since spec.image cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that names one (qemu-img convert makes a standalone copy of an overlay)"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    ImageUnusable { image: String, pool: String, why: String },
+
+    #[error(
         "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
@@ -152,7 +158,7 @@ impl HostError {
                 FailureKind::InfrastructureMissing
             }
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
-            HostError::DiskTooSmall { .. } => FailureKind::InvalidMachineSpec,
+            HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } => FailureKind::HostUnreachable,

@@ -50,6 +50,18 @@ pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
 /// the one definition of it.
 pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 
+/// A seed ISO's name: `cloudinit-<domain>.iso`.
+const SEED_VOLUME_PREFIX: &str = "cloudinit-";
+const SEED_VOLUME_SUFFIX: &str = ".iso";
+
+/// Whether `volume` is named like a seed ISO the provider makes.
+pub fn is_seed_volume_name(volume: &str) -> bool {
+    volume
+        .strip_prefix(SEED_VOLUME_PREFIX)
+        .and_then(|rest| rest.strip_suffix(SEED_VOLUME_SUFFIX))
+        .is_some_and(is_dns_label)
+}
+
 /// The identity of one LibvirtMachine, and every name derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineNames {
@@ -97,7 +109,7 @@ impl MachineNames {
 
     /// The cloud-init NoCloud ISO: `cloudinit-<domain>.iso`.
     pub fn cloud_init_volume(&self) -> String {
-        format!("cloudinit-{}.iso", self.domain)
+        format!("{SEED_VOLUME_PREFIX}{}{SEED_VOLUME_SUFFIX}", self.domain)
     }
 
     /// The NIC's MAC address, derived from the domain name.

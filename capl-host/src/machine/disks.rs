@@ -36,13 +36,28 @@ impl MachineRun<'_> {
         }
     }
 
+    /// The machine's base image: it must exist and be a standalone volume. An
+    /// overlay (any volume with a backing store, which every root disk the
+    /// provider makes is) or a seed ISO of ours would tie this machine to
+    /// another machine's data, or to an image its owner may delete.
     pub(super) fn base_image(&self) -> HostResult<VolumeInfo> {
         let spec = self.spec;
-        self.lookup_volume(&spec.base_pool, &spec.image)?.ok_or_else(|| HostError::ImageMissing {
+        let image = self.lookup_volume(&spec.base_pool, &spec.image)?.ok_or_else(|| HostError::ImageMissing {
             image: spec.image.clone(),
             pool: spec.base_pool.clone(),
             uri: self.uri.clone(),
-        })
+        })?;
+        let why = if let Some(backing) = &image.backing {
+            Some(format!("is an overlay backed by {}", backing.path))
+        } else if crate::naming::is_seed_volume_name(&spec.image) {
+            Some("is a cloud-init seed ISO the provider made for a machine".to_string())
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(HostError::ImageUnusable { image: spec.image.clone(), pool: spec.base_pool.clone(), why }),
+            None => Ok(image),
+        }
     }
 
     pub(super) fn ensure_root_disk(&mut self) -> HostResult<()> {

@@ -349,7 +349,28 @@ pub fn bad_disk_and_missing_image(hv: &dyn HostAdmin, fx: &Fixture, namespace: &
     assert!(matches!(&err, HostError::ImageMissing { image, .. } if image == "no-such-image.qcow2"), "{err}");
     assert_eq!(err.kind(), FailureKind::InfrastructureMissing);
     assert!(err.to_string().contains(&fx.base_pool), "{err}");
-    assert_eq!(leftovers(hv, fx, &[small, missing]), Vec::<String>::new());
+
+    // An image the provider made for another machine: its root disk (an
+    // overlay) or its seed ISO. Neither may become a base image.
+    let other = fresh_spec(hv, fx, namespace, "other-0");
+    create_machine(hv, &other, &user_data(&other)).unwrap();
+    let mut refused = Vec::new();
+    for (image, why) in [
+        (other.names().overlay_volume(), "is an overlay backed by"),
+        (other.names().cloud_init_volume(), "is a cloud-init seed ISO the provider made"),
+    ] {
+        let mut spec = fresh_spec(hv, fx, namespace, &format!("reuse-{}", refused.len()));
+        spec.base_pool = fx.domain_pool.clone();
+        spec.image = image.clone();
+        let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("a provider-made volume as the image");
+        assert!(matches!(&err, HostError::ImageUnusable { image: i, .. } if *i == image), "{err}");
+        assert_eq!(err.kind(), FailureKind::InvalidMachineSpec);
+        assert!(err.to_string().contains(why), "{err}");
+        refused.push(spec);
+    }
+    assert_eq!(leftovers(hv, fx, &refused), Vec::<String>::new(), "nothing made for a refused machine");
+    delete_machine(hv, &other).unwrap();
+    assert_eq!(leftovers(hv, fx, &[small, missing, other]), Vec::<String>::new());
 }
 
 /// The control-plane endpoint address is never handed out.
