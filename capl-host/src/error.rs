@@ -39,6 +39,9 @@ pub enum FailureKind {
     InfrastructureMissing,
     /// A network or pool exists but is not active.
     InfrastructureInactive,
+    /// A network or pool exists but is of a kind the provider cannot use
+    /// (a network without IPv4, a pool type other than dir, fs or netfs).
+    InfrastructureUnsupported,
     /// A libvirt call failed, or the host's state cannot be used (e.g. no free address).
     ProvisioningFailed,
     /// The machine asks for something the host cannot give (e.g. a disk smaller than its image).
@@ -52,9 +55,10 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 7] = [
+    pub const ALL: [FailureKind; 8] = [
         FailureKind::InfrastructureMissing,
         FailureKind::InfrastructureInactive,
+        FailureKind::InfrastructureUnsupported,
         FailureKind::ProvisioningFailed,
         FailureKind::InvalidMachineSpec,
         FailureKind::DomainCollision,
@@ -80,6 +84,11 @@ pub enum HostError {
 
     #[error("storage pool \"{pool}\" on {uri} is inactive: run virsh pool-start {pool}")]
     PoolInactive { pool: String, uri: String },
+
+    #[error(
+        "storage pool \"{pool}\" on {uri} is of type {pool_type}, which cannot hold qcow2 overlays and uploaded seed ISOs: use a pool of type dir, fs or netfs; basePool and domainPool cannot be changed, so create a new LibvirtCluster that names one"
+    )]
+    PoolTypeUnsupported { pool: String, uri: String, pool_type: String },
 
     #[error(
         "base image \"{image}\" is not a volume of storage pool \"{pool}\" on {uri}: upload it (virsh vol-create-as + vol-upload, or copy it and run virsh pool-refresh {pool}) or, since spec.image cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that names an existing image"
@@ -158,6 +167,7 @@ impl HostError {
                 FailureKind::InfrastructureMissing
             }
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
+            HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
             HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
@@ -165,8 +175,7 @@ impl HostError {
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
             }
-            HostError::NoIpv4 { .. }
-            | HostError::NoFreeAddress { .. }
+            HostError::NoFreeAddress { .. }
             | HostError::ConsoleLogDirMissing { .. }
             | HostError::Libvirt { .. }
             | HostError::UnreadableXml { .. } => FailureKind::ProvisioningFailed,

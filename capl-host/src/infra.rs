@@ -1,8 +1,15 @@
-//! The LibvirtCluster check: the network and both pools exist and are active.
-//! Nothing on the host is created or started.
+//! The LibvirtCluster check: the network and both pools exist, are active and
+//! are of a kind the provider can use (the network has IPv4; the pools are of
+//! a file-based type). Nothing on the host is created or started.
 
 use super::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, Hypervisor};
+use crate::network_xml::parse_network;
+use crate::xml_tree::XmlElement;
+
+/// Pool types whose volumes are files: qcow2 overlays with a backing file and
+/// uploaded ISOs work there (not in logical, disk, iscsi, rbd, ... pools).
+pub const SUPPORTED_POOL_TYPES: [&str; 3] = ["dir", "fs", "netfs"];
 
 /// The host objects a LibvirtCluster points to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +37,7 @@ pub fn check_infrastructure(hv: &dyn Hypervisor, spec: &InfraSpec) -> HostResult
 pub fn check_network(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
     let uri = hv.uri().to_string();
     match hv.network_is_active(network) {
-        Ok(true) => Ok(()),
+        Ok(true) => check_network_ipv4(hv, network),
         Ok(false) => Err(HostError::NetworkInactive { network: network.to_string(), uri }),
         Err(e) if e.kind == ErrorKind::NoNetwork => {
             Err(HostError::NetworkMissing { network: network.to_string(), uri })
@@ -46,8 +53,54 @@ pub fn check_network(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
 }
 
 /// The storage pool exists and is active.
+/// Machines get their addresses by a DHCP reservation in the network's IPv4
+/// subnet, so the network needs one.
+fn check_network_ipv4(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
+    let uri = hv.uri().to_string();
+    let xml = hv.network_xml(network).map_err(|source| HostError::Libvirt {
+        action: "read",
+        kind: ObjectKind::Network,
+        object: network.to_string(),
+        uri: uri.clone(),
+        source,
+    })?;
+    let info = parse_network(&xml).map_err(|detail| HostError::UnreadableXml {
+        kind: ObjectKind::Network,
+        object: network.to_string(),
+        uri: uri.clone(),
+        detail,
+    })?;
+    match info.ipv4 {
+        Some(_) => Ok(()),
+        None => Err(HostError::NoIpv4 { network: network.to_string(), uri }),
+    }
+}
+
 pub fn check_pool(hv: &dyn Hypervisor, pool: &str) -> HostResult<()> {
     let uri = hv.uri().to_string();
+    // The type first: an unusable pool is reported as such, active or not.
+    match hv.pool_xml(pool) {
+        Ok(xml) => {
+            let pool_type = XmlElement::parse(&xml).ok().and_then(|root| root.attr("type").map(str::to_string));
+            if let Some(pool_type) = pool_type
+                && !SUPPORTED_POOL_TYPES.contains(&pool_type.as_str())
+            {
+                return Err(HostError::PoolTypeUnsupported { pool: pool.to_string(), uri, pool_type });
+            }
+        }
+        Err(e) if e.kind == ErrorKind::NoStoragePool => {
+            return Err(HostError::PoolMissing { pool: pool.to_string(), uri });
+        }
+        Err(source) => {
+            return Err(HostError::Libvirt {
+                action: "read",
+                kind: ObjectKind::StoragePool,
+                object: pool.to_string(),
+                uri,
+                source,
+            });
+        }
+    }
     match hv.pool_is_active(pool) {
         Ok(true) => Ok(()),
         Ok(false) => Err(HostError::PoolInactive { pool: pool.to_string(), uri }),

@@ -100,6 +100,7 @@ const PACKAGES: &[Package] = &[
     pkg("libvirt-daemon-driver-qemu", "libvirtd's QEMU driver"),
     pkg("libvirt-daemon-driver-network", "libvirtd's network driver (NAT network, dnsmasq)"),
     pkg("libvirt-daemon-driver-storage", "libvirtd's storage driver (dir pools)"),
+    pkg("libvirt-daemon-driver-storage-scsi", "a pool type the provider refuses (scsi), for the test that it says so"),
     pkg("libvirt-clients", "virsh"),
     pkg("libvirt-dev", "libvirt's headers and libvirt.so for the virt crate"),
     pkg("qemu-system-x86", "QEMU"),

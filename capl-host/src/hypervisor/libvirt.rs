@@ -133,6 +133,10 @@ impl Hypervisor for LibvirtHypervisor {
         self.pool(name)?.is_active().map_err(from_virt)
     }
 
+    fn pool_xml(&self, name: &str) -> Result<String> {
+        self.pool(name)?.xml_desc(0).map_err(from_virt)
+    }
+
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
         self.volume(pool, name)?.xml_desc(0).map_err(from_virt)
     }
@@ -278,10 +282,6 @@ impl HostAdmin for LibvirtHypervisor {
     fn pool_list(&self) -> Result<Vec<String>> {
         let pools = self.conn.list_all_storage_pools(0).map_err(from_virt)?;
         pools.iter().map(|p| p.name().map_err(from_virt)).collect()
-    }
-
-    fn pool_xml(&self, name: &str) -> Result<String> {
-        self.pool(name)?.xml_desc(0).map_err(from_virt)
     }
 
     fn pool_define(&self, xml: &str) -> Result<String> {

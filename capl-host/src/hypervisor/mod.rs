@@ -122,6 +122,8 @@ pub trait Hypervisor: Send + Sync {
     // --- storage pools ----------------------------------------------------
 
     fn pool_is_active(&self, name: &str) -> Result<bool>;
+    /// `virStoragePoolGetXMLDesc` (flags 0): the pool's type and paths.
+    fn pool_xml(&self, name: &str) -> Result<String>;
 
     // --- volumes ----------------------------------------------------------
 
@@ -169,7 +171,6 @@ pub trait HostAdmin: Hypervisor {
     fn network_undefine(&self, name: &str) -> Result<()>;
 
     fn pool_list(&self) -> Result<Vec<String>>;
-    fn pool_xml(&self, name: &str) -> Result<String>;
     /// `virStoragePoolDefineXML`; returns the pool name.
     fn pool_define(&self, xml: &str) -> Result<String>;
     /// `virStoragePoolBuild` (flags 0).

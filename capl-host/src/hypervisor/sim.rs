@@ -142,6 +142,10 @@ impl Hypervisor for SimHypervisor {
         self.conn.storage_pool_is_active(name).map_err(|e| self.err(e))
     }
 
+    fn pool_xml(&self, name: &str) -> Result<String> {
+        self.conn.storage_pool_get_xml_desc(name).map_err(|e| self.err(e))
+    }
+
     fn volume_xml(&self, pool: &str, name: &str) -> Result<String> {
         self.conn.storage_vol_get_xml_desc(pool, name).map_err(|e| self.err(e))
     }
@@ -230,10 +234,6 @@ impl HostAdmin for SimHypervisor {
 
     fn pool_list(&self) -> Result<Vec<String>> {
         self.conn.list_all_storage_pools().map_err(|e| self.err(e))
-    }
-
-    fn pool_xml(&self, name: &str) -> Result<String> {
-        self.conn.storage_pool_get_xml_desc(name).map_err(|e| self.err(e))
     }
 
     fn pool_define(&self, xml: &str) -> Result<String> {

@@ -37,19 +37,20 @@
 //!
 //! # Libvirt calls
 //!
-//! Counted on the simulator and pinned by `libvirt_call_counts` in
-//! provider/tests/libvirtd/host_sim.rs: [`Hypervisor`] calls this module makes, and the
+//! Counted on the simulator and pinned by `libvirt_call_counts_match_the_readme` in
+//! provider/tests/libvirtd/host_sim.rs (against the README's table): [`Hypervisor`] calls this module makes, and the
 //! operations libvirt-sim counts for them (its adapter looks the network up
 //! before a DHCP update). On a real host each by-name trait call is two RPCs,
 //! the lookup and the call itself; none opens a connection.
 //!
 //! | path                          | trait calls | operations |
 //! |-------------------------------|-------------|------------|
-//! | create of a new machine       | 16          | 17         |
+//! | create of a new machine       | 19          | 20         |
 //! | steady state of a running one | 3           | 3          |
 //! | delete of a running machine   | 10          | 11         |
 //!
-//! Create: domain lookup; base image read; overlay lookup, create, read back;
+//! Create: domain lookup; checks first (base image read, network XML, leases);
+//! base image read; overlay lookup, create, read back;
 //! ISO lookup, create, upload, read back; network XML, leases, DHCP update;
 //! capabilities, define, autostart, start. Steady state: domain XML (the
 //! ownership check), state, leases. Delete: domain XML, state, destroy,
@@ -169,6 +170,7 @@ pub fn create_machine(hv: &dyn Hypervisor, spec: &MachineSpec, user_data: &[u8])
         return run.start_existing();
     }
     run.domain_absent = true;
+    run.preflight()?;
     for step in CreateStep::ALL {
         run.step(step, user_data)?;
     }
@@ -284,6 +286,14 @@ impl<'a> MachineRun<'a> {
             CreateStep::Autostart => self.set_autostart(),
             CreateStep::Start => self.ensure_started(),
         }
+    }
+
+    /// What would make a create fail halfway, checked before anything is made:
+    /// the base image is usable and the network has an address for us (our
+    /// reservation, or a free one).
+    fn preflight(&self) -> HostResult<()> {
+        self.base_image()?;
+        self.address_available()
     }
 
     /// The domain exists: start it when it is stopped (autostart on first),

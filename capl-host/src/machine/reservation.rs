@@ -54,12 +54,36 @@ impl MachineRun<'_> {
         Ok(None)
     }
 
+    /// Whether [`Self::ensure_reservation`] would find an address, without
+    /// reserving one.
+    pub(super) fn address_available(&self) -> HostResult<()> {
+        let (subnet, mine) = self.network_hosts()?;
+        if mine.is_some_and(|host| host.ip.is_some()) {
+            return Ok(());
+        }
+        self.free_address(&subnet).map(|_| ())
+    }
+
+    /// The first address of the network's ranges that no entry, lease or the
+    /// control-plane endpoint holds.
+    fn free_address(&self, subnet: &Ipv4Subnet) -> HostResult<Ipv4Addr> {
+        let leases = self
+            .hv
+            .network_dhcp_leases(&self.spec.network)
+            .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
+        let avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
+        choose_address(subnet, &leases, &self.names.mac(), &avoid).ok_or_else(|| HostError::NoFreeAddress {
+            network: self.spec.network.clone(),
+            uri: self.uri.clone(),
+            pool_description: describe_ranges(&address_ranges(subnet)),
+        })
+    }
+
     /// The reserved address: the existing entry for our MAC, or a new one.
     pub(super) fn ensure_reservation(&self) -> HostResult<Ipv4Addr> {
         let lock = network_lock(&self.uri, &self.spec.network);
         let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mac = self.names.mac();
-        let avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -67,15 +91,7 @@ impl MachineRun<'_> {
             if let Some(ip) = mine.and_then(|host| host.ip) {
                 return Ok(ip);
             }
-            let leases = self
-                .hv
-                .network_dhcp_leases(&self.spec.network)
-                .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
-            let ip = choose_address(&subnet, &leases, &mac, &avoid).ok_or_else(|| HostError::NoFreeAddress {
-                network: self.spec.network.clone(),
-                uri: self.uri.clone(),
-                pool_description: describe_ranges(&address_ranges(&subnet)),
-            })?;
+            let ip = self.free_address(&subnet)?;
             let host = dhcp_host_xml(&mac, &self.names.domain, ip);
             match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::AddLast, &host) {
                 Ok(()) => return Ok(ip),

@@ -44,6 +44,9 @@ pub mod reasons {
     pub const INFRASTRUCTURE_MISSING: &str = "InfrastructureMissing";
     pub const INFRASTRUCTURE_INACTIVE: &str = "InfrastructureInactive";
     pub const INFRASTRUCTURE_PROVISIONING_FAILED: &str = "InfrastructureProvisioningFailed";
+    /// The network or a pool is of a kind the provider cannot use (no IPv4;
+    /// a pool type other than dir, fs or netfs).
+    pub const INFRASTRUCTURE_UNSUPPORTED: &str = "InfrastructureUnsupported";
 
     // LibvirtMachine.
     pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";

@@ -11,6 +11,7 @@ pub fn machine_reason(kind: FailureKind) -> &'static str {
     match kind {
         FailureKind::InfrastructureMissing => reasons::INFRASTRUCTURE_MISSING,
         FailureKind::InfrastructureInactive => reasons::INFRASTRUCTURE_INACTIVE,
+        FailureKind::InfrastructureUnsupported => reasons::INFRASTRUCTURE_UNSUPPORTED,
         FailureKind::ProvisioningFailed => reasons::INFRASTRUCTURE_PROVISIONING_FAILED,
         FailureKind::InvalidMachineSpec => reasons::INVALID_MACHINE_SPEC,
         FailureKind::DomainCollision => reasons::DOMAIN_NAME_COLLISION,
@@ -20,11 +21,12 @@ pub fn machine_reason(kind: FailureKind) -> &'static str {
 }
 
 /// The LibvirtCluster's InfrastructureReady reason for a host failure: the
-/// README's three (missing, inactive, anything else).
+/// README's four (missing, inactive, unsupported, anything else).
 pub fn cluster_reason(kind: FailureKind) -> &'static str {
     match kind {
         FailureKind::InfrastructureMissing => reasons::INFRASTRUCTURE_MISSING,
         FailureKind::InfrastructureInactive => reasons::INFRASTRUCTURE_INACTIVE,
+        FailureKind::InfrastructureUnsupported => reasons::INFRASTRUCTURE_UNSUPPORTED,
         FailureKind::ProvisioningFailed
         | FailureKind::InvalidMachineSpec
         | FailureKind::DomainCollision
@@ -38,13 +40,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cluster_reports_only_the_three_infrastructure_reasons() {
+    fn a_cluster_reports_only_the_four_infrastructure_reasons() {
         for kind in FailureKind::ALL {
             let reason = cluster_reason(kind);
             assert!(
                 [
                     reasons::INFRASTRUCTURE_MISSING,
                     reasons::INFRASTRUCTURE_INACTIVE,
+                    reasons::INFRASTRUCTURE_UNSUPPORTED,
                     reasons::INFRASTRUCTURE_PROVISIONING_FAILED
                 ]
                 .contains(&reason),

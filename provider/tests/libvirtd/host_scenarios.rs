@@ -92,6 +92,16 @@ const SCENARIOS: &[Scenario] = &[
     both("recreated_machine_gets_fresh_objects", "reborn", |c| {
         host_support::recreated_machine_gets_fresh_objects(c.hv, c.fx, &c.namespace)
     }),
+    both("unusable_network_fails_before_anything_is_made", "unnet", |c| {
+        host_support::unusable_network_fails_before_anything_is_made(c.hv, c.fx, &c.namespace)
+    }),
+    Scenario {
+        name: "unsupported_pool_type_is_named",
+        tag: "scsi",
+        run: |c| host_support::unsupported_pool_type_is_named(c.hv, c.fx, &c.namespace),
+        // The simulator models only pools of type dir.
+        only_on: Some(Backend::RealLibvirtd),
+    },
     both("console_log_file", "log", console_log_file),
     Scenario {
         name: "console_log_dir_missing_is_named",

@@ -53,9 +53,10 @@ fn running_machine_reports_its_leased_address() {
 }
 
 /// Simulator operations (each trait call is one or two libvirt RPCs: the
-/// lookup by name and the call itself, as on a real host) for the three paths.
+/// lookup by name and the call itself, as on a real host) for the paths the
+/// README's "Cost on the host" table lists; the table must say the same.
 #[test]
-fn libvirt_call_counts() {
+fn libvirt_call_counts_match_the_readme() {
     let (host, hv, fx) = sim("counts");
     let spec = spec(&fx, "sim-counts", "count-0");
     let counters = host.counters();
@@ -75,15 +76,54 @@ fn libvirt_call_counts() {
     delete_machine(&hv, &spec).unwrap();
     let delete = counters.total_calls() - before;
 
-    eprintln!("simulator operations: create {create}, steady state {steady}, delete {delete}");
-    eprintln!("{:?}", counters.snapshot());
-    assert_eq!((create, steady, delete), (EXPECTED_CREATE, EXPECTED_STEADY, EXPECTED_DELETE));
+    let infra = |domain_pool: &str| {
+        let before = counters.total_calls();
+        let spec = capl_host::InfraSpec {
+            network: fx.network.clone(),
+            base_pool: fx.base_pool.clone(),
+            domain_pool: domain_pool.to_string(),
+        };
+        capl_host::check_infrastructure(&hv, &spec).unwrap();
+        counters.total_calls() - before
+    };
+    let (cluster, cluster_one_pool) = (infra(&fx.domain_pool), infra(&fx.base_pool));
+
+    eprintln!("simulator operations: create {create}, steady state {steady}, delete {delete}, cluster {cluster}");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let table = readme_cost_table(&readme);
+    let row = |label: &str| -> Vec<u64> {
+        let (_, numbers) = table
+            .iter()
+            .find(|(l, _)| l.starts_with(label))
+            .unwrap_or_else(|| panic!("README's cost table has no row {label:?}: {table:?}"));
+        numbers.clone()
+    };
+    assert_eq!(row("create a new machine"), [create], "README: create");
+    assert_eq!(row("steady-state check"), [steady], "README: steady state");
+    assert_eq!(row("delete a running machine"), [delete], "README: delete");
+    assert_eq!(row("LibvirtCluster host check"), [cluster, cluster_one_pool], "README: cluster check");
 }
 
-/// Pinned so a change in the number of calls is noticed (and the docs in capl-host/src/machine/mod.rs updated).
-const EXPECTED_CREATE: u64 = 17;
-const EXPECTED_STEADY: u64 = 3;
-const EXPECTED_DELETE: u64 = 11;
+/// The rows of the README's "Cost on the host" table: (label, the numbers of
+/// the second column).
+fn readme_cost_table(readme: &str) -> Vec<(String, Vec<u64>)> {
+    let section = readme.split("### Cost on the host").nth(1).expect("README has a Cost on the host section");
+    section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let numbers = cells[2]
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|n| !n.is_empty())
+                .map(|n| n.parse().unwrap())
+                .collect();
+            (cells[1].to_string(), numbers)
+        })
+        .collect()
+}
 
 /// The step list is what the crash tests iterate over.
 #[test]

@@ -429,6 +429,75 @@ pub fn infra_missing_vs_inactive(hv: &dyn HostAdmin, fx: &Fixture, namespace: &s
     hv.network_undefine(&network).unwrap();
 }
 
+/// A network without IPv4, and one whose only DHCP address is taken: the
+/// cluster check reports the first, and a machine fails on each before
+/// anything of it is made (no disk, no seed ISO, no reservation).
+pub fn unusable_network_fails_before_anything_is_made(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::{InfraSpec, check_infrastructure};
+    let good =
+        InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    let no_ipv4 = format!("{namespace}-nov4");
+    let full = format!("{namespace}-full");
+    for name in [&no_ipv4, &full] {
+        let _ = hv.network_stop(name);
+        let _ = hv.network_undefine(name);
+    }
+    hv.network_define(&format!("<network><name>{no_ipv4}</name></network>")).unwrap();
+    hv.network_start(&no_ipv4).unwrap();
+    hv.network_define(&format!(
+        "<network><name>{full}</name><ip address='10.251.8.1' prefix='24'><dhcp>\
+         <range start='10.251.8.2' end='10.251.8.2'/><host mac='52:54:00:ee:ee:01' name='not-ours' ip='10.251.8.2'/>\
+         </dhcp></ip></network>"
+    ))
+    .unwrap();
+    hv.network_start(&full).unwrap();
+
+    let err = check_infrastructure(hv, &InfraSpec { network: no_ipv4.clone(), ..good.clone() }).unwrap_err();
+    assert!(matches!(&err, HostError::NoIpv4 { network, .. } if *network == no_ipv4), "{err}");
+    assert_eq!(err.kind(), FailureKind::InfrastructureUnsupported);
+    check_infrastructure(hv, &InfraSpec { network: full.clone(), ..good.clone() })
+        .expect("a full range is the machines' problem, not the cluster's");
+
+    let mut specs = Vec::new();
+    for (network, expected) in [(&no_ipv4, "has no IPv4"), (&full, "has no free address in 10.251.8.2-10.251.8.2")] {
+        let mut spec = fresh_spec(hv, fx, namespace, &format!("net-{}", specs.len()));
+        spec.network = network.clone();
+        let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("no address for the machine");
+        assert!(err.to_string().contains(expected), "{err}");
+        let entries = hv.network_xml(network).unwrap();
+        assert!(!entries.contains(&spec.names().mac()), "a reservation was made on {network}: {entries}");
+        specs.push(spec);
+    }
+    assert_eq!(leftovers(hv, fx, &specs), Vec::<String>::new(), "nothing made for the refused machines");
+    for name in [&no_ipv4, &full] {
+        hv.network_stop(name).unwrap();
+        hv.network_undefine(name).unwrap();
+    }
+}
+
+/// A pool of a type whose volumes are not files (here a SCSI host adapter's
+/// LUNs, defined but never started) is reported by the cluster check by its type.
+pub fn unsupported_pool_type_is_named(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::{InfraSpec, check_infrastructure};
+    let pool = format!("{namespace}-scsi");
+    let _ = hv.pool_undefine(&pool);
+    hv.pool_define(&format!(
+        "<pool type='scsi'><name>{pool}</name><source><adapter type='scsi_host' name='host99'/></source>\
+         <target><path>/dev/disk/by-path</path></target></pool>"
+    ))
+    .unwrap();
+    let spec = InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: pool.clone() };
+    let err = check_infrastructure(hv, &spec).unwrap_err();
+    assert!(
+        matches!(&err, HostError::PoolTypeUnsupported { pool: p, pool_type, .. } if *p == pool && pool_type == "scsi"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), FailureKind::InfrastructureUnsupported);
+    assert!(err.to_string().contains("use a pool of type dir, fs or netfs"), "{err}");
+    assert!(!hv.pool_is_active(&pool).unwrap(), "the check started nothing");
+    hv.pool_undefine(&pool).unwrap();
+}
+
 /// With a console log directory the serial console is also logged to `<dir>/<domain>-console.log`,
 /// and the domain still starts.
 pub fn console_log_file(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, dir: &str) {

@@ -22,6 +22,12 @@ fn all_errors() -> Vec<HostError> {
             image_bytes: 3_758_096_384,
             min_gib: 4,
         },
+        HostError::ImageUnusable {
+            image: "m1.qcow2".into(),
+            pool: "capi-vm-disks".into(),
+            why: "is an overlay backed by /var/lib/libvirt/images/noble.qcow2".into(),
+        },
+        HostError::PoolTypeUnsupported { pool: "vg0".into(), uri: uri(), pool_type: "logical".into() },
         HostError::NoIpv4 { network: "isolated".into(), uri: uri() },
         HostError::NoFreeAddress {
             network: "libvirt-lab".into(),
