@@ -35,7 +35,7 @@ pub use domain_xml::DomainTypePreference;
 pub use error::{FailureKind, HostError, HostResult, ObjectKind};
 pub use infra::{InfraSpec, check_infrastructure};
 pub use machine::{
-    CreateStep, MachineAddress, MachineReport, MachineSpec, create_machine, delete_machine, observe_machine,
-    run_create_steps, start_machine,
+    CreateStep, LeftOnHost, MachineAddress, MachineReport, MachineSpec, create_machine, delete_machine,
+    observe_machine, run_create_steps, start_machine,
 };
 pub use naming::MachineNames;

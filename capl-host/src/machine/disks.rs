@@ -6,7 +6,7 @@ use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, HypervisorError};
 use crate::volume_xml::{BackingStore, GIB, VolumeInfo, overlay_volume_xml, parse_volume};
 
-use super::MachineRun;
+use super::{LeftOnHost, MachineRun};
 
 impl MachineRun<'_> {
     /// A volume's XML: `None` when the volume is absent.
@@ -170,9 +170,16 @@ impl MachineRun<'_> {
         }
     }
 
-    pub(super) fn remove_overlay(&self, domain: Option<&DomainInfo>) -> HostResult<()> {
+    pub(super) fn remove_overlay(
+        &self,
+        domain: Option<&DomainInfo>,
+        foreign: Option<&DomainInfo>,
+    ) -> HostResult<Option<LeftOnHost>> {
         let name = self.names.overlay_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(()) };
+        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(None) };
+        if let Some(kept) = self.used_by_foreign(&volume, foreign) {
+            return Ok(Some(kept));
+        }
         let used_by_our_domain = domain.is_some_and(|d| d.disk_paths.contains(&volume.path));
         if !used_by_our_domain {
             let base = match self.lookup_volume(&self.spec.base_pool, &self.spec.image) {
@@ -182,6 +189,16 @@ impl MachineRun<'_> {
             };
             self.check_overlay_is_ours(&volume, base.as_ref())?;
         }
-        self.delete_volume(&self.spec.domain_pool, &name)
+        self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
+    }
+
+    /// A volume of ours by name that the foreign domain at our name uses: it is left alone.
+    pub(super) fn used_by_foreign(&self, volume: &VolumeInfo, foreign: Option<&DomainInfo>) -> Option<LeftOnHost> {
+        let foreign = foreign.filter(|d| d.disk_paths.contains(&volume.path))?;
+        Some(LeftOnHost {
+            kind: ObjectKind::Volume,
+            object: format!("{}/{}", self.spec.domain_pool, volume.name),
+            why: format!("domain \"{}\", which is not this LibvirtMachine's, uses it", foreign.name),
+        })
     }
 }

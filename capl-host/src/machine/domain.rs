@@ -9,28 +9,33 @@ use super::MachineRun;
 impl MachineRun<'_> {
     /// The domain with our name: `None` when absent, an error when it is not ours.
     pub(super) fn owned_domain(&self) -> HostResult<Option<DomainInfo>> {
+        let Some(info) = self.domain_at_our_name()? else { return Ok(None) };
+        match self.not_ours(&info) {
+            None => Ok(Some(info)),
+            Some(why) => Err(self.collision(ObjectKind::Domain, &self.names.domain, why)),
+        }
+    }
+
+    /// The domain with our name, ours or not: `None` when absent.
+    pub(super) fn domain_at_our_name(&self) -> HostResult<Option<DomainInfo>> {
         let domain = &self.names.domain;
         let xml = match self.hv.domain_xml(domain) {
             Ok(xml) => xml,
             Err(e) if e.kind == ErrorKind::NoDomain => return Ok(None),
             Err(e) => return Err(self.error("read", ObjectKind::Domain, domain, e)),
         };
-        let info = parse_domain(&xml).map_err(|e| self.unreadable(ObjectKind::Domain, domain, e))?;
+        parse_domain(&xml).map(Some).map_err(|e| self.unreadable(ObjectKind::Domain, domain, e))
+    }
+
+    /// Why the domain `info` (at our name) is not this machine's; `None` when it is.
+    pub(super) fn not_ours(&self, info: &DomainInfo) -> Option<String> {
         match &info.owner {
-            Some(owner) if owner.uid == self.spec.identity => Ok(Some(info)),
-            Some(owner) => Err(self.collision(
-                ObjectKind::Domain,
-                domain,
-                format!(
-                    "its metadata names LibvirtMachine {}/{} with identity {}, not {}",
-                    owner.namespace, owner.name, owner.uid, self.spec.identity
-                ),
+            Some(owner) if owner.uid == self.spec.identity => None,
+            Some(owner) => Some(format!(
+                "its metadata names LibvirtMachine {}/{} with identity {}, not {}",
+                owner.namespace, owner.name, owner.uid, self.spec.identity
             )),
-            None => Err(self.collision(
-                ObjectKind::Domain,
-                domain,
-                "it carries no cluster-api-provider-libvirt metadata".into(),
-            )),
+            None => Some("it carries no cluster-api-provider-libvirt metadata".into()),
         }
     }
 

@@ -18,8 +18,8 @@
 //! LibvirtMachine with the same name) is a collision: nothing is touched.
 //!
 //! **Volumes** carry no metadata, so a volume with one of our names is ours
-//! only when the domain with our name is ours or absent (if the domain is
-//! foreign, its volumes are left alone) and, in addition:
+//! only when no foreign domain with our name uses it (a volume it uses is
+//! left alone) and, in addition:
 //! - the domain is ours and uses the volume (its `<source file>` is the
 //!   volume's path), or
 //! - root disk: it is a qcow2 whose backing file is `spec.image` of basePool
@@ -33,7 +33,12 @@
 //!
 //! A **DHCP host entry** is ours when both its MAC and its name (the domain
 //! name) are ours. An entry with our MAC or our name but not both is a
-//! collision.
+//! collision. While a foreign domain with our name has an interface with
+//! our MAC, the entry serves that domain and is left alone.
+//!
+//! Create stops at a collision. Delete removes what is ours and leaves
+//! every object that is not ours, returning them ([`LeftOnHost`]): the
+//! caller reports them and is done.
 //!
 //! # Libvirt calls
 //!
@@ -217,17 +222,70 @@ pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Op
 
 /// Removes the domain (destroy, undefine with managed save, snapshot
 /// metadata and NVRAM), the root disk, the cloud-init ISO and the DHCP
-/// reservation. Each step tolerates "already gone". A foreign domain with our
-/// name stops the delete before anything is touched; a foreign volume or DHCP
-/// entry is left alone and reported after the other steps ran.
-pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<()> {
+/// reservation. Each step tolerates "already gone".
+///
+/// An object at one of our names that is not ours (a foreign domain, a
+/// volume or DHCP entry that fails the ownership rules, or a volume or DHCP
+/// entry a foreign domain uses) is left untouched and returned, with why:
+/// nothing of ours exists under that name, so it is nothing to wait for.
+/// Everything else is removed. An empty list means the host holds nothing
+/// of the machine any more. A failed call (an unreachable host, an inactive
+/// pool) is an error: retry.
+pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec<LeftOnHost>> {
     let run = MachineRun::new(hv, spec);
-    let domain = run.owned_domain()?;
-    if domain.is_some() {
+    let mut left = Vec::new();
+    let (ours, foreign) = match run.domain_at_our_name()? {
+        None => (None, None),
+        Some(info) => match run.not_ours(&info) {
+            None => (Some(info), None),
+            Some(why) => {
+                left.push(LeftOnHost { kind: ObjectKind::Domain, object: run.names.domain.clone(), why });
+                (None, Some(info))
+            }
+        },
+    };
+    if ours.is_some() {
         run.remove_domain()?;
     }
-    let results = [run.remove_overlay(domain.as_ref()), run.remove_seed(domain.as_ref()), run.remove_reservation()];
-    results.into_iter().collect::<HostResult<Vec<()>>>().map(|_| ())
+    let results = [
+        run.remove_overlay(ours.as_ref(), foreign.as_ref()),
+        run.remove_seed(ours.as_ref(), foreign.as_ref()),
+        run.remove_reservation(foreign.as_ref()),
+    ];
+    let mut failure = None;
+    for result in results {
+        match result {
+            Ok(None) => {}
+            Ok(Some(kept)) => left.push(kept),
+            Err(HostError::Collision { kind, object, detail, .. }) => {
+                left.push(LeftOnHost { kind, object, why: detail })
+            }
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(left),
+    }
+}
+
+/// An object at one of the machine's names that [`delete_machine`] left on
+/// the host because it is not the machine's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOnHost {
+    pub kind: ObjectKind,
+    /// The object: a domain name, `<pool>/<volume>`, or `<network> mac=.. name=..`.
+    pub object: String,
+    /// Why it is not the machine's.
+    pub why: String,
+}
+
+impl std::fmt::Display for LeftOnHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} \"{}\" ({})", self.kind, self.object, self.why)
+    }
 }
 
 /// One reconcile's view of one machine: the spec, the names, and what

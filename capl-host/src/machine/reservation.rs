@@ -8,7 +8,8 @@ use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, NetworkUpdateCommand};
 use crate::network_xml::{DhcpHost, Ipv4Subnet, parse_network};
 
-use super::{MachineAddress, MachineRun};
+use super::{LeftOnHost, MachineAddress, MachineRun};
+use crate::domain_xml::DomainInfo;
 
 /// How often a DHCP reservation is re-read and retried when libvirt refuses it
 /// (another writer took the address between our read and our update).
@@ -107,22 +108,35 @@ impl MachineRun<'_> {
         }
     }
 
-    pub(super) fn remove_reservation(&self) -> HostResult<()> {
+    /// Removes our DHCP entry, unless the foreign domain at our name has an
+    /// interface with our MAC (the entry then serves it): that is left alone.
+    pub(super) fn remove_reservation(&self, foreign: Option<&DomainInfo>) -> HostResult<Option<LeftOnHost>> {
         let lock = network_lock(&self.uri, &self.spec.network);
         let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (_, mine) = match self.network_hosts() {
             Ok(found) => found,
-            Err(HostError::NetworkMissing { .. } | HostError::NoIpv4 { .. }) => return Ok(()),
+            Err(HostError::NetworkMissing { .. } | HostError::NoIpv4 { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let Some(host) = mine else { return Ok(()) };
+        let Some(host) = mine else { return Ok(None) };
+        let mac = self.names.mac();
+        if let Some(foreign) = foreign.filter(|d| d.macs.contains(&mac)) {
+            return Ok(Some(LeftOnHost {
+                kind: ObjectKind::DhcpHost,
+                object: format!("{} mac={mac} name={}", self.spec.network, self.names.domain),
+                why: format!(
+                    "domain \"{}\", which is not this LibvirtMachine's, has an interface with this MAC",
+                    foreign.name
+                ),
+            }));
+        }
         let xml = match host.ip {
-            Some(ip) => dhcp_host_xml(&self.names.mac(), &self.names.domain, ip),
-            None => format!("<host mac='{}' name='{}'/>", self.names.mac(), self.names.domain),
+            Some(ip) => dhcp_host_xml(&mac, &self.names.domain, ip),
+            None => format!("<host mac='{}' name='{}'/>", mac, self.names.domain),
         };
         match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::Delete, &xml) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind == ErrorKind::NoNetwork => Ok(()),
+            Ok(()) => Ok(None),
+            Err(e) if e.kind == ErrorKind::NoNetwork => Ok(None),
             Err(e) => Err(self.error("remove a DHCP host from", ObjectKind::Network, &self.spec.network, e)),
         }
     }

@@ -6,7 +6,7 @@ use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
 use crate::volume_xml::{VolumeInfo, iso_volume_xml};
 
-use super::MachineRun;
+use super::{LeftOnHost, MachineRun};
 
 /// The largest cloud-init ISO the provider creates (a Secret holds at most 1 MiB).
 pub const MAX_SEED_BYTES: u64 = 4 * 1024 * 1024;
@@ -81,12 +81,19 @@ impl MachineRun<'_> {
         Ok(path)
     }
 
-    pub(super) fn remove_seed(&self, domain: Option<&DomainInfo>) -> HostResult<()> {
+    pub(super) fn remove_seed(
+        &self,
+        domain: Option<&DomainInfo>,
+        foreign: Option<&DomainInfo>,
+    ) -> HostResult<Option<LeftOnHost>> {
         let name = self.names.cloud_init_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(()) };
+        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(None) };
+        if let Some(kept) = self.used_by_foreign(&volume, foreign) {
+            return Ok(Some(kept));
+        }
         if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
             self.check_seed_is_ours(&volume)?;
         }
-        self.delete_volume(&self.spec.domain_pool, &name)
+        self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
     }
 }

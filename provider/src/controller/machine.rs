@@ -277,7 +277,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                     "delete",
                     ctx.connections
                         .host(&lc.spec.uri)
-                        .call(move |h| host_machine::delete_machine(h, &spec).map(|()| None)),
+                        .call(move |h| host_machine::delete_machine(h, &spec).map(|_left| None)),
                 )
                 .await;
                 match result {

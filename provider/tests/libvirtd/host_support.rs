@@ -280,28 +280,72 @@ pub fn twenty_concurrent_machines(hv: &dyn HostAdmin, fx: &Fixture, namespace: &
     assert_eq!(leftovers(hv, fx, &specs), Vec::<String>::new());
 }
 
-/// A domain with our name but without our marker is reported and left untouched.
+/// A domain with our name but without our marker: create refuses it and
+/// changes nothing. Delete leaves it untouched and says so, and removes what
+/// is ours: the root disk, seed and reservation made before the domain
+/// appeared. A volume or reservation the foreign domain uses is left too.
 pub fn foreign_domain_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "foreign-0");
     let names = spec.names();
-    let foreign_xml = format!(
-        "<domain type='qemu'><name>{}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
-         <os><type arch='x86_64' machine='pc'>hvm</type></os></domain>",
-        names.domain
-    );
-    hv.domain_define(&foreign_xml).expect("define the foreign domain");
+    let foreign_xml = |devices: &str| {
+        format!(
+            "<domain type='qemu'><name>{}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+             <os><type arch='x86_64' machine='pc'>hvm</type></os><devices>{devices}</devices></domain>",
+            names.domain
+        )
+    };
+    hv.domain_define(&foreign_xml("")).expect("define the foreign domain");
     let before = hv.domain_xml(&names.domain).unwrap();
 
     let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a foreign domain");
     assert_collision(&err, &names.domain);
-    let err = delete_machine(hv, &spec).expect_err("delete must refuse a foreign domain");
-    assert_collision(&err, &names.domain);
-
+    let left = delete_machine(hv, &spec).expect("delete finishes beside a foreign domain");
+    assert_eq!(
+        left.iter().map(|l| (l.kind, l.object.as_str())).collect::<Vec<_>>(),
+        [(ObjectKind::Domain, names.domain.as_str())]
+    );
+    assert!(left[0].to_string().contains("no cluster-api-provider-libvirt metadata"), "{}", left[0]);
     assert_eq!(hv.domain_xml(&names.domain).unwrap(), before, "the foreign domain was changed");
-    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
-    assert!(!volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()));
-    assert!(dhcp_hosts(hv, fx).iter().all(|(mac, _, _)| *mac != names.mac()));
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), [format!("domain {}", names.domain)]);
+
+    // Our disk, seed and reservation, made before the foreign domain took our name
+    // (a create that stopped before its define): delete removes them, not the domain.
     hv.domain_undefine(&names.domain, UndefineFlags::all()).unwrap();
+    let before_define = &CreateStep::ALL[..CreateStep::ALL.iter().position(|s| *s == CreateStep::Define).unwrap()];
+    run_create_steps(hv, &spec, &user_data(&spec), before_define).unwrap();
+    hv.domain_define(&foreign_xml("")).unwrap();
+    let before = hv.domain_xml(&names.domain).unwrap();
+    let left = delete_machine(hv, &spec).expect("delete beside a foreign domain");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(hv.domain_xml(&names.domain).unwrap(), before, "the foreign domain was changed");
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), [format!("domain {}", names.domain)]);
+
+    // A foreign domain that uses our root disk and our MAC: both stay, the seed goes.
+    hv.domain_undefine(&names.domain, UndefineFlags::all()).unwrap();
+    run_create_steps(hv, &spec, &user_data(&spec), before_define).unwrap();
+    let disk = hv.volume_xml(&fx.domain_pool, &names.overlay_volume()).unwrap();
+    let disk_path = capl_host::volume_xml::parse_volume(&disk).unwrap().path;
+    let devices = format!(
+        "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{disk_path}'/><target dev='vda' bus='virtio'/></disk>\
+         <interface type='network'><mac address='{}'/><source network='{}'/></interface>",
+        names.mac(),
+        fx.network
+    );
+    hv.domain_define(&foreign_xml(&devices)).unwrap();
+    let using = hv.domain_xml(&names.domain).unwrap();
+    let left = delete_machine(hv, &spec).expect("delete beside a foreign domain that uses our disk");
+    let kinds: Vec<ObjectKind> = left.iter().map(|l| l.kind).collect();
+    assert_eq!(kinds, [ObjectKind::Domain, ObjectKind::Volume, ObjectKind::DhcpHost], "{left:?}");
+    assert!(left[1].object.ends_with(&names.overlay_volume()) && left[1].why.contains(&names.domain), "{}", left[1]);
+    assert_eq!(hv.domain_xml(&names.domain).unwrap(), using, "the foreign domain was changed");
+    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
+    assert!(volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()), "{volumes:?}");
+    assert!(dhcp_hosts(hv, fx).iter().any(|(mac, _, _)| *mac == names.mac()));
+
+    // Once the foreign domain is gone, the next delete takes what is ours.
+    hv.domain_undefine(&names.domain, UndefineFlags::all()).unwrap();
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), []);
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
 fn assert_collision(err: &HostError, domain: &str) {
@@ -313,7 +357,8 @@ fn assert_collision(err: &HostError, domain: &str) {
     assert!(err.to_string().contains(domain), "{err}");
 }
 
-/// A foreign volume with our root disk's name is not adopted or deleted.
+/// A foreign volume with our root disk's name is not adopted or deleted;
+/// delete names it and finishes.
 pub fn foreign_volume_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let spec = fresh_spec(hv, fx, namespace, "foreign-vol-0");
     let names = spec.names();
@@ -328,8 +373,14 @@ pub fn foreign_volume_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace:
         matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&names.overlay_volume())),
         "{err}"
     );
-    let err = delete_machine(hv, &spec).expect_err("delete must report the foreign volume");
-    assert_eq!(err.kind(), FailureKind::ObjectCollision, "{err}");
+    let left = delete_machine(hv, &spec).expect("delete leaves the foreign volume and finishes");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].kind, ObjectKind::Volume);
+    assert!(
+        left[0].object.ends_with(&names.overlay_volume()) && left[0].why.contains("not a qcow2 overlay"),
+        "{}",
+        left[0]
+    );
     assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&names.overlay_volume()));
     hv.volume_delete(&fx.domain_pool, &names.overlay_volume()).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
@@ -540,7 +591,7 @@ pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str
 }
 
 /// A DHCP entry that uses our MAC under another name is reported and kept;
-/// delete still removes what is ours and reports the entry.
+/// delete still removes what is ours, names the entry and finishes.
 pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     use capl_host::hypervisor::NetworkUpdateCommand;
     let spec = fresh_spec(hv, fx, namespace, "foreign-dhcp-0");
@@ -556,8 +607,9 @@ pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namesp
         matches!(&err, HostError::Collision { kind: ObjectKind::DhcpHost, object, .. } if object.contains(&names.mac())),
         "{err}"
     );
-    let err = delete_machine(hv, &spec).expect_err("delete must report the foreign entry");
-    assert_eq!(err.kind(), FailureKind::ObjectCollision, "{err}");
+    let left = delete_machine(hv, &spec).expect("delete leaves the foreign entry and finishes");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].kind == ObjectKind::DhcpHost && left[0].object.contains(&names.mac()), "{}", left[0]);
     let entries = dhcp_hosts(hv, fx);
     assert!(entries.iter().any(|(mac, name, _)| *mac == names.mac() && name.ends_with("someone-else")), "{entries:?}");
     // Our volumes were removed all the same.
