@@ -317,6 +317,12 @@ impl Host {
         self.drop_connections();
     }
 
+    /// Registers the host under its URI again after [`Host::unregister`]: new
+    /// `connect` calls reach it, with everything it held.
+    pub fn register(&self) {
+        registry().lock().unwrap_or_else(|e| e.into_inner()).insert(self.inner.uri.clone(), self.clone());
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.inner.counters
     }
