@@ -32,6 +32,9 @@ pub mod reasons {
     pub const PAUSED: &str = "Paused";
     pub const NOT_PAUSED: &str = "NotPaused";
     pub const DELETING: &str = "Deleting";
+    /// LibvirtMachine Ready: removing the machine from the host failed (e.g.
+    /// the host does not answer); it is retried with a growing interval.
+    pub const DELETION_RETRYING: &str = "DeletionRetrying";
     pub const INTERNAL_ERROR: &str = "InternalError";
     pub const PROVISIONED: &str = "Provisioned";
     pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY: &str = "WaitingForClusterInfrastructureReady";

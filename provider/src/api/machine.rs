@@ -118,9 +118,21 @@ pub struct LibvirtMachineStatus {
     /// Name of the libvirt domain, for `virsh -c <hostURI> dominfo <domainName>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_name: Option<String>,
-    /// The libvirt URI of the host the domain lives on.
+    /// The libvirt URI of the host the domain lives on. Recorded, with
+    /// network, basePool and domainPool, from the LibvirtCluster before
+    /// anything is created, so that deleting the machine finds its host
+    /// objects even when the LibvirtCluster is gone.
     #[serde(default, rename = "hostURI", skip_serializing_if = "Option::is_none")]
     pub host_uri: Option<String>,
+    /// The libvirt network holding the machine's DHCP reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// The storage pool of the base image the root disk is an overlay on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_pool: Option<String>,
+    /// The storage pool holding the machine's root disk and cloud-init ISO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_pool: Option<String>,
     /// The domain's state as libvirt reports it (running, shutoff, paused, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,

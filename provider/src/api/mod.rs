@@ -34,6 +34,12 @@ pub const CLUSTER_FINALIZER: &str = "libvirtcluster.infrastructure.cluster.x-k8s
 /// Finalizer on LibvirtMachine objects.
 pub const MACHINE_FINALIZER: &str = "libvirtmachine.infrastructure.cluster.x-k8s.io";
 
+/// On a LibvirtMachine being deleted: give up on host cleanup. The provider
+/// removes the finalizer without touching the host and emits a Warning
+/// event listing what may remain there. Presence is enough (any value).
+/// For a host that will never answer again.
+pub const SKIP_HOST_CLEANUP_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/libvirt-skip-host-cleanup";
+
 /// Every CRD this crate defines, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;

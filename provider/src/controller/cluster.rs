@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
@@ -11,9 +12,9 @@ use kube::{Api, Resource, ResourceExt};
 use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, InfraCheck, decide};
 use super::condition_list::{self, Status};
 use super::{Context, Error, object_patch};
-use crate::api::capi::{Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
+use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
-use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus};
+use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine};
 use capl_host::infra::{InfraSpec, check_infrastructure};
 
 /// The owner Cluster named in the object's ownerReferences, if any.
@@ -61,14 +62,17 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         Some(name) => get_optional(&Api::<Cluster>::namespaced(ctx.client.clone(), &ns), &name).await?,
         None => None,
     };
+    let deleting = object.meta().deletion_timestamp.is_some();
+    let machines = if deleting { machines_of_cluster(object, ctx, &ns).await? } else { Vec::new() };
     let mut snapshot = ClusterSnapshot {
-        deleting: object.meta().deletion_timestamp.is_some(),
+        deleting,
         has_finalizer: object.finalizers().iter().any(|f| f == CLUSTER_FINALIZER),
         externally_managed: object.annotations().contains_key(MANAGED_BY_ANNOTATION),
         paused: paused_reason(object, owner.as_ref()),
         owner_cluster: owner.as_ref().map(|c| (c.name_any(), c.spec.control_plane_endpoint.clone())),
         spec_endpoint: object.spec.control_plane_endpoint.clone(),
         host: InfraCheck::NotChecked,
+        machines,
     };
 
     // Decide and act until the plan has no more steps for this reconcile.
@@ -90,6 +94,19 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
 
     report(object, ctx, &api, &plan).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// The name of the Cluster this LibvirtCluster belongs to: CAPI's label, else the owner reference.
+pub(crate) fn cluster_name_of(object: &LibvirtCluster) -> Option<String> {
+    object.labels().get(CLUSTER_NAME_LABEL).cloned().or_else(|| owner_name(object, "Cluster"))
+}
+
+/// The LibvirtMachines of the same Cluster (by CAPI's cluster-name label) that still exist.
+async fn machines_of_cluster(object: &LibvirtCluster, ctx: &Context, ns: &str) -> Result<Vec<String>, Error> {
+    let Some(cluster) = cluster_name_of(object) else { return Ok(Vec::new()) };
+    let api: Api<LibvirtMachine> = Api::namespaced(ctx.client.clone(), ns);
+    let list = api.list_metadata(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"))).await?;
+    Ok(list.items.into_iter().map(|m| m.name_any()).collect())
 }
 
 async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {

@@ -27,6 +27,8 @@ pub struct ClusterSnapshot {
     pub owner_cluster: Option<(String, Option<ApiEndpoint>)>,
     pub spec_endpoint: Option<ApiEndpoint>,
     pub host: InfraCheck,
+    /// While deleting: the LibvirtMachines of the same Cluster that still exist.
+    pub machines: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +55,9 @@ pub struct ClusterPlan {
 pub const RECHECK_HOST: Duration = Duration::from_secs(120);
 pub const RETRY_AFTER_TRANSIENT_FAILURE: Duration = Duration::from_secs(20);
 pub const RETRY_AFTER_PERMANENT_FAILURE: Duration = Duration::from_secs(60);
+/// While deleting and waiting for LibvirtMachines: a look this often besides
+/// the watch on LibvirtMachines.
+pub const RECHECK_MACHINES: Duration = Duration::from_secs(60);
 
 const SUMMARIZED: &[&str] = &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY];
 
@@ -79,6 +84,21 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
         return plan(ClusterAction::Nothing, vec![ConditionUpdate::true_(PAUSED, reasons::PAUSED, why.clone())]);
     }
     if s.deleting {
+        if s.has_finalizer && !s.machines.is_empty() {
+            // Kept until the machines are gone, so that a machine deleted at the
+            // same time (kubectl delete -f of a whole cluster) still finds its host.
+            let mut names = s.machines.clone();
+            names.sort();
+            let message = format!(
+                "waiting for {} LibvirtMachine(s) of this cluster to be deleted first, so that they remove their VMs from the host: {}",
+                names.len(),
+                names.join(", ")
+            );
+            return ClusterPlan {
+                requeue: Some(RECHECK_MACHINES),
+                ..plan(ClusterAction::Nothing, vec![ConditionUpdate::false_(READY, reasons::DELETING, message)])
+            };
+        }
         // Nothing on the host belongs to the cluster: only the finalizer goes.
         let action = if s.has_finalizer { ClusterAction::RemoveFinalizer } else { ClusterAction::Nothing };
         return plan(
@@ -167,6 +187,7 @@ mod tests {
             owner_cluster: Some(("c".into(), None)),
             spec_endpoint: endpoint("192.168.122.10"),
             host: InfraCheck::Ready,
+            machines: Vec::new(),
         }
     }
 
@@ -194,6 +215,8 @@ mod tests {
     #[case::deleting(|s: &mut ClusterSnapshot| s.deleting = true, ClusterAction::RemoveFinalizer, READY, Status::False, r::DELETING)]
     #[case::deleting_without_owner(|s: &mut ClusterSnapshot| { s.deleting = true; s.owner_cluster = None }, ClusterAction::RemoveFinalizer, READY, Status::False, r::DELETING)]
     #[case::deleted(|s: &mut ClusterSnapshot| { s.deleting = true; s.has_finalizer = false }, ClusterAction::Nothing, READY, Status::False, r::DELETING)]
+    #[case::deleting_waits_for_machines(|s: &mut ClusterSnapshot| { s.deleting = true; s.machines = vec!["m1".into()] }, ClusterAction::Nothing, READY, Status::False, r::DELETING)]
+    #[case::deleting_without_owner_waits_for_machines(|s: &mut ClusterSnapshot| { s.deleting = true; s.owner_cluster = None; s.machines = vec!["m1".into()] }, ClusterAction::Nothing, READY, Status::False, r::DELETING)]
     #[case::deleting_while_paused(|s: &mut ClusterSnapshot| { s.deleting = true; s.paused = Some("p".into()) }, ClusterAction::Nothing, PAUSED, Status::True, r::PAUSED)]
     fn decides(
         #[case] change: fn(&mut ClusterSnapshot),
@@ -234,6 +257,21 @@ mod tests {
         let p =
             decide(&ClusterSnapshot { host: failed(r::INFRASTRUCTURE_PROVISIONING_FAILED, true), ..ready_cluster() });
         assert_eq!(p.requeue, Some(RETRY_AFTER_TRANSIENT_FAILURE));
+    }
+
+    #[test]
+    fn deletion_names_the_machines_it_waits_for_and_looks_again() {
+        let s = ClusterSnapshot { deleting: true, machines: vec!["w-1".into(), "cp-0".into()], ..ready_cluster() };
+        let p = decide(&s);
+        assert_eq!((p.action, p.requeue), (ClusterAction::Nothing, Some(RECHECK_MACHINES)));
+        let ready = p.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert!(
+            ready.message.contains("2 LibvirtMachine(s)") && ready.message.ends_with("cp-0, w-1"),
+            "{}",
+            ready.message
+        );
+        let done = decide(&ClusterSnapshot { machines: Vec::new(), ..s });
+        assert_eq!(done.action, ClusterAction::RemoveFinalizer);
     }
 
     #[test]

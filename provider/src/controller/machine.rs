@@ -17,6 +17,7 @@ use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
     Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
+    SKIP_HOST_CLEANUP_ANNOTATION,
 };
 use capl_host::error::HostError;
 use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
@@ -107,15 +108,57 @@ pub fn machine_identity(object: &LibvirtMachine) -> Result<String, String> {
     }
 }
 
+/// Where a machine lives: the host and the network and pools its objects are in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HostLocation {
+    uri: String,
+    network: String,
+    base_pool: String,
+    domain_pool: String,
+}
+
+impl HostLocation {
+    fn of_cluster(lc: &LibvirtCluster) -> Self {
+        Self {
+            uri: lc.spec.uri.clone(),
+            network: lc.spec.network.clone(),
+            base_pool: lc.spec.base_pool.clone(),
+            domain_pool: lc.spec.domain_pool.clone(),
+        }
+    }
+
+    /// What the status recorded before anything was created.
+    fn recorded(object: &LibvirtMachine) -> Option<Self> {
+        let s = object.status.as_ref()?;
+        Some(Self {
+            uri: s.host_uri.clone()?,
+            network: s.network.clone()?,
+            base_pool: s.base_pool.clone()?,
+            domain_pool: s.domain_pool.clone()?,
+        })
+    }
+
+    fn write_into(&self, status: &mut LibvirtMachineStatus) {
+        status.host_uri = Some(self.uri.clone());
+        status.network = Some(self.network.clone());
+        status.base_pool = Some(self.base_pool.clone());
+        status.domain_pool = Some(self.domain_pool.clone());
+    }
+}
+
 fn host_spec(
     object: &LibvirtMachine,
     identity: &str,
-    lc: &LibvirtCluster,
-    cluster: Option<&Cluster>,
+    location: &HostLocation,
+    g: &Gathered,
     ctx: &Context,
 ) -> MachineSpec {
-    let endpoint =
-        lc.spec.control_plane_endpoint.clone().or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
+    let cluster = g.cluster.as_ref();
+    let endpoint = g
+        .libvirt_cluster
+        .as_ref()
+        .and_then(|lc| lc.spec.control_plane_endpoint.clone())
+        .or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
     MachineSpec {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
@@ -125,13 +168,27 @@ fn host_spec(
         memory_mib: object.spec.memory_mib.max(1) as u64,
         disk_gib: object.spec.disk_gib.max(1) as u64,
         image: object.spec.image.clone(),
-        network: lc.spec.network.clone(),
-        base_pool: lc.spec.base_pool.clone(),
-        domain_pool: lc.spec.domain_pool.clone(),
+        network: location.network.clone(),
+        base_pool: location.base_pool.clone(),
+        domain_pool: location.domain_pool.clone(),
         control_plane_host: endpoint.map(|e| e.host).filter(|h| !h.is_empty()),
         domain_type: ctx.settings.domain_type,
         console_log_dir: ctx.settings.console_log_dir.clone(),
     }
+}
+
+/// What may remain on the host of a machine whose host cleanup was skipped.
+fn what_may_remain(spec: &MachineSpec, uri: &str) -> String {
+    let names = spec.names();
+    format!(
+        "domain \"{d}\", volumes \"{p}/{o}\" and \"{p}/{i}\", and the DHCP host entry mac={m} name={d} on network \"{n}\", on {uri}",
+        d = names.domain,
+        p = spec.domain_pool,
+        o = names.overlay_volume(),
+        i = names.cloud_init_volume(),
+        m = names.mac(),
+        n = spec.network,
+    )
 }
 
 /// The host's answer, folded into the snapshot's terms.
@@ -158,9 +215,15 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     let identity = machine_identity(object);
     // With a provider ID we never set, the UID stands in for the host lookups: it finds nothing of ours.
     let host_identity = identity.clone().unwrap_or_else(|_| uid.clone());
+    let deleting = object.meta().deletion_timestamp.is_some();
+    let recorded = HostLocation::recorded(object);
+    let cluster_location = g.libvirt_cluster.as_ref().map(HostLocation::of_cluster);
+    // Deletion goes where the machine was created (the status), else where the
+    // LibvirtCluster says; everything else goes where the LibvirtCluster says.
+    let location = if deleting { recorded.clone().or(cluster_location.clone()) } else { cluster_location.clone() };
 
     let mut snapshot = MachineSnapshot {
-        deleting: object.meta().deletion_timestamp.is_some(),
+        deleting,
         has_finalizer: object.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
         paused: paused_reason(object, g.cluster.as_ref()),
         owner_machine: g.machine.as_ref().map(|m| m.name_any()),
@@ -170,12 +233,21 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             (c.name_any(), provisioned == Some(true))
         }),
         libvirt_cluster_found: g.libvirt_cluster.is_some(),
+        location_recorded: cluster_location.is_some() && recorded == cluster_location,
+        host_known: location.is_some(),
+        skip_host_cleanup: object.annotations().contains_key(SKIP_HOST_CLEANUP_ANNOTATION),
+        deleting_for: object
+            .meta()
+            .deletion_timestamp
+            .as_ref()
+            .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+            .unwrap_or_default(),
         bootstrap: Bootstrap::NotSet,
         host: Host::NotObserved,
         provisioned: object.spec.provider_id.is_some()
             || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
         domain: capl_host::naming::domain_name(&ns, &object.name_any(), &host_identity),
-        host_uri: g.libvirt_cluster.as_ref().map(|lc| lc.spec.uri.clone()).unwrap_or_default(),
+        host_uri: location.as_ref().map(|l| l.uri.clone()).unwrap_or_default(),
     };
     if let Err(message) = identity
         && !snapshot.deleting
@@ -195,7 +267,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
 
     let plan = loop {
         let plan = decide(&snapshot);
-        let lc = g.libvirt_cluster.as_ref();
+        // decide acts on the host only when it knows where the host is.
+        let at = || location.as_ref().expect("decide acts on the host only when it knows the host");
         match plan.action {
             MachineAction::Nothing => break plan,
             MachineAction::AddFinalizer => {
@@ -207,13 +280,38 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                 return Ok(Action::await_change());
             }
+            MachineAction::SkipHostCleanup => {
+                let note = match &location {
+                    Some(l) => format!(
+                        "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
+                        what_may_remain(&host_spec(object, &host_identity, l, &g, ctx), &l.uri)
+                    ),
+                    None => format!(
+                        "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
+                    ),
+                };
+                ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
+                ctx.lease_found(&uid);
+                object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
+                return Ok(Action::await_change());
+            }
+            MachineAction::RecordHost => {
+                let l = at();
+                let mut status = object.status.clone().unwrap_or_default();
+                l.write_into(&mut status);
+                let patch = serde_json::json!({
+                    "hostURI": status.host_uri, "network": status.network,
+                    "basePool": status.base_pool, "domainPool": status.domain_pool,
+                });
+                object_patch::patch_status(&api, &object.name_any(), &patch).await?;
+                snapshot.location_recorded = true;
+            }
             MachineAction::ObserveHost => {
-                let lc = lc.expect("decide observes only with a LibvirtCluster");
-                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
+                let spec = host_spec(object, &host_identity, at(), &g, ctx);
                 let result = timed(
                     ctx,
                     "observe",
-                    ctx.connections.host(&lc.spec.uri).call(move |h| host_machine::observe_machine(h, &spec)),
+                    ctx.connections.host(&at().uri).call(move |h| host_machine::observe_machine(h, &spec)),
                 )
                 .await;
                 snapshot.host = host_view(&result, object);
@@ -231,9 +329,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 }
             }
             MachineAction::Create | MachineAction::Start => {
-                let lc = lc.expect("decide creates and starts only with a LibvirtCluster");
-                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
-                let host = ctx.connections.host(&lc.spec.uri);
+                let spec = host_spec(object, &host_identity, at(), &g, ctx);
+                let host = ctx.connections.host(&at().uri);
                 let result = if plan.action == MachineAction::Create {
                     // The bootstrap data was read when the host said the domain is absent.
                     let seed = std::mem::take(&mut user_data);
@@ -246,9 +343,9 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 match result {
                     Ok(Some(r)) => {
                         let (reason, note) = if r.created {
-                            ("DomainCreated", format!("created and started domain {} on {}", r.domain, lc.spec.uri))
+                            ("DomainCreated", format!("created and started domain {} on {}", r.domain, at().uri))
                         } else {
-                            ("DomainStarted", format!("started domain {} on {}", r.domain, lc.spec.uri))
+                            ("DomainStarted", format!("started domain {} on {}", r.domain, at().uri))
                         };
                         ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note)
                             .await;
@@ -270,32 +367,35 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 }
             }
             MachineAction::Delete => {
-                let lc = lc.expect("decide deletes only with a LibvirtCluster");
-                let spec = host_spec(object, &host_identity, lc, g.cluster.as_ref(), ctx);
+                let l = at();
+                let spec = host_spec(object, &host_identity, l, &g, ctx);
                 let result = timed(
                     ctx,
                     "delete",
-                    ctx.connections
-                        .host(&lc.spec.uri)
-                        .call(move |h| host_machine::delete_machine(h, &spec).map(|_left| None)),
+                    ctx.connections.host(&l.uri).call(move |h| host_machine::delete_machine(h, &spec)),
                 )
                 .await;
                 match result {
-                    Ok(_) => {
-                        ctx.event(
-                            object,
-                            EventType::Normal,
-                            "DomainDeleted",
-                            "Delete",
-                            "removed the domain, its volumes and its DHCP reservation",
-                        )
-                        .await;
+                    Ok(left) => {
+                        if left.is_empty() {
+                            let note =
+                                format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
+                            ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
+                        } else {
+                            let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
+                            let note = format!(
+                                "removed what was this LibvirtMachine's from {}; left what is not: {}",
+                                l.uri,
+                                left.join("; ")
+                            );
+                            ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
+                        }
                         ctx.lease_found(&uid);
                         object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                         return Ok(Action::await_change());
                     }
-                    failed => {
-                        snapshot.host = host_view(&failed, object);
+                    Err(err) => {
+                        snapshot.host = host_view(&Err(err), object);
                         break decide(&snapshot);
                     }
                 }
@@ -303,7 +403,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         }
     };
 
-    report_status(object, ctx, &api, &g, &plan, report.as_ref()).await?;
+    report_status(object, ctx, &api, &g, &plan, report.as_ref(), location.as_ref()).await?;
     let waiting_for_secret = matches!(snapshot.bootstrap, Bootstrap::SecretMissing(_)) && snapshot.host == Host::Absent;
     let requeue = match plan.requeue {
         Requeue::Never if waiting_for_secret => Some(RECHECK_MISSING_SECRET),
@@ -334,6 +434,7 @@ async fn report_status(
     g: &Gathered,
     plan: &MachinePlan,
     host: Option<&MachineReport>,
+    location: Option<&HostLocation>,
 ) -> Result<(), Error> {
     if plan.conditions.is_empty() {
         return Ok(());
@@ -369,8 +470,8 @@ async fn report_status(
         // No libvirt state to show: the domain is gone.
         status.state = None;
     }
-    if let Some(lc) = &g.libvirt_cluster {
-        status.host_uri = Some(lc.spec.uri.clone());
+    if let Some(location) = location {
+        location.write_into(&mut status);
     }
 
     // providerID first: CAPI reads it once provisioned is true.

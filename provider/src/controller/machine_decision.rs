@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::condition_list::{ConditionUpdate, summary};
+use crate::api::SKIP_HOST_CLEANUP_ANNOTATION;
 use crate::api::conditions::{
     DOMAIN_PROVISIONING_READY, DOMAIN_RUNNING, INFRASTRUCTURE_READY, MACHINE_CREATED, PAUSED, READY, reasons,
 };
@@ -48,6 +49,15 @@ pub struct MachineSnapshot {
     pub cluster: Option<(String, bool)>,
     /// Whether the LibvirtCluster (which says which host to use) was found.
     pub libvirt_cluster_found: bool,
+    /// The status records the host, network and pools the LibvirtCluster names
+    /// (written before anything is created, so deletion does not need the LibvirtCluster).
+    pub location_recorded: bool,
+    /// Deletion knows the host: from the status, or else from the LibvirtCluster.
+    pub host_known: bool,
+    /// The object carries [`SKIP_HOST_CLEANUP_ANNOTATION`].
+    pub skip_host_cleanup: bool,
+    /// How long the object has been deleting (zero when it is not).
+    pub deleting_for: Duration,
     pub bootstrap: Bootstrap,
     pub host: Host,
     /// The machine was provisioned: `status.initialization.provisioned` or
@@ -76,6 +86,10 @@ pub enum MachineAction {
     Delete,
     /// Drop the finalizer without touching the host (nothing left to find there).
     RemoveFinalizer,
+    /// Drop the finalizer without touching the host, as the user asked; say what may remain there.
+    SkipHostCleanup,
+    /// Write the host, network and pools into the status, then decide again.
+    RecordHost,
 }
 
 /// When to look again, besides watch events.
@@ -168,6 +182,9 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
             ConditionUpdate::false_(INFRASTRUCTURE_READY, reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE_READY, message),
         );
         return plan(MachineAction::Nothing, with_summary(conditions));
+    }
+    if !s.location_recorded {
+        return plan(MachineAction::RecordHost, Vec::new());
     }
     let infra_ready = ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::PROVISIONED, "");
     match &s.host {
@@ -285,28 +302,56 @@ fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionU
     }
 }
 
+/// How long to wait before retrying a failed host cleanup, after the object
+/// has been deleting for `deleting_for`: half of that, between 10 seconds
+/// and 5 minutes. It grows with the time waited, not with the number of
+/// reconciles, so our own status writes do not shorten it.
+pub fn deletion_retry(deleting_for: Duration) -> Duration {
+    (deleting_for / 2).clamp(DELETION_RETRY_MIN, DELETION_RETRY_MAX)
+}
+pub const DELETION_RETRY_MIN: Duration = Duration::from_secs(10);
+pub const DELETION_RETRY_MAX: Duration = Duration::from_secs(300);
+
 fn decide_deletion(s: &MachineSnapshot) -> MachinePlan {
     let deleting = |message: &str| ConditionUpdate::false_(READY, reasons::DELETING, message);
     if !s.has_finalizer {
         return plan(MachineAction::Nothing, Vec::new());
     }
-    if !s.libvirt_cluster_found {
+    if s.skip_host_cleanup {
+        return plan(
+            MachineAction::SkipHostCleanup,
+            vec![deleting(&format!("{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host is not cleaned up"))],
+        );
+    }
+    if !s.host_known {
+        // Neither the status nor a LibvirtCluster names a host: the machine
+        // never got as far as recording one, so it created nothing.
         return plan(
             MachineAction::RemoveFinalizer,
-            vec![deleting("the LibvirtCluster is gone, so the host is unknown; nothing on a host was removed")],
+            vec![deleting(
+                "no host is recorded in the status and the LibvirtCluster is gone, so nothing was created on a host; nothing on a host was removed",
+            )],
         );
     }
     match &s.host {
-        Host::Failed { reason, message, transient } => {
-            let retry = if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE };
+        Host::Failed { reason, message, .. } => {
+            let retry = deletion_retry(s.deleting_for);
+            // The message stays the same from one retry to the next: a status
+            // write is a watch event, and a changing message would retry at once.
+            let ready = ConditionUpdate::false_(
+                READY,
+                reasons::DELETION_RETRYING,
+                format!(
+                    "cannot remove the machine from the host yet, retrying every {} s to {} s (half the time deleting so far): {message}. If the host will never answer again, annotate this LibvirtMachine with {SKIP_HOST_CLEANUP_ANNOTATION} to give up on host cleanup",
+                    DELETION_RETRY_MIN.as_secs(),
+                    DELETION_RETRY_MAX.as_secs()
+                ),
+            );
             MachinePlan {
                 requeue: Requeue::After(retry),
                 ..plan(
                     MachineAction::Nothing,
-                    vec![
-                        deleting(message),
-                        ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reason, message.clone()),
-                    ],
+                    vec![ready, ConditionUpdate::false_(DOMAIN_PROVISIONING_READY, reason, message.clone())],
                 )
             }
         }
@@ -330,6 +375,10 @@ mod tests {
             owner_machine: Some("m".into()),
             cluster: Some(("c".into(), true)),
             libvirt_cluster_found: true,
+            location_recorded: true,
+            host_known: true,
+            skip_host_cleanup: false,
+            deleting_for: Duration::ZERO,
             bootstrap: Bootstrap::Ready,
             host: Host::NotObserved,
             provisioned: false,
@@ -390,26 +439,91 @@ mod tests {
     }
 
     #[rstest]
-    #[case::before_anything(Host::NotObserved, true, MachineAction::Delete)]
-    #[case::while_absent(Host::Absent, true, MachineAction::Delete)]
-    #[case::while_running(Host::Present { state: DomainState::Running, has_address: true }, true, MachineAction::Delete)]
-    #[case::after_a_failure(failed(true), true, MachineAction::Nothing)]
-    #[case::without_libvirt_cluster(Host::NotObserved, false, MachineAction::RemoveFinalizer)]
-    fn deletes_in_every_phase(#[case] host: Host, #[case] libvirt_cluster_found: bool, #[case] action: MachineAction) {
+    #[case::before_anything(Host::NotObserved, true, MachineAction::Delete, r::DELETING)]
+    #[case::while_absent(Host::Absent, true, MachineAction::Delete, r::DELETING)]
+    #[case::while_running(Host::Present { state: DomainState::Running, has_address: true }, true, MachineAction::Delete, r::DELETING)]
+    #[case::after_a_failure(failed(true), true, MachineAction::Nothing, r::DELETION_RETRYING)]
+    #[case::after_a_permanent_failure(failed(false), true, MachineAction::Nothing, r::DELETION_RETRYING)]
+    #[case::without_a_known_host(Host::NotObserved, false, MachineAction::RemoveFinalizer, r::DELETING)]
+    fn deletes_in_every_phase(
+        #[case] host: Host,
+        #[case] host_known: bool,
+        #[case] action: MachineAction,
+        #[case] reason: &str,
+    ) {
         for owner in [None, Some("m".to_string())] {
-            let s = MachineSnapshot {
-                deleting: true,
-                host: host.clone(),
-                libvirt_cluster_found,
-                owner_machine: owner,
-                ..ready_machine()
-            };
-            let p = decide(&s);
-            assert_eq!(p.action, action);
-            assert_eq!(condition(&p, READY), (Status::False, r::DELETING));
+            for libvirt_cluster_found in [false, true] {
+                let s = MachineSnapshot {
+                    deleting: true,
+                    host: host.clone(),
+                    host_known,
+                    libvirt_cluster_found,
+                    location_recorded: false,
+                    owner_machine: owner.clone(),
+                    cluster: None,
+                    ..ready_machine()
+                };
+                let p = decide(&s);
+                assert_eq!(p.action, action, "{s:?}");
+                assert_eq!(condition(&p, READY), (Status::False, reason));
+            }
         }
         let gone = MachineSnapshot { deleting: true, has_finalizer: false, ..ready_machine() };
         assert_eq!(decide(&gone).action, MachineAction::Nothing);
+    }
+
+    #[test]
+    fn a_failed_cleanup_is_retried_with_a_growing_interval_and_says_how_to_give_up() {
+        let at = |secs: u64| {
+            let s = MachineSnapshot {
+                deleting: true,
+                host: failed(true),
+                deleting_for: Duration::from_secs(secs),
+                ..ready_machine()
+            };
+            decide(&s)
+        };
+        let retries: Vec<Requeue> = [0, 30, 120, 3600].into_iter().map(|t| at(t).requeue).collect();
+        let secs = |n| Requeue::After(Duration::from_secs(n));
+        assert_eq!(retries, [secs(10), secs(15), secs(60), secs(300)]);
+        let p = at(120);
+        assert_eq!(p.conditions, at(30).conditions, "the conditions do not change between retries");
+        let ready = p.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        for needle in ["retrying every 10 s to 300 s", "base image gone", SKIP_HOST_CLEANUP_ANNOTATION] {
+            assert!(ready.message.contains(needle), "Ready message lacks {needle:?}: {}", ready.message);
+        }
+    }
+
+    #[test]
+    fn the_annotation_gives_up_on_the_host_in_any_phase_but_paused() {
+        for host in [Host::NotObserved, failed(true), Host::Absent] {
+            for host_known in [false, true] {
+                let s = MachineSnapshot {
+                    deleting: true,
+                    skip_host_cleanup: true,
+                    host: host.clone(),
+                    host_known,
+                    ..ready_machine()
+                };
+                assert_eq!(decide(&s).action, MachineAction::SkipHostCleanup, "{s:?}");
+            }
+        }
+        let not_deleting = MachineSnapshot { skip_host_cleanup: true, ..ready_machine() };
+        assert_eq!(decide(&not_deleting).action, MachineAction::ObserveHost, "the annotation only matters on delete");
+        let paused =
+            MachineSnapshot { deleting: true, skip_host_cleanup: true, paused: Some("p".into()), ..ready_machine() };
+        assert_eq!(decide(&paused).action, MachineAction::Nothing);
+    }
+
+    #[test]
+    fn the_host_is_recorded_before_it_is_looked_at() {
+        let s = MachineSnapshot { location_recorded: false, host: Host::NotObserved, ..ready_machine() };
+        let p = decide(&s);
+        assert_eq!(p.action, MachineAction::RecordHost);
+        assert!(p.conditions.is_empty());
+        // Nothing is recorded before the LibvirtCluster is there to say what.
+        let s = MachineSnapshot { location_recorded: false, libvirt_cluster_found: false, ..ready_machine() };
+        assert_eq!(decide(&s).action, MachineAction::Nothing);
     }
 
     #[test]

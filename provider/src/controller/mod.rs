@@ -172,6 +172,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let cluster_store = cluster_controller.store();
     let cluster_controller = cluster_controller
         .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
+        .watches(api::<LibvirtMachine>(&client, &ns), watcher::Config::default(), move |lm| {
+            watch_mapping::deleting_libvirt_clusters_of_machine(&cluster_store, &lm)
+        })
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster::reconcile, |o, e, c| error_policy(o, e, c, "libvirtcluster"), ctx.clone())
         .for_each(|result| async move {
@@ -216,6 +219,5 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 tracing::debug!(%err, "libvirtmachine controller event");
             }
         });
-    let _ = cluster_store;
     tokio::join!(cluster_controller, machine_controller);
 }

@@ -1,8 +1,8 @@
 //! Which of our objects a change to another object concerns.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::{GROUP, LibvirtCluster, LibvirtMachine};
@@ -56,6 +56,23 @@ pub fn libvirt_machines_of_libvirt_cluster(
         Some(name) => machines_labelled(store, &cluster.namespace().unwrap_or_default(), name),
         None => Vec::new(),
     }
+}
+
+/// A LibvirtMachine (changed or gone) -> the LibvirtCluster of its Cluster,
+/// only while that one is being deleted: it waits for its machines to go.
+pub fn deleting_libvirt_clusters_of_machine(
+    store: &Store<LibvirtCluster>,
+    machine: &LibvirtMachine,
+) -> Vec<ObjectRef<LibvirtCluster>> {
+    let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) else { return Vec::new() };
+    let namespace = machine.namespace();
+    store
+        .state()
+        .iter()
+        .filter(|lc| lc.meta().deletion_timestamp.is_some() && lc.namespace() == namespace)
+        .filter(|lc| super::cluster::cluster_name_of(lc).as_ref() == Some(cluster))
+        .map(|lc| ObjectRef::from_obj(lc.as_ref()))
+        .collect()
 }
 
 /// A bootstrap Secret -> the LibvirtMachines whose Machine names it.
