@@ -12,6 +12,7 @@ mod support;
 mod manager_binary;
 mod manifests_on_api_server;
 mod reconcile_cluster;
+mod reconcile_deletion;
 mod reconcile_domain_lost;
 mod reconcile_gates;
 mod reconcile_machine;
