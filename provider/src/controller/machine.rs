@@ -218,9 +218,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     let deleting = object.meta().deletion_timestamp.is_some();
     let recorded = HostLocation::recorded(object);
     let cluster_location = g.libvirt_cluster.as_ref().map(HostLocation::of_cluster);
-    // Deletion goes where the machine was created (the status), else where the
-    // LibvirtCluster says; everything else goes where the LibvirtCluster says.
-    let location = if deleting { recorded.clone().or(cluster_location.clone()) } else { cluster_location.clone() };
+    // The LibvirtCluster says where the host is (its fields are immutable, so it
+    // is where the machine was created). Once it is gone, deletion goes where
+    // the status recorded before anything was created.
+    let location = cluster_location.clone().or_else(|| recorded.clone().filter(|_| deleting));
 
     let mut snapshot = MachineSnapshot {
         deleting,
@@ -255,11 +256,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         // Nothing of ours can exist under an identity we never set: report and wait for a new object.
         snapshot.host = Host::Failed { reason: reasons::INVALID_MACHINE_SPEC, message, transient: false };
     }
-    if let Some(lc) = &g.libvirt_cluster
-        && let Err(message) = ctx.settings.uri_policy.check(&lc.spec.uri)
+    if let Some(l) = &location
+        && let Err(message) = ctx.settings.uri_policy.check(&l.uri)
     {
-        // The manager does not open this URI, not even to delete: report it (the
-        // LibvirtCluster reports it too) and wait.
+        // The manager does not open this URI, not even to delete (also when it
+        // comes from the status, which is not the LibvirtCluster's to vouch for):
+        // report it (the LibvirtCluster reports it too) and wait.
         snapshot.host = Host::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
     }
     let mut report: Option<MachineReport> = None;
