@@ -8,9 +8,16 @@
 //! - `host_scenarios`: the host operations (create, start, delete, faults,
 //!   foreign objects) on libvirt-sim and the real libvirtd, as one table;
 //! - `host_sim`: host tests only the simulator can do (call counts, faults);
-//! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon.
+//! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon;
+//! - `controllers_real`: the controllers end to end on the real daemon, with
+//!   the local kube-apiserver (`cargo xtask control-plane build`) as well.
 
+/// The API-server side of the reconciler tests (objects, waits, the manager).
+#[allow(dead_code)]
+#[path = "../api_server/support.rs"]
+mod api_support;
 mod conformance;
+mod controllers_real;
 mod host_scenarios;
 mod host_sim;
 mod host_support;

@@ -1,0 +1,158 @@
+//! The controllers end to end against the private test libvirtd, with the
+//! local kube-apiserver (`testenv`): a whole cluster file deleted the way
+//! `kubectl delete -f` does it (every object in file order, without waiting)
+//! leaves nothing of ours on the real daemon.
+//!
+//! Needs both `cargo xtask host up` and the local control plane
+//! (`cargo xtask control-plane build`); without either it fails naming the
+//! command. The guests boot from an empty base image, so they never get an
+//! address: the test needs their domains, disks, seeds and reservations, not
+//! a running guest.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
+use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl::controller::UriPolicy;
+use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST, LibvirtConnector};
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
+use capl_host::{InfraSpec, check_infrastructure};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use serde_json::json;
+use testenv::test_host;
+
+use crate::api_support::{
+    Manager, World, cloud_config, cluster_json, create_bootstrap_secret, has, libvirt_cluster_json,
+    libvirt_machine_json, machine_conditions, machine_json,
+};
+use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts, ensure_base_image};
+
+/// What the daemon holds whose name contains `tag` (the test's namespace):
+/// domains, volumes of the disk pool, DHCP host entries of the network.
+fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for domain in hv.domain_list().expect("list domains") {
+        if domain.contains(tag) {
+            found.push(format!("domain {domain}"));
+        }
+    }
+    for volume in hv.volume_list(&fx.domain_pool).expect("list volumes") {
+        if volume.contains(tag) {
+            found.push(format!("volume {volume}"));
+        }
+    }
+    for (mac, name, ip) in dhcp_hosts(hv, fx) {
+        if name.contains(tag) {
+            found.push(format!("DHCP host {mac} {name} {ip}"));
+        }
+    }
+    found
+}
+
+/// Removes whatever a failed run left on the daemon (best effort).
+struct CleanUp<'a> {
+    hv: &'a LibvirtHypervisor,
+    fx: &'a Fixture,
+    tag: String,
+}
+
+impl Drop for CleanUp<'_> {
+    fn drop(&mut self) {
+        let (hv, fx) = (self.hv, self.fx);
+        for domain in hv.domain_list().unwrap_or_default().into_iter().filter(|d| d.contains(&self.tag)) {
+            let _ = hv.domain_destroy(&domain);
+            let _ = hv.domain_undefine(&domain, UndefineFlags::all());
+        }
+        for volume in hv.volume_list(&fx.domain_pool).unwrap_or_default().into_iter().filter(|v| v.contains(&self.tag))
+        {
+            let _ = hv.volume_delete(&fx.domain_pool, &volume);
+        }
+        for (mac, name, ip) in dhcp_hosts(hv, fx).into_iter().filter(|(_, n, _)| n.contains(&self.tag)) {
+            let xml = format!("<host mac='{mac}' name='{name}' ip='{ip}'/>");
+            let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &xml);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {
+    let uri = test_host::uri_or_panic();
+    let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
+        panic!("cannot connect to the test libvirtd at {uri}: {e}: is `{}` running?", test_host::UP_COMMAND)
+    });
+    let fx = Fixture {
+        network: test_host::NETWORK.into(),
+        base_pool: test_host::BASE_POOL.into(),
+        domain_pool: test_host::DISK_POOL.into(),
+        image: "capl-host-tests-base.qcow2".into(),
+        image_bytes: IMAGE_BYTES,
+    };
+    let infra =
+        InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    if let Err(e) = check_infrastructure(&hv, &infra) {
+        panic!("the test libvirtd at {uri} is not set up ({e}): run `{}`", test_host::UP_COMMAND);
+    }
+    ensure_base_image(&hv, &fx);
+
+    // The API side; World's own simulated host is not used.
+    let w = World::new("real-del").await;
+    let _cleanup = CleanUp { hv: &hv, fx: &fx, tag: w.ns.clone() };
+    let connections = Arc::new(Connections::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST));
+    // The test daemon is reached through socket=, which only --allow-unsafe-uris admits.
+    let _manager = Manager::start_with_policy(w.client.clone(), &w.ns, connections, UriPolicy::allow_all());
+
+    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
+    let mut lc = libvirt_cluster_json("demo-lc", &uri, Some(("demo", &c.uid().unwrap())));
+    lc["spec"]["network"] = json!(fx.network);
+    lc["spec"]["basePool"] = json!(fx.base_pool);
+    lc["spec"]["domainPool"] = json!(fx.domain_pool);
+    let _: LibvirtCluster = w.apply(lc).await;
+    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+    let machines = ["cp-0", "worker-0"];
+    for name in machines {
+        let secret = format!("{name}-bootstrap");
+        create_bootstrap_secret(&w, &secret, cloud_config(name)).await;
+        let m: Machine = w.apply(machine_json(name, "demo", name, Some(&secret))).await;
+        let mut lm = libvirt_machine_json(name, "demo", Some((name, &m.uid().unwrap())));
+        lm["spec"]["image"] = json!(fx.image);
+        lm["spec"]["memoryMiB"] = json!(256);
+        lm["metadata"]["labels"] = json!({ CLUSTER_NAME_LABEL: "demo" });
+        let _: LibvirtMachine = w.apply(lm).await;
+    }
+    for name in machines {
+        w.wait_for::<LibvirtMachine>(name, "its domain created on the real libvirtd", |lm| {
+            has(machine_conditions(lm), "MachineCreated", "True", None)
+        })
+        .await;
+    }
+    let made = ours_on_host(&hv, &fx, &w.ns);
+    assert_eq!(made.len(), 2 * 4, "2 domains, 4 volumes, 2 DHCP entries: {made:?}");
+
+    // kubectl delete -f, in file order. Between the cluster objects and the
+    // machines a large file takes kubectl a moment: long enough for a
+    // LibvirtCluster that does not wait for its machines to be gone.
+    w.delete::<Cluster>("demo").await;
+    w.delete::<LibvirtCluster>("demo-lc").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in machines {
+        w.delete::<Machine>(name).await;
+        w.delete::<LibvirtMachine>(name).await;
+        w.delete::<Secret>(&format!("{name}-bootstrap")).await;
+    }
+    for name in machines {
+        w.wait_gone::<LibvirtMachine>(name).await;
+    }
+    w.wait_gone::<LibvirtCluster>("demo-lc").await;
+    assert_eq!(ours_on_host(&hv, &fx, &w.ns), Vec::<String>::new(), "left on the real libvirtd");
+    for name in machines {
+        let events = w.events(name).await;
+        assert!(
+            events.iter().any(|(t, r, n)| t == "Normal" && r == "DomainDeleted" && n.contains(&uri)),
+            "{name}: {events:#?}"
+        );
+    }
+    assert!(hv.volume_list(&fx.base_pool).unwrap().contains(&fx.image), "the base image stays");
+}
