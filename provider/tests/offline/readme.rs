@@ -90,3 +90,21 @@ fn lost_domain_reason_is_documented() {
         assert!(row[2].contains(conditions::reasons::DOMAIN_LOST), "README row {type_} lacks DomainLost");
     }
 }
+
+#[test]
+fn deletion_reason_and_annotation_are_documented() {
+    let rows = table_rows("| Resource | Condition | Meaning |");
+    let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::READY).unwrap();
+    assert!(row[2].contains(conditions::reasons::DELETION_RETRYING), "README Ready row lacks DeletionRetrying");
+    let text = readme();
+    let section = text
+        .split("#### Deleting objects in any order")
+        .nth(1)
+        .and_then(|rest| rest.split("\n#### ").next())
+        .expect("README has a Deleting objects in any order section");
+    for needle in
+        [capl::api::SKIP_HOST_CLEANUP_ANNOTATION, "HostCleanupSkipped", "ForeignObjectsLeft", "DeletionRetrying"]
+    {
+        assert!(section.contains(needle), "the deletion section does not mention {needle}");
+    }
+}
