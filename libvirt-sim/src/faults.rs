@@ -1,10 +1,10 @@
-//! Fault injection: failing the Nth call of an operation, latency, guests that never ask
-//! for DHCP.
+//! Fault injection: failing the Nth call of an operation, latency, calls that hang,
+//! guests that never ask for DHCP.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::counters::Op;
 use crate::error::Error;
@@ -15,6 +15,8 @@ struct Plan {
     /// op -> (absolute call number, error)
     failures: HashMap<Op, Vec<(u64, Error)>>,
     latency: HashMap<Op, Duration>,
+    /// op -> until when its calls hang (`None`: until released)
+    hangs: HashMap<Op, Option<Instant>>,
     silent_macs: HashSet<Mac>,
     silent_domains: HashSet<String>,
 }
@@ -24,6 +26,8 @@ struct Plan {
 pub struct Faults {
     armed: AtomicBool,
     plan: Mutex<Plan>,
+    /// Wakes hung calls when a hang is released.
+    released: Condvar,
 }
 
 impl Faults {
@@ -48,6 +52,21 @@ impl Faults {
         }
     }
 
+    /// Every call of `op` from now on blocks, as on a daemon that accepted the
+    /// request and never answers: until [`release`](Self::release) (or
+    /// [`clear`](Self::clear)) when `duration` is `None`, else for at most
+    /// `duration` after the hang was set. `Op::Connect` hangs `connect`.
+    /// Calls already waiting keep waiting; a hung call then runs normally.
+    pub fn hang(&self, op: Op, duration: Option<Duration>) {
+        self.plan().hangs.insert(op, duration.map(|d| Instant::now() + d));
+    }
+
+    /// Ends the hang of `op`: waiting calls go on, new calls do not wait.
+    pub fn release(&self, op: Op) {
+        self.plan().hangs.remove(&op);
+        self.released.notify_all();
+    }
+
     /// The guest with this MAC never asks for a DHCP lease.
     pub fn guest_never_asks_dhcp(&self, mac: &str) {
         if let Some(mac) = Mac::parse(mac) {
@@ -64,15 +83,29 @@ impl Faults {
     pub fn clear(&self) {
         *self.plan() = Plan::default();
         self.armed.store(false, Ordering::Relaxed);
+        self.released.notify_all();
     }
 
-    /// Applies latency, then returns the planned error for call number `call` of `op`.
+    /// Waits out a hang, applies latency, then returns the planned error for call number
+    /// `call` of `op`.
     pub(crate) fn on_call(&self, op: Op, call: u64) -> Option<Error> {
         if !self.armed.load(Ordering::Relaxed) {
             return None;
         }
         let (latency, error) = {
             let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+            while let Some(until) = plan.hangs.get(&op).copied() {
+                plan = match until {
+                    None => self.released.wait(plan).unwrap_or_else(|e| e.into_inner()),
+                    Some(until) => {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        self.released.wait_timeout(plan, left).unwrap_or_else(|e| e.into_inner()).0
+                    }
+                };
+            }
             let latency = plan.latency.get(&op).copied();
             let error = plan.failures.get_mut(&op).and_then(|list| {
                 let i = list.iter().position(|(n, _)| *n == call)?;

@@ -142,6 +142,33 @@ fn latency_delays_the_call() {
     host.faults().clear();
 }
 
+/// A hung operation blocks its callers until released (other operations go on
+/// meanwhile); a hang with a duration ends by itself; a hung connect blocks `connect`.
+#[test]
+fn a_hung_call_waits_until_released_or_for_its_duration() {
+    let host = host("sim:///behaviour-hang");
+    let conn = connect(host.uri()).unwrap();
+    host.faults().hang(Op::ListDomains, None);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let caller = {
+        let conn = connect(host.uri()).unwrap();
+        std::thread::spawn(move || tx.send(conn.list_all_domains().map(|d| d.len())).unwrap())
+    };
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "the hung call returned");
+    assert!(conn.network_is_active("net").unwrap(), "another operation is not hung");
+    host.faults().release(Op::ListDomains);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).expect("released call returns").unwrap(), 0);
+    caller.join().unwrap();
+
+    host.faults().hang(Op::Connect, Some(Duration::from_millis(200)));
+    let started = Instant::now();
+    connect(host.uri()).unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "connect waited {waited:?}");
+    connect(host.uri()).unwrap();
+    host.unregister();
+}
+
 #[test]
 fn dropped_connections_fail_like_a_closed_socket_and_reconnect() {
     let host = host("sim:///behaviour-drop");
