@@ -128,6 +128,13 @@ pub enum HostError {
     )]
     Unreachable { uri: String, source: HypervisorError },
 
+    #[error(
+        "no answer from {uri} within {within}{note}: libvirtd there accepts connections but does not answer (hung or overloaded); check it with virsh version and restart it if it hangs; the provider keeps retrying and clears this once the host answers"
+    )]
+    /// A connect, a wait for a call slot, or a call took longer than its
+    /// timeout (`within`, e.g. "30 s"); `note` is empty or starts with a space.
+    NoAnswer { uri: String, within: String, note: String },
+
     #[error("{action} {kind} \"{object}\" on {uri} failed: {source}{}", fix_hint(source))]
     Libvirt { action: &'static str, kind: ObjectKind, object: String, uri: String, source: HypervisorError },
 
@@ -171,7 +178,7 @@ impl HostError {
             HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
-            HostError::Unreachable { .. } => FailureKind::HostUnreachable,
+            HostError::Unreachable { .. } | HostError::NoAnswer { .. } => FailureKind::HostUnreachable,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
             }
@@ -194,6 +201,14 @@ impl HostError {
 impl CallError for HostError {
     fn unavailable(uri: &str, source: HypervisorError) -> Self {
         HostError::Unreachable { uri: uri.to_string(), source }
+    }
+
+    fn no_answer(uri: &str, timeout: std::time::Duration, note: &str) -> Self {
+        HostError::NoAnswer {
+            uri: uri.to_string(),
+            within: crate::hypervisor::connections::seconds(timeout),
+            note: note.to_string(),
+        }
     }
 
     fn connection_lost(&self) -> bool {

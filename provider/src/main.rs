@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use axum::Router;
@@ -62,6 +63,33 @@ struct Flags {
     /// Concurrent libvirt calls per host.
     #[arg(long, default_value_t = DEFAULT_MAX_CALLS_PER_HOST)]
     max_calls_per_host: usize,
+    /// How long one host operation (a few libvirt calls) may take before the
+    /// machine reports HostUnreachable "no answer from <uri> within N s":
+    /// e.g. 30s, 500ms, 2m.
+    #[arg(long, value_parser = parse_timeout, default_value = "30s")]
+    libvirt_call_timeout: Duration,
+    /// How long opening a libvirt connection may take before callers are told the host does not answer.
+    #[arg(long, value_parser = parse_timeout, default_value = "15s")]
+    libvirt_connect_timeout: Duration,
+}
+
+/// A timeout flag: a number with the unit ms, s or m ("30s", "500ms", "2m"); above zero.
+fn parse_timeout(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    let split = value.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{value:?} is not a duration such as 30s, 500ms or 2m"))?;
+    let secs = match unit {
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        _ => return Err(format!("{value:?} has no unit: write e.g. 30s, 500ms or 2m")),
+    };
+    let timeout = Duration::try_from_secs_f64(secs).map_err(|e| format!("{value:?}: {e}"))?;
+    if timeout.is_zero() {
+        return Err("a timeout must be above zero".into());
+    }
+    Ok(timeout)
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -108,7 +136,7 @@ async fn serve(addr: SocketAddr, router: Router) -> Result<()> {
 
 /// How long the process waits, after the controllers stopped, for work still
 /// on the blocking pool (libvirt calls) before it exits anyway.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -124,18 +152,20 @@ async fn run() -> Result<()> {
     init_logging(flags.log_format);
     let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
 
-    let connections = match flags.hypervisor {
-        Backend::Libvirt => Arc::new(Connections::new(
-            Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
-            flags.max_calls_per_host,
-        )),
+    let connector: Arc<dyn capl_host::hypervisor::connections::Connector> = match flags.hypervisor {
+        Backend::Libvirt => Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
         Backend::Sim => {
             let host = capl_host::sim_host::register(&flags.sim_uri).context("building the simulated host")?;
             tracing::info!(uri = %flags.sim_uri, network = capl_host::sim_host::NETWORK, "simulated libvirt host ready");
             std::mem::forget(host); // lives as long as the process
-            Arc::new(Connections::new(Arc::new(capl_host::hypervisor::sim::SimConnector), flags.max_calls_per_host))
+            Arc::new(capl_host::hypervisor::sim::SimConnector)
         }
     };
+    anyhow::ensure!(flags.max_calls_per_host > 0, "--max-calls-per-host must be at least 1");
+    let connections = Arc::new(
+        Connections::new(connector, flags.max_calls_per_host)
+            .with_timeouts(flags.libvirt_call_timeout, flags.libvirt_connect_timeout),
+    );
 
     let client =
         kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
@@ -305,5 +335,30 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use capl_host::hypervisor::connections::{DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
+
+    use super::*;
+
+    #[test]
+    fn timeouts_take_a_unit_and_must_be_above_zero() {
+        assert_eq!(parse_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_timeout("30").unwrap_err().contains("no unit"));
+        assert!(parse_timeout("0s").unwrap_err().contains("above zero"));
+        assert!(parse_timeout("soon").is_err());
+    }
+
+    #[test]
+    fn the_default_timeouts_are_the_connection_layer_defaults() {
+        let flags = Flags::parse_from(["cluster-api-provider-libvirt"]);
+        assert_eq!(flags.libvirt_call_timeout, DEFAULT_CALL_TIMEOUT);
+        assert_eq!(flags.libvirt_connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     }
 }

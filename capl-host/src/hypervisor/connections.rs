@@ -1,23 +1,61 @@
-//! One cached libvirt connection per host URI, shared by every reconcile.
+//! One cached libvirt connection per host URI, shared by every reconcile, and
+//! a bounded time for everything done on a host.
 //!
 //! - [`Connections`] maps a URI to a host slot holding at most one open
 //!   [`Hypervisor`]. The first call on a host opens it (through a
 //!   [`Connector`]); later calls reuse it. A connection found dead (it reports
 //!   `is_alive() == false`, or a call failed because the connection is gone:
-//!   [`CallError::connection_lost`]) is dropped by [`HostHandle::call`] itself
-//!   and the *next* call reconnects; callers never drop connections. A failed
-//!   call is never retried here: the reconcile that saw the error requeues,
-//!   and every host step is idempotent.
+//!   [`CallError::connection_lost`], or a call timed out on it) is dropped by
+//!   [`HostHandle::call`] itself and the *next* call reconnects; callers never
+//!   drop connections. A failed call is never retried here: the reconcile that
+//!   saw the error requeues, and every host step is idempotent.
 //! - Each host admits at most `max_calls_per_host` calls at a time (a tokio
 //!   semaphore), so a burst of reconciles cannot pile requests onto one
 //!   libvirtd (whose default `max_client_requests` is 5 per client).
 //! - [`HostHandle::call`] runs the blocking trait call on tokio's blocking
-//!   pool (`spawn_blocking`); nothing here blocks a runtime worker.
-//! - [`LibvirtConnector`] registers libvirt's default event loop once, before
-//!   its first connection, runs it on its own thread, and turns on keepalive
-//!   (default: a probe every 5 s, the connection is closed after 3 missed
-//!   probes), so a host that vanished is noticed within ~15-20 s even when no
-//!   call is in flight.
+//!   pool (`spawn_blocking`); nothing here blocks a runtime worker, and no
+//!   lock is held while libvirt is called or a connection is opened.
+//!
+//! # A host that does not answer
+//!
+//! libvirt's calls, `virConnectOpen` included, have no timeout of their own: a
+//! libvirtd that accepts the TCP connection and never answers blocks the
+//! calling thread until the peer closes the connection. So the async side
+//! bounds every wait and gives up on the thread:
+//!
+//! - **Connect**: at most one connect per host runs at a time, on the
+//!   blocking pool and outside every lock. Callers that need the host's
+//!   connection meanwhile wait for that connect, each until
+//!   `connect_timeout` ([`DEFAULT_CONNECT_TIMEOUT`], 15 s) after it started;
+//!   once a connect has run longer than that, callers fail at once. No second
+//!   connect is started while one is stuck, so a hung host costs one blocked
+//!   thread for connecting; when the stuck connect returns (the host closes
+//!   the TCP connection, e.g. because libvirtd was restarted), its
+//!   connection is used, or the next call connects again.
+//! - **Call**: a call (one host operation, a handful of libvirt calls) that
+//!   has not returned after `call_timeout` ([`DEFAULT_CALL_TIMEOUT`], 30 s)
+//!   is abandoned and its connection dropped, so the next call reconnects.
+//!   The abandoned thread keeps its call slot until libvirt returns (when the
+//!   peer stops answering altogether, keepalive closes the connection within
+//!   ~20 s; a libvirtd that answers keepalive but not the call keeps it until
+//!   it is restarted), so stuck threads per host never exceed
+//!   `max_calls_per_host`. A caller that waits
+//!   `call_timeout` for a slot fails too, and says that every slot is taken.
+//! - Each of these failures is [`CallError::no_answer`]: for the host layer a
+//!   `HostError::NoAnswer`, "no answer from <uri> within <N> s", of kind
+//!   `HostUnreachable`, which the controllers report as the condition reason
+//!   `HostUnreachable` and retry. Other hosts have their own slots, connects
+//!   and threads and are not held up. The manager sets both timeouts with
+//!   `--libvirt-call-timeout` and `--libvirt-connect-timeout`.
+//!
+//! # Keepalive
+//!
+//! [`LibvirtConnector`] registers libvirt's default event loop once, before
+//! its first connection, runs it on its own thread, and turns on keepalive
+//! (default: a probe every 5 s, the connection is closed after 3 missed
+//! probes), so a host that vanished is noticed within ~15-20 s even when no
+//! call is in flight. Keepalive starts only once a connection is open; the
+//! connect timeout covers the time before.
 //!
 //! # Remote URIs
 //!
@@ -57,9 +95,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 
 use super::libvirt::{LibvirtHypervisor, from_virt};
 use super::{ErrorKind, Hypervisor, HypervisorError, Result};
@@ -73,6 +111,11 @@ pub trait CallError: Sized + Send + 'static {
     /// call did not complete.
     fn unavailable(uri: &str, source: HypervisorError) -> Self;
 
+    /// Nothing came back from `uri` within `timeout`: a connect, a wait for a
+    /// call slot, or a call. `note` (empty, or starting with a space) says
+    /// more. The message says "no answer from <uri> within <N> s".
+    fn no_answer(uri: &str, timeout: Duration, note: &str) -> Self;
+
     /// This failure means the connection is gone; the handle drops it.
     fn connection_lost(&self) -> bool;
 }
@@ -80,6 +123,14 @@ pub trait CallError: Sized + Send + 'static {
 impl CallError for HypervisorError {
     fn unavailable(_uri: &str, source: HypervisorError) -> Self {
         source
+    }
+
+    fn no_answer(uri: &str, timeout: Duration, note: &str) -> Self {
+        HypervisorError::new(
+            ErrorKind::ConnectionLost,
+            0,
+            format!("no answer from {uri} within {}{note}", seconds(timeout)),
+        )
     }
 
     fn connection_lost(&self) -> bool {
@@ -183,23 +234,61 @@ pub fn ensure_event_loop() -> Result<()> {
 /// connection may have in flight before the daemon queues them.
 pub const DEFAULT_MAX_CALLS_PER_HOST: usize = 5;
 
+/// How long one [`HostHandle::call`] may take before it is given up, by
+/// default. A host operation is a handful of libvirt calls that take
+/// milliseconds each, up to a few seconds for starting or destroying a domain.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long opening a connection may take before callers are told the host
+/// does not answer, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The connection cache: one slot per host URI.
 pub struct Connections {
     connector: Arc<dyn Connector>,
     max_calls_per_host: usize,
+    call_timeout: Duration,
+    connect_timeout: Duration,
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
     opened: AtomicU64,
+    attempts: AtomicU64,
 }
 
 impl Connections {
+    /// A cache with the default timeouts ([`DEFAULT_CALL_TIMEOUT`],
+    /// [`DEFAULT_CONNECT_TIMEOUT`]); change them with [`Connections::with_timeouts`].
     pub fn new(connector: Arc<dyn Connector>, max_calls_per_host: usize) -> Self {
         assert!(max_calls_per_host > 0, "max_calls_per_host must be at least 1");
-        Self { connector, max_calls_per_host, hosts: Mutex::new(HashMap::new()), opened: AtomicU64::new(0) }
+        Self {
+            connector,
+            max_calls_per_host,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            hosts: Mutex::new(HashMap::new()),
+            opened: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+        }
     }
 
-    /// A cache over real libvirt with default keepalive and call bound.
+    /// Sets how long one call and one connect may take (both must be above zero).
+    pub fn with_timeouts(mut self, call: Duration, connect: Duration) -> Self {
+        assert!(!call.is_zero() && !connect.is_zero(), "libvirt timeouts must be above zero");
+        self.call_timeout = call;
+        self.connect_timeout = connect;
+        self
+    }
+
+    /// A cache over real libvirt with default keepalive, call bound and timeouts.
     pub fn libvirt() -> Self {
         Self::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST)
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
     }
 
     /// The handle for one host. Cheap; opens nothing until the first call.
@@ -211,7 +300,7 @@ impl Connections {
                 .or_insert_with(|| {
                     Arc::new(HostSlot {
                         uri: uri.to_string(),
-                        conn: Mutex::new(None),
+                        state: Mutex::new(SlotState::default()),
                         permits: Arc::new(Semaphore::new(self.max_calls_per_host)),
                     })
                 })
@@ -225,48 +314,48 @@ impl Connections {
         self.opened.load(Ordering::SeqCst)
     }
 
-    /// Drops the cached connection of `uri` (if any); the next call reconnects.
-    /// Reconciles need not call this: [`HostHandle::call`] drops a lost
-    /// connection itself.
-    pub fn invalidate(&self, uri: &str) {
-        let slot = self.hosts.lock().expect("connection cache lock poisoned").get(uri).cloned();
-        if let Some(slot) = slot {
-            *slot.conn.lock().expect("host slot lock poisoned") = None;
-        }
+    /// Connects started through this cache so far (successful or not, returned or not).
+    pub fn connect_attempts(&self) -> u64 {
+        self.attempts.load(Ordering::SeqCst)
     }
+}
 
-    /// The cached connection of `slot`, opened (again) when there is none or
-    /// it is no longer alive. Blocks: call from a blocking context.
-    fn checkout(&self, slot: &HostSlot) -> Result<Arc<dyn Hypervisor>> {
-        // Held while connecting, so concurrent first calls open one connection.
-        let mut conn = slot.conn.lock().expect("host slot lock poisoned");
-        if let Some(c) = conn.as_ref() {
-            if c.is_alive() {
-                return Ok(c.clone());
-            }
-            tracing::warn!(uri = %slot.uri, "libvirt connection is dead; reconnecting");
-            *conn = None;
-        }
-        let fresh = self.connector.connect(&slot.uri)?;
-        self.opened.fetch_add(1, Ordering::SeqCst);
-        *conn = Some(fresh.clone());
-        Ok(fresh)
-    }
+/// One host's connection and the connect in flight, if any. Locked only for
+/// a moment, never while libvirt is called.
+#[derive(Default)]
+struct SlotState {
+    conn: Option<Arc<dyn Hypervisor>>,
+    connecting: Option<Attempt>,
+}
 
-    /// Forgets `used` if it is still the cached connection of `slot`.
-    fn evict(&self, slot: &HostSlot, used: &Arc<dyn Hypervisor>) {
-        let mut conn = slot.conn.lock().expect("host slot lock poisoned");
-        if conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
-            tracing::warn!(uri = %slot.uri, "libvirt connection lost; the next call reconnects");
-            *conn = None;
-        }
-    }
+/// A connect running on the blocking pool; every caller that needs the
+/// host's connection meanwhile waits for this one instead of starting another.
+#[derive(Clone)]
+struct Attempt {
+    id: u64,
+    started: Instant,
+    done: watch::Receiver<Option<Result<Arc<dyn Hypervisor>>>>,
 }
 
 struct HostSlot {
     uri: String,
-    conn: Mutex<Option<Arc<dyn Hypervisor>>>,
+    state: Mutex<SlotState>,
     permits: Arc<Semaphore>,
+}
+
+impl HostSlot {
+    fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets `used` if it is still the cached connection.
+    fn evict(&self, used: &Arc<dyn Hypervisor>, why: &str) {
+        let mut state = self.state();
+        if state.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
+            tracing::warn!(uri = %self.uri, "libvirt connection {why}; the next call reconnects");
+            state.conn = None;
+        }
+    }
 }
 
 /// One host of a [`Connections`] cache.
@@ -276,64 +365,188 @@ pub struct HostHandle {
     slot: Arc<HostSlot>,
 }
 
+/// What the blocking side of a call gives back: the call's result, or the
+/// closure unrun because the connection was found dead.
+enum Ran<R, F> {
+    Done(R),
+    DeadConnection(F),
+}
+
 impl HostHandle {
     pub fn uri(&self) -> &str {
         &self.slot.uri
     }
 
     /// Runs `f` on the host's connection on tokio's blocking pool, within the
-    /// host's call bound: `host.call(move |h| h.domain_state(&name)).await`.
+    /// host's call bound and the cache's timeouts:
+    /// `host.call(move |h| h.domain_state(&name)).await`.
     ///
     /// `f` returns a [`HypervisorError`] or an error of the host layer (any
     /// [`CallError`]). A failure that means the connection is gone drops the
     /// connection, so that the next call reconnects; the error is returned as
     /// is. A connection that cannot be opened is returned as
-    /// [`CallError::unavailable`].
+    /// [`CallError::unavailable`]; a connect, a wait for a call slot or a call
+    /// that takes longer than its timeout as [`CallError::no_answer`] (a
+    /// timed-out call's connection is dropped too). This function never
+    /// blocks a runtime worker and always returns within the connect timeout
+    /// plus twice the call timeout.
     pub async fn call<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&dyn Hypervisor) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: CallError,
     {
-        let uri = self.slot.uri.clone();
-        let permit = self.slot.permits.clone().acquire_owned().await.map_err(|_| {
-            E::unavailable(
-                &uri,
-                HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
-            )
-        })?;
-        let this = self.clone();
-        let joined = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            this.call_blocking(f)
-        })
-        .await;
-        joined.unwrap_or_else(|e| {
-            Err(E::unavailable(
-                &uri,
-                HypervisorError::new(ErrorKind::Other, 0, format!("libvirt call on host {uri} did not complete: {e}")),
-            ))
-        })
-    }
-
-    /// The same as [`HostHandle::call`] for code already on a blocking
-    /// thread (xtask, tests, `spawn_blocking` bodies). Not bounded by the
-    /// async call semaphore.
-    pub fn call_blocking<T, E: CallError>(&self, f: impl FnOnce(&dyn Hypervisor) -> Result<T, E>) -> Result<T, E> {
-        let conn = self.cache.checkout(&self.slot).map_err(|e| E::unavailable(&self.slot.uri, e))?;
-        let out = f(conn.as_ref());
-        if let Err(e) = &out
-            && e.connection_lost()
-        {
-            self.cache.evict(&self.slot, &conn);
+        let uri = self.slot.uri.as_str();
+        let call_timeout = self.cache.call_timeout;
+        let mut f = f;
+        // A connection found dead is replaced once; a fresh one that is dead
+        // at once is reported.
+        for _ in 0..2 {
+            let conn = self.connection::<E>().await?;
+            let permit = match tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) => {
+                    return Err(E::unavailable(
+                        uri,
+                        HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
+                    ));
+                }
+                Err(_) => {
+                    let max = self.cache.max_calls_per_host;
+                    tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
+                    return Err(E::no_answer(
+                        uri,
+                        call_timeout,
+                        &format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)"),
+                    ));
+                }
+            };
+            let used = conn.clone();
+            // The permit goes with the blocking thread: a call that never
+            // returns keeps its slot, so stuck threads per host stay bounded
+            // by the call bound.
+            let task = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) }
+            });
+            match tokio::time::timeout(call_timeout, task).await {
+                Ok(Ok(Ran::Done(out))) => {
+                    if let Err(e) = &out
+                        && e.connection_lost()
+                    {
+                        self.slot.evict(&conn, "lost");
+                    }
+                    return out;
+                }
+                Ok(Ok(Ran::DeadConnection(unrun))) => {
+                    self.slot.evict(&conn, "is dead");
+                    f = unrun;
+                }
+                Ok(Err(e)) => {
+                    return Err(E::unavailable(
+                        uri,
+                        HypervisorError::new(ErrorKind::Other, 0, format!("libvirt call on host {uri} did not complete: {e}")),
+                    ));
+                }
+                Err(_) => {
+                    self.slot.evict(&conn, &format!("gave no answer within {}", seconds(call_timeout)));
+                    return Err(E::no_answer(uri, call_timeout, ""));
+                }
+            }
         }
-        out
+        Err(E::unavailable(
+            uri,
+            HypervisorError::new(
+                ErrorKind::ConnectionLost,
+                0,
+                format!("the connection to {uri} closed right after it was opened"),
+            ),
+        ))
     }
 
-    /// Calls currently admitted on this host (for tests and metrics).
+    /// The host's cached connection, or the one being opened: at most one
+    /// connect per host runs at a time, outside any lock, and every caller
+    /// waits for it at most until the connect timeout since it started. A
+    /// connect that has run longer than that makes callers fail at once.
+    async fn connection<E: CallError>(&self) -> Result<Arc<dyn Hypervisor>, E> {
+        let attempt = {
+            let mut state = self.slot.state();
+            if let Some(conn) = &state.conn {
+                // Whether it is still alive is asked on the blocking thread.
+                return Ok(conn.clone());
+            }
+            match &state.connecting {
+                Some(attempt) => attempt.clone(),
+                None => {
+                    let attempt = self.start_connect();
+                    state.connecting = Some(attempt.clone());
+                    attempt
+                }
+            }
+        };
+        let timeout = self.cache.connect_timeout;
+        let left = (attempt.started + timeout).saturating_duration_since(Instant::now());
+        let mut done = attempt.done;
+        match tokio::time::timeout(left, done.wait_for(Option::is_some)).await {
+            Ok(Ok(result)) => match result.as_ref().expect("waited for Some") {
+                Ok(conn) => Ok(conn.clone()),
+                Err(e) => Err(E::unavailable(&self.slot.uri, e.clone())),
+            },
+            Ok(Err(_)) => Err(E::unavailable(
+                &self.slot.uri,
+                HypervisorError::new(ErrorKind::Other, 0, format!("connecting to {} did not complete", self.slot.uri)),
+            )),
+            Err(_) => {
+                let waiting = attempt.started.elapsed();
+                tracing::warn!(uri = %self.slot.uri, waiting = ?waiting, "libvirt connect has not returned");
+                Err(E::no_answer(&self.slot.uri, timeout, ""))
+            }
+        }
+    }
+
+    /// Starts a connect on the blocking pool. When it returns (however late)
+    /// it stores its connection and ends the attempt, so the next caller
+    /// uses the connection or starts a new connect.
+    fn start_connect(&self) -> Attempt {
+        let id = self.cache.attempts.fetch_add(1, Ordering::SeqCst);
+        let (tx, done) = watch::channel(None);
+        let (cache, slot) = (self.cache.clone(), self.slot.clone());
+        // Detached: the task runs to its end whether or not anyone waits.
+        drop(tokio::task::spawn_blocking(move || {
+            let result = cache.connector.connect(&slot.uri);
+            {
+                let mut state = slot.state();
+                if state.connecting.as_ref().is_some_and(|a| a.id == id) {
+                    state.connecting = None;
+                }
+                match &result {
+                    Ok(conn) => {
+                        cache.opened.fetch_add(1, Ordering::SeqCst);
+                        state.conn = Some(conn.clone());
+                    }
+                    Err(e) => tracing::warn!(uri = %slot.uri, error = %e, "cannot connect to libvirt"),
+                }
+            }
+            tx.send_replace(Some(result));
+        }));
+        Attempt { id, started: Instant::now(), done }
+    }
+
+    /// Calls currently admitted on this host, including calls that timed out
+    /// and have not returned yet (for tests and metrics).
     pub fn calls_in_flight(&self) -> usize {
         self.cache.max_calls_per_host - self.slot.permits.available_permits()
     }
+
+    /// Whether a connect to this host is running (started and not returned).
+    pub fn connecting(&self) -> bool {
+        self.slot.state().connecting.is_some()
+    }
+}
+
+/// `d` in whole seconds when it is whole, as the messages say it: "30 s", "0.5 s".
+pub fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 #[cfg(test)]
@@ -370,6 +583,138 @@ mod tests {
         handle.call(|h| h.capabilities_xml()).await.unwrap();
         assert_eq!(opened(), 3);
         assert_eq!(cache.connections_opened(), 3);
+        host.unregister();
+    }
+
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    /// Generous: the machine running the tests is shared and slow.
+    const BOUND: Duration = Duration::from_secs(5);
+
+    fn sim_cache(max_calls: usize) -> Arc<Connections> {
+        Arc::new(Connections::new(Arc::new(SimConnector), max_calls).with_timeouts(TIMEOUT, TIMEOUT))
+    }
+
+    /// What a host operation returns when the host does not answer, as the
+    /// controllers see it.
+    async fn capabilities(handle: &HostHandle) -> Result<String, crate::HostError> {
+        let uri = handle.uri().to_string();
+        handle.call(move |h| h.capabilities_xml().map_err(|source| crate::HostError::Unreachable { uri, source })).await
+    }
+
+    /// A call the host never answers comes back, within the call timeout, as
+    /// HostUnreachable "no answer from <uri> within N s"; its connection is
+    /// dropped (the next call reconnects); another host, and other calls on
+    /// a fresh connection, go on meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hung_call_is_no_answer_and_other_hosts_go_on() {
+        let (hung_uri, ok_uri) = ("sim:///capl-hung-call", "sim:///capl-hung-call-other");
+        let hung = Host::builder(hung_uri).build().unwrap();
+        let ok = Host::builder(ok_uri).build().unwrap();
+        let cache = sim_cache(4);
+        let (hung_handle, ok_handle) = (cache.host(hung_uri), cache.host(ok_uri));
+        capabilities(&hung_handle).await.unwrap();
+        assert_eq!(hung.counters().connections_opened(), 1);
+
+        hung.faults().hang(Op::GetCapabilities, None);
+        let started = Instant::now();
+        let e = capabilities(&hung_handle).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(took >= TIMEOUT && took < BOUND, "the hung call returned after {took:?}");
+        assert_eq!(e.kind(), crate::FailureKind::HostUnreachable, "{e}");
+        assert!(e.to_string().starts_with("no answer from sim:///capl-hung-call within 0.4 s: "), "{e}");
+        assert_eq!(hung_handle.calls_in_flight(), 1, "the stuck call keeps its slot");
+
+        // The other host is untouched; the hung host answers other calls on a new connection.
+        for _ in 0..3 {
+            capabilities(&ok_handle).await.unwrap();
+        }
+        assert!(hung_handle.call(|h| h.pool_is_active("missing")).await.is_err_and(|e| e.is_not_found()));
+        assert_eq!(hung.counters().connections_opened(), 2, "the timed-out call's connection was dropped");
+
+        hung.faults().release(Op::GetCapabilities);
+        capabilities(&hung_handle).await.unwrap();
+        let deadline = Instant::now() + BOUND;
+        while hung_handle.calls_in_flight() > 0 {
+            assert!(Instant::now() < deadline, "the released call never gave its slot back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        hung.unregister();
+        ok.unregister();
+    }
+
+    /// A connect that never returns: the first caller and a second one get
+    /// "no answer" within the connect timeout, later callers at once, and
+    /// only one connect runs; other hosts are not held up. Once the host
+    /// answers, the connect in flight is the one used.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hung_connect_holds_up_no_one_beyond_its_timeout() {
+        let (hung_uri, ok_uri) = ("sim:///capl-hung-connect", "sim:///capl-hung-connect-other");
+        let hung = Host::builder(hung_uri).build().unwrap();
+        let ok = Host::builder(ok_uri).build().unwrap();
+        let cache = sim_cache(4);
+        let (hung_handle, ok_handle) = (cache.host(hung_uri), cache.host(ok_uri));
+
+        hung.faults().hang(Op::Connect, None);
+        let started = Instant::now();
+        let second = {
+            let handle = hung_handle.clone();
+            tokio::spawn(async move { capabilities(&handle).await })
+        };
+        let first = capabilities(&hung_handle).await.unwrap_err();
+        let second = second.await.unwrap().unwrap_err();
+        let took = started.elapsed();
+        assert!(took >= TIMEOUT && took < BOUND, "the callers waited {took:?}");
+        for e in [&first, &second] {
+            assert_eq!(e.kind(), crate::FailureKind::HostUnreachable, "{e}");
+            assert!(e.to_string().starts_with("no answer from sim:///capl-hung-connect within 0.4 s: "), "{e}");
+        }
+
+        let started = Instant::now();
+        let later = capabilities(&hung_handle).await.unwrap_err();
+        assert!(started.elapsed() < TIMEOUT, "a caller after the timeout waited {:?}", started.elapsed());
+        assert!(later.to_string().starts_with("no answer from sim:///capl-hung-connect within 0.4 s: "), "{later}");
+        capabilities(&ok_handle).await.unwrap();
+        assert!(hung_handle.connecting());
+        assert_eq!(hung.counters().calls(Op::Connect), 1, "one connect runs, however many callers");
+
+        hung.faults().release(Op::Connect);
+        let deadline = Instant::now() + BOUND;
+        while hung_handle.connecting() {
+            assert!(Instant::now() < deadline, "the released connect never returned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        capabilities(&hung_handle).await.unwrap();
+        assert_eq!(hung.counters().calls(Op::Connect), 1, "the late connection is used");
+        hung.unregister();
+        ok.unregister();
+    }
+
+    /// Calls that never return keep their slots (so stuck threads stay
+    /// bounded); a caller that finds every slot taken is told so within the
+    /// call timeout instead of waiting for ever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_whose_call_slots_are_all_stuck_says_so() {
+        let uri = "sim:///capl-hung-slots";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = sim_cache(2);
+        let handle = cache.host(uri);
+        host.faults().hang(Op::GetCapabilities, None);
+        for _ in 0..2 {
+            capabilities(&handle).await.unwrap_err();
+        }
+        assert_eq!(handle.calls_in_flight(), 2);
+        let started = Instant::now();
+        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(took >= TIMEOUT && took < BOUND, "waited {took:?} for a slot");
+        assert_eq!(
+            e.message,
+            "no answer from sim:///capl-hung-slots within 0.4 s (all 2 calls the provider makes at once to this host are still waiting for an answer)"
+        );
+        assert_eq!(host.counters().calls(Op::GetCapabilities), 2, "no third call was started");
+
+        host.faults().release(Op::GetCapabilities);
+        capabilities(&handle).await.unwrap();
         host.unregister();
     }
 }

@@ -52,12 +52,12 @@ fn infra_is_there_and_missing_objects_are_classified() {
     assert_eq!((e.kind, e.code), (ErrorKind::NoDomain, 42), "{e}");
 }
 
-#[test]
-fn keepalive_is_supported_by_the_daemon() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_is_supported_by_the_daemon() {
     let connector = LibvirtConnector::new(KeepAlive::default());
     let cache = Arc::new(Connections::new(Arc::new(connector), 4));
     let host = cache.host(&uri());
-    host.call_blocking(|h| h.capabilities_xml()).unwrap();
+    host.call(|h| h.capabilities_xml()).await.unwrap();
     // The connector enabled keepalive; doing it again on a fresh connection
     // must report support (Ok(true)), unlike test:///.
     capl_host::hypervisor::connections::ensure_event_loop().unwrap();

@@ -67,6 +67,7 @@ fn all_errors() -> Vec<HostError> {
                 "cannot open libvirt connection to qemu+tcp://lab/system: unable to connect to server at 'lab:16509': Connection refused",
             ),
         },
+        HostError::NoAnswer { uri: uri(), within: "30 s".into(), note: String::new() },
         HostError::UnreadableXml {
             kind: ObjectKind::Network,
             object: "libvirt-lab".into(),
@@ -123,8 +124,13 @@ fn no_message_advises_changing_an_immutable_field() {
 }
 
 #[test]
-fn only_a_lost_connection_is_transient() {
+fn only_a_lost_connection_or_a_host_that_does_not_answer_is_transient() {
     let transient: Vec<String> = all_errors().iter().filter(|e| e.is_transient()).map(|e| format!("{e:?}")).collect();
-    assert_eq!(transient.len(), 2, "{transient:#?}");
-    assert!(transient[0].contains("ConnectionLost") && transient[1].starts_with("Unreachable"), "{transient:#?}");
+    assert_eq!(transient.len(), 3, "{transient:#?}");
+    assert!(
+        transient[0].contains("ConnectionLost")
+            && transient[1].starts_with("Unreachable")
+            && transient[2].starts_with("NoAnswer"),
+        "{transient:#?}"
+    );
 }
