@@ -15,6 +15,7 @@ mod reconcile_cluster;
 mod reconcile_deletion;
 mod reconcile_domain_lost;
 mod reconcile_gates;
+mod reconcile_hung_host;
 mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;
