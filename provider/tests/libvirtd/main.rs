@@ -10,9 +10,12 @@
 //! - `host_sim`: host tests only the simulator can do (call counts, faults);
 //! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon;
 //! - `controllers_real`: the controllers end to end on the real daemon, with
-//!   the local kube-apiserver (`cargo xtask control-plane build`) as well.
+//!   the local kube-apiserver (`cargo xtask control-plane build`) as well;
+//! - `hung_host_manager`: the manager binary with a host that never answers
+//!   next to the real daemon (this one also needs the local control plane).
 
-/// The API-server side of the reconciler tests (objects, waits, the manager).
+/// The API-server side of the reconciler tests (objects, waits, the manager),
+/// for `controllers_real` and `hung_host_manager`; each uses part of it.
 #[allow(dead_code)]
 #[path = "../api_server/support.rs"]
 mod api_support;
@@ -21,6 +24,7 @@ mod controllers_real;
 mod host_scenarios;
 mod host_sim;
 mod host_support;
+mod hung_host_manager;
 mod libvirt_real;
 
 /// The message of a caught panic (scenarios run under `catch_unwind` so one

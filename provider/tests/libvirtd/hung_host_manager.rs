@@ -1,0 +1,262 @@
+//! The manager binary against a host that accepts TCP connections and never
+//! answers: a tokio listener on 127.0.0.1 used as
+//! `qemu+tcp://127.0.0.1:<port>/system`, next to the private libvirtd as a
+//! healthy host, with the real kube-apiserver of `testenv` (this test needs
+//! `cargo xtask control-plane build` as well as `cargo xtask host up`).
+//!
+//! While the listener hangs, /healthz answers, a machine on the healthy host
+//! is created and runs, and the hung host's machine reports HostUnreachable
+//! "no answer from <uri> within 3 s". Then the listener is replaced by a
+//! forwarder to the private libvirtd's socket (as when a hung libvirtd is
+//! restarted: the connections it held are closed) and that machine converges.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use capl::api::capi::Cluster;
+use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+use testenv::test_host;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
+use crate::api_support::*;
+
+const IMAGE: &str = "capl-host-tests-base.qcow2";
+
+/// A TCP listener that first accepts and never answers, and after
+/// [`Listener::forward`] forwards every connection to a unix socket.
+struct Listener {
+    port: u16,
+    forwarding: Arc<Mutex<bool>>,
+    /// The connections accepted while hanging, held open and never read.
+    held: Arc<Mutex<Vec<TcpStream>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Listener {
+    async fn start(upstream: std::path::PathBuf) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().unwrap().port();
+        let forwarding = Arc::new(Mutex::new(false));
+        let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (fwd, kept) = (forwarding.clone(), held.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else { return };
+                if !*fwd.lock().unwrap() {
+                    kept.lock().unwrap().push(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let mut server = UnixStream::connect(&upstream)
+                        .await
+                        .unwrap_or_else(|e| panic!("connecting to {}: {e}", upstream.display()));
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        Self { port, forwarding, held, task }
+    }
+
+    fn uri(&self) -> String {
+        format!("qemu+tcp://127.0.0.1:{}/system", self.port)
+    }
+
+    /// From now on forward; the connections held so far are closed.
+    fn forward(&self) {
+        *self.forwarding.lock().unwrap() = true;
+        self.held.lock().unwrap().clear();
+    }
+
+    fn held(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct ManagerProcess {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl ManagerProcess {
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET /healthz` on 127.0.0.1:`port`, bounded: the status code, or why there is none.
+async fn healthz(port: u16) -> Result<u16, String> {
+    let get = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+        stream.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n").await.map_err(|e| e.to_string())?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.map_err(|e| e.to_string())?;
+        response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or(response)
+    };
+    tokio::time::timeout(Duration::from_secs(2), get).await.unwrap_or_else(|_| Err("no answer within 2 s".into()))
+}
+
+fn libvirt_cluster(name: &str, uri: &str, cluster: &str, uid: &str) -> Value {
+    let mut lc = libvirt_cluster_json(name, uri, Some((cluster, uid)));
+    lc["spec"]["network"] = json!(test_host::NETWORK);
+    lc["spec"]["basePool"] = json!(test_host::BASE_POOL);
+    lc["spec"]["domainPool"] = json!(test_host::DISK_POOL);
+    lc
+}
+
+async fn cluster_on(w: &World, name: &str, uri: &str) {
+    let c: Cluster = w.apply(cluster_json(name, &format!("{name}-lc"), true)).await;
+    let _: LibvirtCluster = w.apply(libvirt_cluster(&format!("{name}-lc"), uri, name, &c.uid().unwrap())).await;
+    let _: Cluster = w.patch_status(name, json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+}
+
+async fn machine_on(w: &World, cluster: &str, name: &str) {
+    let secret = format!("{name}-bootstrap");
+    create_bootstrap_secret(w, &secret, cloud_config(name)).await;
+    let m: capl::api::capi::Machine = w.apply(machine_json(name, cluster, name, Some(&secret))).await;
+    let mut lm = libvirt_machine_json(name, cluster, Some((name, &m.uid().unwrap())));
+    lm["spec"]["image"] = json!(IMAGE);
+    let _: LibvirtMachine = w.apply(lm).await;
+}
+
+/// Created and running on the host (the test image does not boot, so no address comes).
+fn running(lm: &LibvirtMachine) -> bool {
+    let c = machine_conditions(lm);
+    lm.spec.provider_id.is_some()
+        && has(c, "DomainProvisioningReady", "True", None)
+        && has(c, "MachineCreated", "True", None)
+        && has(c, "DomainRunning", "True", None)
+}
+
+/// DomainProvisioningReady False with reason HostUnreachable, and Ready
+/// False, both saying the host does not answer.
+fn reports_no_answer(lm: &LibvirtMachine, uri: &str) -> bool {
+    let no_answer = format!("no answer from {uri} within 3 s");
+    let conditions = machine_conditions(lm);
+    condition(conditions, "DomainProvisioningReady")
+        .is_some_and(|c| c.status == "False" && c.reason == "HostUnreachable" && c.message.contains(&no_answer))
+        && condition(conditions, "Ready").is_some_and(|c| c.status == "False" && c.message.contains(&no_answer))
+}
+
+/// Polls `name` until `ready`; fails with the object and the manager's log.
+async fn wait_machine(
+    w: &World,
+    manager: &mut ManagerProcess,
+    name: &str,
+    what: &str,
+    ready: impl Fn(&LibvirtMachine) -> bool,
+) -> LibvirtMachine {
+    let started = Instant::now();
+    loop {
+        let lm = w.api::<LibvirtMachine>().get_opt(name).await.unwrap();
+        if let Some(lm) = &lm
+            && ready(lm)
+        {
+            return lm.clone();
+        }
+        if let Ok(Some(status)) = manager.child.try_wait() {
+            panic!("the manager exited with {status}:\n{}", manager.log_tail());
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "LibvirtMachine {name}: timed out waiting for {what}; last seen:\n{}\nmanager log:\n{}",
+            serde_json::to_string_pretty(&lm).unwrap(),
+            manager.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
+    let healthy_uri = test_host::uri_or_panic();
+    let socket = healthy_uri
+        .split("socket=")
+        .nth(1)
+        .and_then(|s| s.split('&').next())
+        .unwrap_or_else(|| panic!("{healthy_uri} has no socket= parameter (the URI of `cargo xtask host up` has)"))
+        .to_string();
+    let fx = Fixture {
+        network: test_host::NETWORK.into(),
+        base_pool: test_host::BASE_POOL.into(),
+        domain_pool: test_host::DISK_POOL.into(),
+        image: IMAGE.into(),
+        image_bytes: IMAGE_BYTES,
+    };
+    let hv = LibvirtHypervisor::connect(&healthy_uri).unwrap_or_else(|e| panic!("{e}"));
+    ensure_base_image(&hv, &fx);
+
+    let w = World::new("hung-manager").await;
+    let listener = Listener::start(socket.into()).await;
+    let hung_uri = listener.uri();
+    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = w.env.scratch_dir().join(format!("manager-{}.log", w.ns));
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_cluster-api-provider-libvirt"))
+        .args(["--namespace", &w.ns, "--metrics-bind-address", "0", "--domain-type", "qemu"])
+        .args(["--health-probe-bind-address", &format!("127.0.0.1:{health}")])
+        .args(["--libvirt-call-timeout", "3s", "--libvirt-connect-timeout", "3s"])
+        .env("KUBECONFIG", w.env.kubeconfig_path())
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .expect("start the manager binary");
+    let mut manager = ManagerProcess { child, log };
+
+    cluster_on(&w, "hung", &hung_uri).await;
+    cluster_on(&w, "good", &healthy_uri).await;
+    machine_on(&w, "hung", "h0").await;
+    machine_on(&w, "good", "g0").await;
+
+    wait_machine(&w, &mut manager, "h0", "HostUnreachable with the no-answer message", |lm| {
+        reports_no_answer(lm, &hung_uri)
+    })
+    .await;
+    assert_eq!(healthz(health).await, Ok(200), "{}", manager.log_tail());
+    wait_machine(&w, &mut manager, "g0", "the machine on the healthy host running", running).await;
+    assert_eq!(healthz(health).await, Ok(200), "{}", manager.log_tail());
+    // One connect at a time to the hung host, however many reconciles asked.
+    assert_eq!(listener.held(), 1, "connections the hung host accepted; manager log:\n{}", manager.log_tail());
+    let lm: LibvirtMachine = w.api().get("h0").await.unwrap();
+    assert!(reports_no_answer(&lm, &hung_uri), "{lm:#?}");
+
+    // A working libvirtd behind the same address: the machine converges (the
+    // retry after a transient failure is 20 s).
+    listener.forward();
+    let lm = wait_machine(&w, &mut manager, "h0", "the hung host's machine running once it answers", running).await;
+    assert!(has(machine_conditions(&lm), "InfrastructureReady", "True", None), "{lm:#?}");
+    w.wait_for::<LibvirtCluster>("hung-lc", "the hung host's infrastructure checked", |lc| {
+        has(cluster_conditions(lc), "InfrastructureReady", "True", None)
+    })
+    .await;
+
+    // Both machines are removed from the host again.
+    for name in ["h0", "g0"] {
+        w.delete::<LibvirtMachine>(name).await;
+    }
+    for name in ["h0", "g0"] {
+        w.wait_gone::<LibvirtMachine>(name).await;
+    }
+    assert_eq!(healthz(health).await, Ok(200), "{}", manager.log_tail());
+}
