@@ -108,3 +108,45 @@ fn deletion_reason_and_annotation_are_documented() {
         assert!(section.contains(needle), "the deletion section does not mention {needle}");
     }
 }
+
+/// Every flag of the manager is in the README's Manager flags table, with the
+/// default `--help` shows.
+#[test]
+fn manager_flags_table_matches_the_binary() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cluster-api-provider-libvirt"))
+        .arg("--help")
+        .output()
+        .expect("run the manager with --help");
+    let help = String::from_utf8(out.stdout).unwrap();
+    let rows = table_rows("| Flag | Default | Meaning |");
+    let mut seen = 0;
+    // clap prints each flag as "  --name <VALUE>" or "  --name", its help after
+    // it, and the default as "[default: x]" at the end of that help.
+    let mut flags: Vec<(String, Option<String>)> = Vec::new();
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("--") {
+            let name = rest.split([' ', '=']).next().unwrap().to_string();
+            flags.push((format!("--{name}"), None));
+        }
+        if let Some((_, default)) = line.split_once("[default: ")
+            && let Some(last) = flags.last_mut()
+        {
+            last.1 = default.split(']').next().map(str::to_string);
+        }
+    }
+    for (flag, default) in &flags {
+        if flag == "--help" || flag == "--version" {
+            continue;
+        }
+        seen += 1;
+        let row = rows
+            .iter()
+            .find(|r| r[0] == format!("`{flag}`"))
+            .unwrap_or_else(|| panic!("{flag} is not in the README's Manager flags table"));
+        if let Some(default) = default {
+            assert_eq!(row[1], format!("`{default}`"), "README default of {flag}");
+        }
+    }
+    assert!(seen >= 13, "parsed {seen} flags from --help:\n{help}");
+}
