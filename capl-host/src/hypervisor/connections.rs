@@ -417,7 +417,9 @@ impl HostHandle {
                     return Err(E::no_answer(
                         uri,
                         call_timeout,
-                        &format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)"),
+                        &format!(
+                            " (all {max} calls the provider makes at once to this host are still waiting for an answer)"
+                        ),
                     ));
                 }
             };
@@ -445,7 +447,11 @@ impl HostHandle {
                 Ok(Err(e)) => {
                     return Err(E::unavailable(
                         uri,
-                        HypervisorError::new(ErrorKind::Other, 0, format!("libvirt call on host {uri} did not complete: {e}")),
+                        HypervisorError::new(
+                            ErrorKind::Other,
+                            0,
+                            format!("libvirt call on host {uri} did not complete: {e}"),
+                        ),
                     ));
                 }
                 Err(_) => {
@@ -513,7 +519,12 @@ impl HostHandle {
         let (cache, slot) = (self.cache.clone(), self.slot.clone());
         // Detached: the task runs to its end whether or not anyone waits.
         drop(tokio::task::spawn_blocking(move || {
-            let result = cache.connector.connect(&slot.uri);
+            // A connector that panics must still end the attempt, or the host
+            // would wait for it for ever.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cache.connector.connect(&slot.uri)))
+                .unwrap_or_else(|_| {
+                    Err(HypervisorError::new(ErrorKind::Other, 0, format!("connecting to {} panicked", slot.uri)))
+                });
             {
                 let mut state = slot.state();
                 if state.connecting.as_ref().is_some_and(|a| a.id == id) {

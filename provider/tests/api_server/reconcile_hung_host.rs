@@ -27,9 +27,9 @@ fn no_answer(uri: &str) -> String {
 /// HostUnreachable, and Ready False, both saying the host does not answer.
 fn reports_no_answer(lm: &LibvirtMachine, uri: &str) -> bool {
     let conditions = machine_conditions(lm);
-    condition(conditions, "DomainProvisioningReady").is_some_and(|c| {
-        c.status == "False" && c.reason == "HostUnreachable" && c.message.contains(&no_answer(uri))
-    }) && condition(conditions, "Ready").is_some_and(|c| c.status == "False" && c.message.contains(&no_answer(uri)))
+    condition(conditions, "DomainProvisioningReady")
+        .is_some_and(|c| c.status == "False" && c.reason == "HostUnreachable" && c.message.contains(&no_answer(uri)))
+        && condition(conditions, "Ready").is_some_and(|c| c.status == "False" && c.message.contains(&no_answer(uri)))
 }
 
 /// Ends every hang when dropped, also when the test fails: the runtime waits
@@ -48,13 +48,13 @@ async fn a_hung_host_stalls_only_its_own_machines() {
     let hung_uri = format!("qemu+tcp://sim-hung-{}/system", w.ns);
     let hung = capl_host::sim_host::register(&hung_uri).unwrap_or_else(|e| panic!("building {hung_uri}: {e}"));
     let _release = ReleaseOnDrop(hung.clone());
-    let connections =
-        Arc::new(Connections::new(Arc::new(SimConnector), 5).with_timeouts(TIMEOUT, TIMEOUT));
+    let connections = Arc::new(Connections::new(Arc::new(SimConnector), 5).with_timeouts(TIMEOUT, TIMEOUT));
     let _manager = Manager::start(w.client.clone(), &w.ns, connections);
 
     provisioned_cluster(&w, "good").await;
     let c: Cluster = w.apply(cluster_json("hung", "hung-lc", true)).await;
-    let _: LibvirtCluster = w.apply(libvirt_cluster_json("hung-lc", &hung_uri, Some(("hung", &c.uid().unwrap())))).await;
+    let _: LibvirtCluster =
+        w.apply(libvirt_cluster_json("hung-lc", &hung_uri, Some(("hung", &c.uid().unwrap())))).await;
     let _: Cluster = w.patch_status("hung", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
     // The provider has a connection to the host, then the host stops answering
     // every call (new connects still succeed, as with a libvirtd whose workers hang).
