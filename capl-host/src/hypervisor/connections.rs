@@ -388,8 +388,9 @@ impl HostHandle {
     /// [`CallError::unavailable`]; a connect, a wait for a call slot or a call
     /// that takes longer than its timeout as [`CallError::no_answer`] (a
     /// timed-out call's connection is dropped too). This function never
-    /// blocks a runtime worker and always returns within the connect timeout
-    /// plus twice the call timeout.
+    /// blocks a runtime worker. It returns within the connect timeout plus
+    /// twice the call timeout (a slot, then the call), or twice that when the
+    /// cached connection turned out dead and was replaced (once).
     pub async fn call<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&dyn Hypervisor) -> Result<T, E> + Send + 'static,
