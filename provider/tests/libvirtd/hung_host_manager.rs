@@ -217,6 +217,8 @@ async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
         .args(["--namespace", &w.ns, "--metrics-bind-address", "0", "--domain-type", "qemu"])
         .args(["--health-probe-bind-address", &format!("127.0.0.1:{health}")])
         .args(["--libvirt-call-timeout", "3s", "--libvirt-connect-timeout", "3s"])
+        // The healthy host is the private libvirtd, reached through socket=.
+        .arg("--allow-unsafe-uris")
         .env("KUBECONFIG", w.env.kubeconfig_path())
         .stdout(Stdio::from(out.try_clone().unwrap()))
         .stderr(Stdio::from(out))
