@@ -94,9 +94,45 @@ static NETWORK_LOCKS: LazyLock<LockMap> = LazyLock::new(|| Mutex::new(HashMap::n
 /// two reconciles in this process never pick the same address. Another
 /// process writing the same network is caught by libvirt refusing a duplicate
 /// entry, after which the caller re-reads and chooses again.
-pub fn network_lock(uri: &str, network: &str) -> Arc<Mutex<()>> {
+///
+/// The map holds an entry only while someone holds the returned
+/// [`NetworkLock`]: dropping the last one removes it, so a process that saw
+/// many hosts keeps no lock for a host it no longer uses.
+pub fn network_lock(uri: &str, network: &str) -> NetworkLock {
+    let key = (uri.to_string(), network.to_string());
     let mut locks = NETWORK_LOCKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    locks.entry((uri.to_string(), network.to_string())).or_default().clone()
+    let lock = locks.entry(key.clone()).or_default().clone();
+    NetworkLock { key, lock }
+}
+
+/// A handle on one network's lock (see [`network_lock`]).
+pub struct NetworkLock {
+    key: (String, String),
+    lock: Arc<Mutex<()>>,
+}
+
+impl NetworkLock {
+    /// Waits for the network; a poisoned lock is taken over (the data it
+    /// guards is libvirt's, re-read under the lock).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for NetworkLock {
+    fn drop(&mut self) {
+        let mut locks = NETWORK_LOCKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The map's reference and ours: nobody else holds or waits for it.
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.key);
+        }
+    }
+}
+
+/// The (URI, network) pairs that have a lock entry now: those whose lock is
+/// held or awaited.
+pub fn network_locks_in_use() -> Vec<(String, String)> {
+    NETWORK_LOCKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned().collect()
 }
 
 #[cfg(test)]
@@ -149,9 +185,14 @@ mod tests {
     }
 
     #[test]
-    fn one_lock_per_host_and_network() {
-        assert!(Arc::ptr_eq(&network_lock("u", "n"), &network_lock("u", "n")));
-        assert!(!Arc::ptr_eq(&network_lock("u", "n"), &network_lock("u", "m")));
-        assert!(!Arc::ptr_eq(&network_lock("u", "n"), &network_lock("v", "n")));
+    fn one_lock_per_host_and_network_and_only_while_used() {
+        let held = network_lock("u", "n");
+        assert!(Arc::ptr_eq(&held.lock, &network_lock("u", "n").lock));
+        assert!(!Arc::ptr_eq(&held.lock, &network_lock("u", "m").lock));
+        assert!(!Arc::ptr_eq(&held.lock, &network_lock("v", "n").lock));
+        let ours = |pair: &(String, String)| ["u", "v"].contains(&pair.0.as_str());
+        assert_eq!(network_locks_in_use().into_iter().filter(ours).collect::<Vec<_>>(), [("u".into(), "n".into())]);
+        drop(held);
+        assert!(!network_locks_in_use().iter().any(ours), "the last handle removes its entry");
     }
 }

@@ -178,6 +178,7 @@ async fn run() -> Result<()> {
             allow_unsafe: flags.allow_unsafe_uris,
             credentials_dirs: flags.credentials_dirs.clone(),
         },
+        ..Settings::default()
     };
     let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));

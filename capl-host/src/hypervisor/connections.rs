@@ -309,6 +309,28 @@ impl Connections {
         HostHandle { cache: self.clone(), slot }
     }
 
+    /// Forgets every host `keep` rejects that is idle (no call in flight, no
+    /// connect running, no handle held elsewhere), closing its connection:
+    /// the manager calls it with the URIs its objects still name, so a
+    /// process that saw many hosts holds nothing for hosts it no longer
+    /// uses. Returns how many hosts were forgotten.
+    pub fn forget_hosts(&self, keep: impl Fn(&str) -> bool) -> usize {
+        let mut hosts = self.hosts.lock().expect("connection cache lock poisoned");
+        let before = hosts.len();
+        hosts.retain(|uri, slot| {
+            let idle = Arc::strong_count(slot) == 1
+                && slot.permits.available_permits() == self.max_calls_per_host
+                && slot.state().connecting.is_none();
+            keep(uri) || !idle
+        });
+        before - hosts.len()
+    }
+
+    /// The URIs this cache holds a slot for.
+    pub fn host_uris(&self) -> Vec<String> {
+        self.hosts.lock().expect("connection cache lock poisoned").keys().cloned().collect()
+    }
+
     /// Connections opened through this cache so far, over all hosts.
     pub fn connections_opened(&self) -> u64 {
         self.opened.load(Ordering::SeqCst)

@@ -83,7 +83,7 @@ impl MachineRun<'_> {
     /// The reserved address: the existing entry for our MAC, or a new one.
     pub(super) fn ensure_reservation(&self) -> HostResult<Ipv4Addr> {
         let lock = network_lock(&self.uri, &self.spec.network);
-        let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _guard = lock.lock();
         let mac = self.names.mac();
         let mut attempt = 0;
         loop {
@@ -112,7 +112,7 @@ impl MachineRun<'_> {
     /// interface with our MAC (the entry then serves it): that is left alone.
     pub(super) fn remove_reservation(&self, foreign: Option<&DomainInfo>) -> HostResult<Option<LeftOnHost>> {
         let lock = network_lock(&self.uri, &self.spec.network);
-        let _guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _guard = lock.lock();
         let (_, mine) = match self.network_hosts() {
             Ok(found) => found,
             Err(HostError::NetworkMissing { .. } | HostError::NoIpv4 { .. }) => return Ok(None),

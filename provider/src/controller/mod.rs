@@ -17,7 +17,7 @@ pub mod metrics;
 mod object_patch;
 mod watch_mapping;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ use capl_host::domain_xml::DomainTypePreference;
 use capl_host::hypervisor::connections::Connections;
 pub use capl_host::uri_policy::UriPolicy;
 
+/// How often [`forget_unused`] runs by default.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
 /// Bounds of the interval between looks at a guest that has no lease yet.
 const LEASE_LOOK_MIN: Duration = Duration::from_secs(2);
 const LEASE_LOOK_MAX: Duration = Duration::from_secs(10);
@@ -53,6 +55,9 @@ pub struct Settings {
     pub concurrency: u16,
     /// Which libvirt URIs a LibvirtCluster may name.
     pub uri_policy: UriPolicy,
+    /// How often per-host and per-machine state no object refers to any more
+    /// is forgotten ([`forget_unused`]).
+    pub sweep_interval: Duration,
 }
 
 impl Default for Settings {
@@ -63,6 +68,7 @@ impl Default for Settings {
             console_log_dir: None,
             concurrency: 10,
             uri_policy: UriPolicy::default(),
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
 }
@@ -97,6 +103,11 @@ impl Context {
 
     fn lease_found(&self, uid: &str) {
         self.lease_waits.lock().expect("lease backoff lock").remove(uid);
+    }
+
+    /// How many machines this process is waiting on for a lease (for tests and metrics).
+    pub fn lease_waits(&self) -> usize {
+        self.lease_waits.lock().expect("lease backoff lock").len()
     }
 
     /// Publishes an event on `object`; failures to publish are logged, not fatal.
@@ -162,6 +173,7 @@ fn error_policy<K: ResourceExt>(object: Arc<K>, error: &Error, ctx: Arc<Context>
 
 /// Runs both controllers until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static) {
+    let shutdown_signal = shutdown.clone();
     let client = ctx.client.clone();
     let ns = ctx.settings.namespace.clone();
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
@@ -170,6 +182,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let capi_clusters: Api<Cluster> = api(&client, &ns);
     let cluster_controller = Controller::new(clusters, watcher::Config::default()).with_config(config.clone());
     let cluster_store = cluster_controller.store();
+    let libvirt_clusters = cluster_store.clone();
     let cluster_controller = cluster_controller
         .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
         .watches(api::<LibvirtMachine>(&client, &ns), watcher::Config::default(), move |lm| {
@@ -194,6 +207,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let machines: Api<LibvirtMachine> = api(&client, &ns);
     let machine_controller = Controller::new(machines, watcher::Config::default()).with_config(config);
     let libvirt_machines = machine_controller.store();
+    let for_sweep = libvirt_machines.clone();
     let for_cluster = libvirt_machines.clone();
     let for_libvirt_cluster = libvirt_machines.clone();
     let machine_controller = machine_controller
@@ -219,5 +233,41 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 tracing::debug!(%err, "libvirtmachine controller event");
             }
         });
-    tokio::join!(cluster_controller, machine_controller);
+    let sweep = {
+        let ctx = ctx.clone();
+        let shutdown = shutdown_signal.clone();
+        async move {
+            let mut every = tokio::time::interval(ctx.settings.sweep_interval);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                tokio::select! {
+                    _ = every.tick() => forget_unused(&ctx, &libvirt_clusters.state(), &for_sweep.state()),
+                    _ = shutdown.clone() => break,
+                }
+            }
+        }
+    };
+    tokio::join!(cluster_controller, machine_controller, sweep);
+}
+
+/// Forgets what the process keeps per host and per machine once no object
+/// names it any more: the cached connection (and call slots) of a host URI
+/// that no LibvirtCluster and no LibvirtMachine's status names, and the
+/// lease wait of a LibvirtMachine that is gone. (The per-network DHCP locks
+/// go by themselves when their last user lets go.) The manager runs it every
+/// `Settings::sweep_interval`.
+pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: &[Arc<LibvirtMachine>]) {
+    let uris: HashSet<&str> = clusters
+        .iter()
+        .map(|lc| lc.spec.uri.as_str())
+        .chain(machines.iter().filter_map(|lm| lm.status.as_ref()?.host_uri.as_deref()))
+        .collect();
+    let forgotten = ctx.connections.forget_hosts(|uri| uris.contains(uri));
+    let uids: HashSet<String> = machines.iter().filter_map(|lm| lm.metadata.uid.clone()).collect();
+    let mut waits = ctx.lease_waits.lock().expect("lease backoff lock");
+    waits.retain(|uid, _| uids.contains(uid));
+    if forgotten > 0 {
+        tracing::info!(hosts = forgotten, "closed the connections of hosts no object names any more");
+    }
 }

@@ -11,6 +11,7 @@ mod support;
 
 mod manager_binary;
 mod manifests_on_api_server;
+mod reconcile_bounded_state;
 mod reconcile_cluster;
 mod reconcile_deletion;
 mod reconcile_domain_lost;

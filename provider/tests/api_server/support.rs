@@ -319,6 +319,19 @@ pub struct Manager {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub connections: Arc<Connections>,
     pub metrics: Metrics,
+    pub ctx: Arc<Context>,
+}
+
+/// The settings of a test manager for namespace `ns`.
+pub fn manager_settings(ns: &str) -> Settings {
+    Settings {
+        namespace: Some(ns.to_string()),
+        // The simulator offers no KVM, as on these machines.
+        domain_type: DomainTypePreference::Qemu,
+        console_log_dir: None,
+        concurrency: 4,
+        ..Settings::default()
+    }
 }
 
 impl Manager {
@@ -328,20 +341,16 @@ impl Manager {
 
     /// [`Manager::start`] with the URI policy of `--allow-unsafe-uris`/`--credentials-dir`.
     pub fn start_with_policy(client: Client, ns: &str, connections: Arc<Connections>, uri_policy: UriPolicy) -> Self {
-        let settings = Settings {
-            namespace: Some(ns.to_string()),
-            // The simulator offers no KVM, as on these machines.
-            domain_type: DomainTypePreference::Qemu,
-            console_log_dir: None,
-            concurrency: 4,
-            uri_policy,
-        };
+        Self::start_with_settings(client, connections, Settings { uri_policy, ..manager_settings(ns) })
+    }
+
+    pub fn start_with_settings(client: Client, connections: Arc<Connections>, settings: Settings) -> Self {
         let metrics = Metrics::default();
         let ctx = Arc::new(Context::new(client, connections.clone(), settings, metrics.clone()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shutdown = stopped.map(|_| ()).shared();
         let task = tokio::spawn(controller::run(ctx.clone(), shutdown));
-        Self { task, stop: Some(stop), connections, metrics }
+        Self { task, stop: Some(stop), connections, metrics, ctx }
     }
 
     /// Reconciles run so far by `controller` ("libvirtcluster" or "libvirtmachine").
@@ -485,10 +494,15 @@ pub fn cloud_config(name: &str) -> BTreeMap<String, String> {
 /// provisioned: Cluster (infrastructureProvisioned through /status) and
 /// LibvirtCluster. Returns the Cluster's UID.
 pub async fn provisioned_cluster(w: &World, cluster: &str) -> String {
+    provisioned_cluster_on(w, cluster, &w.uri).await
+}
+
+/// [`provisioned_cluster`] on the host `uri`.
+pub async fn provisioned_cluster_on(w: &World, cluster: &str, uri: &str) -> String {
     let lc_name = format!("{cluster}-lc");
     let c: Cluster = w.apply(cluster_json(cluster, &lc_name, true)).await;
     let uid = c.uid().expect("a stored Cluster has a UID");
-    let _: LibvirtCluster = w.apply(libvirt_cluster_json(&lc_name, &w.uri, Some((cluster, &uid)))).await;
+    let _: LibvirtCluster = w.apply(libvirt_cluster_json(&lc_name, uri, Some((cluster, &uid)))).await;
     let _: Cluster = w.patch_status(cluster, json!({ "initialization": { "infrastructureProvisioned": true } })).await;
     uid
 }

@@ -23,8 +23,8 @@ use testenv::test_host;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
-use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
 use crate::api_support::*;
+use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
 
 const IMAGE: &str = "capl-host-tests-base.qcow2";
 
