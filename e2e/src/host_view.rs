@@ -73,6 +73,19 @@ impl HostView {
         Ok(self.virsh(&["domuuid", domain])?.trim().to_ascii_lowercase())
     }
 
+    /// The domain's id: a new one each time the domain starts (libvirt
+    /// never reuses it while the daemon runs).
+    pub fn domain_id(&self, domain: &str) -> Result<String> {
+        Ok(self.virsh(&["domid", domain])?.trim().to_string())
+    }
+
+    /// The volume's key and path (`vol-key`, `vol-path`).
+    pub fn volume_key_and_path(&self, pool: &str, volume: &str) -> Result<(String, String)> {
+        let key = self.virsh(&["vol-key", "--pool", pool, volume])?.trim().to_string();
+        let path = self.virsh(&["vol-path", "--pool", pool, volume])?.trim().to_string();
+        Ok((key, path))
+    }
+
     /// Stops a domain the hard way (as an admin's `virsh destroy`).
     pub fn destroy(&self, domain: &str) -> Result<()> {
         self.virsh(&["destroy", domain]).map(drop)

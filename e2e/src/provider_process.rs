@@ -124,6 +124,12 @@ impl ProviderProcess {
         self.spawn().await
     }
 
+    /// Another manager with the same binary and flags against another
+    /// management cluster (the target of `clusterctl move`).
+    pub async fn start_like(&self, kubeconfig: &Path, log_path: &Path) -> Result<Self> {
+        Self::start(&self.binary, self.args.clone(), kubeconfig, log_path).await
+    }
+
     /// How often the process was started.
     pub fn starts(&self) -> usize {
         self.starts

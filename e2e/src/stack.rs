@@ -88,7 +88,7 @@ impl StackConfig {
 
 /// A binary of the workspace in the target directory this process runs
 /// from (`target/debug/` for `capl-e2e`, `target/debug/deps/..` for tests).
-fn built_binary(name: &str) -> Option<PathBuf> {
+pub fn built_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)).find(|path| path.is_file())
 }
