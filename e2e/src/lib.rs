@@ -9,11 +9,13 @@
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
 //! started by `cargo xtask e2e` and `cargo xtask demo`, and `tests/e2e.rs`.
 
+pub mod clusterctl;
 pub mod demo;
 pub mod host_view;
 pub mod management;
 pub mod objects;
 pub mod provider_process;
+pub mod scenario_move;
 pub mod scenarios;
 pub mod stack;
 pub mod suite;

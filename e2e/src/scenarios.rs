@@ -17,7 +17,7 @@ use crate::wait::{Check, until};
 /// How long a machine may take from creation to a running guest with an
 /// address (TCG on a loaded 2-core machine is slow; this is a ceiling, not
 /// an expectation).
-const MACHINE_READY: Duration = Duration::from_secs(480);
+pub(crate) const MACHINE_READY: Duration = Duration::from_secs(480);
 /// How long the guest may take to print its seed and lease after the domain runs.
 const GUEST_BOOT: Duration = Duration::from_secs(300);
 
@@ -55,16 +55,22 @@ pub fn all() -> Vec<Scenario> {
             id: "delete",
             run: |s| Box::pin(cluster_deletion(s)),
         },
+        // Last: it adds clusterctl's inventory to the stack's management cluster.
+        Scenario {
+            name: "clusterctl move to a second management cluster",
+            id: "move",
+            run: |s| Box::pin(crate::scenario_move::clusterctl_move(s)),
+        },
     ]
 }
 
-fn say(scenario: &str, message: impl AsRef<str>) {
+pub(crate) fn say(scenario: &str, message: impl AsRef<str>) {
     eprintln!("  [{scenario}] {}", message.as_ref());
 }
 
 /// Creates Cluster, LibvirtCluster and the bootstrap Secret `<cluster>-bootstrap`,
 /// and waits until the LibvirtCluster is provisioned.
-async fn create_cluster(stack: &Stack, ns: &str, cluster: &str) -> Result<()> {
+pub(crate) async fn create_cluster(stack: &Stack, ns: &str, cluster: &str) -> Result<()> {
     let client = stack.client();
     objects::create(&client, ns, Kind::LibvirtCluster, objects::libvirt_cluster(ns, cluster, &stack.placement)).await?;
     objects::create(&client, ns, Kind::Cluster, objects::cluster(ns, cluster, false)).await?;
@@ -128,7 +134,7 @@ fn running_facts(lm: &DynamicObject) -> Option<Running> {
     })
 }
 
-fn describe(lm: &DynamicObject) -> String {
+pub(crate) fn describe(lm: &DynamicObject) -> String {
     format!(
         "{}: state={} ip={} providerID={} conditions={}",
         objects::name(lm),
@@ -221,13 +227,13 @@ async fn check_on_host(stack: &Stack, run: &Running) -> Result<()> {
 
 /// Domains, volumes and DHCP hosts on the host that belong to namespace `ns`.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct HostObjects {
-    domains: BTreeSet<String>,
-    volumes: BTreeSet<String>,
-    dhcp_hosts: BTreeSet<String>,
+pub(crate) struct HostObjects {
+    pub(crate) domains: BTreeSet<String>,
+    pub(crate) volumes: BTreeSet<String>,
+    pub(crate) dhcp_hosts: BTreeSet<String>,
 }
 
-fn host_objects(stack: &Stack, ns: &str) -> Result<HostObjects> {
+pub(crate) fn host_objects(stack: &Stack, ns: &str) -> Result<HostObjects> {
     let host = stack.libvirt()?;
     let prefix = format!("{ns}-");
     let iso_prefix = format!("cloudinit-{ns}-");
@@ -256,7 +262,7 @@ fn expected_objects(domains: &[&str]) -> HostObjects {
     }
 }
 
-async fn wait_host_objects(stack: &Stack, ns: &str, domains: &[&str]) -> Result<()> {
+pub(crate) async fn wait_host_objects(stack: &Stack, ns: &str, domains: &[&str]) -> Result<()> {
     let expected = expected_objects(domains);
     until(&format!("the host to hold exactly {expected:?}"), Duration::from_secs(120), || async {
         let found = host_objects(stack, ns)?;

@@ -29,7 +29,7 @@ use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: single, md, pause, restart, stopped, delete); repeatable.
+    /// Only these scenarios (ids: single, md, pause, restart, stopped, delete, move); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
@@ -63,6 +63,7 @@ pub fn run(args: Args) -> Result<()> {
     sh.set_var(libvirt_host::URI_ENV, &uri);
     sh.set_var("CAPL_GUEST_IMAGE", &image);
     sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
+    sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
     let runner = &bins.e2e;
     let mut runner_args: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
     if args.kind {
@@ -78,9 +79,11 @@ pub fn run(args: Args) -> Result<()> {
     result
 }
 
-/// The two binaries the e2e suite and the demo run.
+/// The binaries the e2e suite and the demo run.
 pub struct Binaries {
     pub provider: PathBuf,
+    /// Writes the release the `move` scenario gives clusterctl.
+    pub manifests: PathBuf,
     pub e2e: PathBuf,
 }
 
@@ -88,9 +91,16 @@ pub struct Binaries {
 pub fn build_binaries() -> Result<Binaries> {
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    cmd!(sh, "cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt -p e2e --bin capl-e2e")
+    cmd!(
+        sh,
+        "cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt --bin capl-manifests -p e2e --bin capl-e2e"
+    )
         .run()
         .context("building the provider and the e2e runner failed")?;
     let target = crate::target_dir().join("debug");
-    Ok(Binaries { provider: target.join("cluster-api-provider-libvirt"), e2e: target.join("capl-e2e") })
+    Ok(Binaries {
+        provider: target.join("cluster-api-provider-libvirt"),
+        manifests: target.join("capl-manifests"),
+        e2e: target.join("capl-e2e"),
+    })
 }
