@@ -3,8 +3,11 @@
 //! A [`stack::Stack`] is the private libvirtd of `cargo xtask host up` (or the
 //! provider's simulator), a management cluster with CAPI's and our CRDs and
 //! the CAPI core manager (the local control plane of the `testenv` crate, or
-//! a kind cluster: [`management`]), and the provider binary as a process. [`scenarios`] are the checks of issue 7, [`suite`] runs them and
-//! prints the summary, [`demo`] is `cargo xtask demo`.
+//! a kind cluster: [`management`]), and the provider binary as a process.
+//! [`scenarios`] are the checks of issue 7 and [`scenario_move`] the
+//! `clusterctl move` of issue 12 (with [`clusterctl`]: the release as a local
+//! repository, and clusterctl's inventory); [`suite`] runs them and prints
+//! the summary, [`demo`] is `cargo xtask demo`.
 //!
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
 //! started by `cargo xtask e2e` and `cargo xtask demo`, and `tests/e2e.rs`.
