@@ -41,13 +41,19 @@ dd if="$mbr" of="$raw" bs=440 count=1 conv=notrunc status=none
 
 mkfs.fat -F 16 -n CAPLBOOT --offset=$boot_start -h $boot_start "$raw" $((boot_sectors / 2)) >/dev/null
 syslinux --offset $((boot_start * 512)) --install "$raw"
+# tsc=reliable: under QEMU's software emulation (TCG) a guest with more than one
+# vCPU of the default CPU model marks the TSC unstable and falls back to the HPET,
+# so every clock read of every Go program (kubelet, containerd, etcd, the API
+# server) becomes a system call plus an emulated device access. TCG's TSC comes
+# from one host clock for all vCPUs, so it is safe to trust; under KVM the kernel
+# still prefers kvm-clock, whose rating is higher.
 cat > "$work/syslinux.cfg" <<CFG
 DEFAULT node
 PROMPT 0
 TIMEOUT 0
 LABEL node
   KERNEL vmlinuz
-  APPEND initrd=initrd.img root=LABEL=capl-root ro console=tty0 console=ttyS0,115200n8 net.ifnames=0 apparmor=0
+  APPEND initrd=initrd.img root=LABEL=capl-root ro console=tty0 console=ttyS0,115200n8 net.ifnames=0 apparmor=0 tsc=reliable
 CFG
 fat="$raw@@$((boot_start * 512))"
 mcopy -o -i "$fat" "$kernel" ::vmlinuz
