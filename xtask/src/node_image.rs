@@ -19,9 +19,11 @@
 //!   iptables, nft and conntrack from Debian), etcd from `go.etcd.io/etcd/server/v3` at
 //!   the version kubeadm asks for, coredns from `github.com/coredns/coredns` with the
 //!   plugins kubeadm's Corefile uses (`hack/node-image/coredns`), and a pause written
-//!   here (`hack/node-image/pause`). The guest imports them into containerd's `k8s.io`
-//!   namespace at first boot (`capl-import-images.service`, before the kubelet and
-//!   cloud-init's runcmd), so nothing is pulled.
+//!   here (`hack/node-image/pause`). They are imported, unpacked, into the node's
+//!   `/var/lib/containerd` (namespace `k8s.io`, overlayfs snapshotter) at build time by
+//!   the same containerd running on the build host ([`preload_images`]), so nothing is
+//!   pulled and a guest does not spend minutes of emulated CPU importing them at boot:
+//!   containerd's CRI plugin finds them when it starts.
 //! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
 //!   settings, cloud-init's datasource list).
 //!
@@ -217,21 +219,26 @@ pub fn build(force: bool) -> Result<PathBuf> {
         install_file(&bin.join(name), &root.join("usr/local/bin").join(name), 0o755)?;
     }
     let chroot_root = root.clone();
-    let rel_units = ["containerd.service", "capl-import-images.service", "kubelet.service"];
-    for unit in rel_units {
+    for unit in ["containerd.service", "kubelet.service"] {
         cmd!(sh, "chroot {chroot_root} systemctl enable {unit}").quiet().run()?;
     }
-    let images_dir = root.join("opt/capl/images");
-    fs::create_dir_all(&images_dir)?;
+    let archives_dir = work.join("archives");
+    fs::create_dir_all(&archives_dir)?;
     let layers = work.join("layers");
+    let mut archives = Vec::new();
     for image in &images {
         let layer = layers.join(&image.name);
         let entrypoint = image_layer(&sh, &root, &bin, image, &layer)?;
-        let archive = images_dir.join(format!("{}.tar", image.name));
+        let archive = archives_dir.join(format!("{}.tar", image.name));
         write_docker_archive(&sh, &layer, &image.full, &entrypoint, &archive, &work.join("archive"))?;
+        archives.push(archive);
     }
     fs::remove_dir_all(&layers).ok();
     eprintln!("node-image: node files and {} image archives in {:.0?}", images.len(), t.elapsed());
+    let t = Instant::now();
+    preload_images(&sh, &bin, &root, &archives)?;
+    fs::remove_dir_all(&archives_dir).ok();
+    eprintln!("node-image: images imported into the node's containerd store in {:.0?}", t.elapsed());
 
     // 5. The disk.
     let t = Instant::now();
@@ -647,6 +654,111 @@ fn resolve_in_root(root: &Path, rel: &str) -> Result<PathBuf> {
         bail!("{rel} is not a file in {}", root.display());
     }
     Ok(full)
+}
+
+/// Imports the image archives into the node root's containerd store
+/// (`<root>/var/lib/containerd`, namespace `k8s.io`, unpacked for the overlayfs
+/// snapshotter), with the node's own containerd and ctr run on the build host.
+///
+/// The containerd here has the CRI plugins disabled (the guest's CRI plugin lists the
+/// `k8s.io` images when it starts, so nothing of CRI has to be prepared here), its
+/// state and socket in a short-lived directory under /tmp (a unix socket path must
+/// stay under 108 bytes), and is stopped before the disk is written.
+fn preload_images(sh: &Shell, bin: &Path, root: &Path, archives: &[PathBuf]) -> Result<()> {
+    let store = root.join("var/lib/containerd");
+    if store.exists() {
+        bail!("{} exists before the images are imported: the Debian root is not fresh", store.display());
+    }
+    fs::create_dir_all(&store)?;
+    let daemon_dir = std::env::temp_dir().join(format!("capl-node-image-{}", std::process::id()));
+    if daemon_dir.exists() {
+        fs::remove_dir_all(&daemon_dir)?;
+    }
+    fs::create_dir_all(&daemon_dir)?;
+    let address = daemon_dir.join("containerd.sock");
+    let config = daemon_dir.join("config.toml");
+    fs::write(
+        &config,
+        format!(
+            "version = 3\nroot = {}\nstate = {}\n\
+             disabled_plugins = ['io.containerd.grpc.v1.cri', 'io.containerd.cri.v1.images', \
+             'io.containerd.cri.v1.runtime', 'io.containerd.nri.v1.nri']\n\n[grpc]\n  address = {}\n",
+            toml_string(&store),
+            toml_string(&daemon_dir.join("state")),
+            toml_string(&address)
+        ),
+    )?;
+    let log_path = daemon_dir.join("containerd.log");
+    let log = fs::File::create(&log_path)?;
+    let child = std::process::Command::new(bin.join("containerd"))
+        .arg("--config")
+        .arg(&config)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting containerd on the build host")?;
+    let mut daemon = Daemon(Some(child));
+    let ctr = bin.join("ctr");
+    let started = Instant::now();
+    while cmd!(sh, "{ctr} --address {address} version").quiet().ignore_stdout().ignore_stderr().run().is_err() {
+        if let Some(status) = daemon.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            bail!("containerd exited ({status}) before it answered:\n{}", fs::read_to_string(&log_path)?);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            bail!(
+                "containerd did not answer on {} within 60 s:\n{}",
+                address.display(),
+                fs::read_to_string(&log_path)?
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for archive in archives {
+        cmd!(
+            sh,
+            "{ctr} --address {address} --namespace k8s.io images import --local --snapshotter overlayfs {archive}"
+        )
+        .quiet()
+        .ignore_stdout()
+        .run()
+        .with_context(|| format!("importing {} into the node's containerd", archive.display()))?;
+    }
+    let listed = cmd!(sh, "{ctr} --address {address} --namespace k8s.io images list --quiet").quiet().read()?;
+    daemon.stop()?;
+    fs::remove_dir_all(&daemon_dir).ok();
+    eprintln!("node-image: the node's containerd holds:\n{listed}");
+    Ok(())
+}
+
+/// A containerd started by [`preload_images`]: stopped with SIGTERM (and waited for)
+/// when dropped, so an error never leaves it running.
+struct Daemon(Option<std::process::Child>);
+
+impl Daemon {
+    fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.0.take() {
+            let pid = child.id().to_string();
+            let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+            let status = child.wait()?;
+            if !status.success() && status.code().is_some() {
+                bail!("containerd on the build host exited with {status}");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn toml_string(path: &Path) -> String {
+    json_string(&path.to_string_lossy())
 }
 
 /// A docker archive (`docker save` layout; `ctr images import` reads it) with one layer.
