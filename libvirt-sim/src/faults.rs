@@ -19,6 +19,17 @@ struct Plan {
     hangs: HashMap<Op, Option<Instant>>,
     silent_macs: HashSet<Mac>,
     silent_domains: HashSet<String>,
+    random: Option<RandomFailures>,
+}
+
+/// Calls that fail by chance (see [`Faults::fail_randomly`]).
+#[derive(Debug)]
+struct RandomFailures {
+    /// Out of 1,000,000 calls.
+    per_million: u64,
+    /// xorshift64 state: the same seed fails the same call numbers.
+    state: u64,
+    error: Error,
 }
 
 /// The faults planned for one host. Get it with [`Host::faults`](crate::Host::faults).
@@ -67,6 +78,15 @@ impl Faults {
         self.released.notify_all();
     }
 
+    /// From now on each call of any operation except `Op::Connect` fails with
+    /// `error` with the given probability (0.0 to 1.0), chosen by a
+    /// pseudo-random sequence from `seed`, so a run can be repeated. Until
+    /// [`clear`](Self::clear).
+    pub fn fail_randomly(&self, probability: f64, seed: u64, error: Error) {
+        let per_million = (probability.clamp(0.0, 1.0) * 1_000_000.0) as u64;
+        self.plan().random = Some(RandomFailures { per_million, state: seed.max(1), error });
+    }
+
     /// The guest with this MAC never asks for a DHCP lease.
     pub fn guest_never_asks_dhcp(&self, mac: &str) {
         if let Some(mac) = Mac::parse(mac) {
@@ -107,10 +127,21 @@ impl Faults {
                 };
             }
             let latency = plan.latency.get(&op).copied();
-            let error = plan.failures.get_mut(&op).and_then(|list| {
+            let mut error = plan.failures.get_mut(&op).and_then(|list| {
                 let i = list.iter().position(|(n, _)| *n == call)?;
                 Some(list.remove(i).1)
             });
+            if error.is_none()
+                && op != Op::Connect
+                && let Some(random) = plan.random.as_mut()
+            {
+                random.state ^= random.state << 13;
+                random.state ^= random.state >> 7;
+                random.state ^= random.state << 17;
+                if random.state % 1_000_000 < random.per_million {
+                    error = Some(random.error.clone());
+                }
+            }
             (latency, error)
         };
         if let Some(d) = latency {

@@ -130,6 +130,26 @@ fn the_nth_call_fails_with_the_planned_error() {
     assert_eq!(conn.list_all_domains().unwrap(), ["one", "two"]);
 }
 
+/// About the given share of calls fails, the same ones for the same seed, and
+/// connect is never among them.
+#[test]
+fn random_failures_hit_the_given_share_repeatably() {
+    let failing = |seed: u64| -> Vec<usize> {
+        let host = host(&format!("sim:///behaviour-random-{seed}"));
+        host.faults().fail_randomly(0.05, seed, Error::new(ErrorCode::OperationFailed, "injected"));
+        let conn = connect(host.uri()).expect("connect is never failed at random");
+        let failed = (0..4000).filter(|_| conn.list_all_domains().is_err()).collect::<Vec<_>>();
+        host.faults().clear();
+        assert!(conn.list_all_domains().is_ok(), "clear ends the failures");
+        host.unregister();
+        failed
+    };
+    let (a, b, c) = (failing(7), failing(7), failing(8));
+    assert!((120..=280).contains(&a.len()), "{} of 4000 calls failed at 5%", a.len());
+    assert_eq!(a, b, "the same seed fails the same calls");
+    assert_ne!(a, c, "another seed fails other calls");
+}
+
 #[test]
 fn latency_delays_the_call() {
     let host = host("sim:///behaviour-latency");
