@@ -14,9 +14,25 @@ pub const BASE_IMAGE: &str = "ubuntu-noble-base.qcow2";
 /// `libvirt-lab` (192.168.122.0/24, DHCP .100-.199), the two pools, and a
 /// 2 GiB qcow2 base image. Guests get their DHCP lease one second after start.
 pub fn register(uri: &str) -> Result<Host, libvirt_sim::Error> {
+    register_with_range(uri, "192.168.122.1", "255.255.255.0", "192.168.122.100", "192.168.122.199")
+}
+
+/// [`register`] with a /22 network (10.20.0.0/22, DHCP 10.20.0.10-10.20.3.250:
+/// 1,009 addresses), for runs with hundreds of machines on one host.
+pub fn register_large(uri: &str) -> Result<Host, libvirt_sim::Error> {
+    register_with_range(uri, "10.20.0.1", "255.255.252.0", "10.20.0.10", "10.20.3.250")
+}
+
+fn register_with_range(
+    uri: &str,
+    address: &str,
+    netmask: &str,
+    start: &str,
+    end: &str,
+) -> Result<Host, libvirt_sim::Error> {
     let network = format!(
         "<network><name>{NETWORK}</name><forward mode='nat'/><bridge name='virbr-lab'/>\
-         <ip address='192.168.122.1' netmask='255.255.255.0'><dhcp><range start='192.168.122.100' end='192.168.122.199'/></dhcp></ip></network>"
+         <ip address='{address}' netmask='{netmask}'><dhcp><range start='{start}' end='{end}'/></dhcp></ip></network>"
     );
     let pool = |name: &str| {
         format!("<pool type='dir'><name>{name}</name><target><path>/var/lib/libvirt/capi/{name}</path></target></pool>")

@@ -9,6 +9,7 @@
 mod clusterctl_template;
 mod support;
 
+mod faults_at_scale;
 mod manager_binary;
 mod manifests_on_api_server;
 mod reconcile_bounded_state;
