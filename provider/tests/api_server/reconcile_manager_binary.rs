@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -105,26 +105,6 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let code = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Some((code, body))
-}
-
-struct ManagerProcess {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl ManagerProcess {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -555,3 +555,26 @@ pub fn machine_ready(lm: &LibvirtMachine) -> bool {
         && lm.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true)
         && has(c, "Ready", "True", None)
 }
+
+/// The manager binary started by a test, with its output in `log`; killed
+/// when dropped.
+pub struct ManagerProcess {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+impl ManagerProcess {
+    /// The last 40 lines of the manager's output, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

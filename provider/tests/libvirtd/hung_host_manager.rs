@@ -10,7 +10,7 @@
 //! forwarder to the private libvirtd's socket (as when a hung libvirtd is
 //! restarted: the connections it held are closed) and that machine converges.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,26 +82,6 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-struct ManagerProcess {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl ManagerProcess {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
