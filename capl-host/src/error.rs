@@ -52,10 +52,13 @@ pub enum FailureKind {
     ObjectCollision,
     /// The libvirt connection broke; the caller should reconnect and retry.
     HostUnreachable,
+    /// The host or the client refused the credentials (a certificate, a key,
+    /// an unknown host key): a person must fix them.
+    AuthenticationFailed,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 8] = [
+    pub const ALL: [FailureKind; 9] = [
         FailureKind::InfrastructureMissing,
         FailureKind::InfrastructureInactive,
         FailureKind::InfrastructureUnsupported,
@@ -64,6 +67,7 @@ impl FailureKind {
         FailureKind::DomainCollision,
         FailureKind::ObjectCollision,
         FailureKind::HostUnreachable,
+        FailureKind::AuthenticationFailed,
     ];
 }
 
@@ -128,6 +132,9 @@ pub enum HostError {
     )]
     Unreachable { uri: String, source: HypervisorError },
 
+    #[error("libvirt at {uri} refused the credentials: {}: {}", without_uri(source, uri), credentials_fix(uri))]
+    AuthenticationFailed { uri: String, source: HypervisorError },
+
     #[error(
         "no answer from {uri} within {within}{note}: libvirtd there accepts connections but does not answer (hung or overloaded); check it with virsh version and restart it if it hangs; the provider keeps retrying and clears this once the host answers"
     )]
@@ -156,6 +163,22 @@ fn without_uri(source: &HypervisorError, uri: &str) -> String {
     full.strip_prefix(&format!("cannot open libvirt connection to {uri}: ")).map(str::to_string).unwrap_or(full)
 }
 
+/// What to check when a host refused the credentials, by the URI's transport.
+fn credentials_fix(uri: &str) -> &'static str {
+    let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or_default();
+    if scheme.ends_with("+tls") {
+        "ca.crt (cacert.pem) must be the CA that signed the host's server certificate, which must name the host of \
+         the URI, and the host must trust the CA that signed tls.crt (clientcert.pem); fix the Secret named by \
+         credentialsRef (or the files the URI names) and the manager connects again with the new content"
+    } else if scheme.contains("ssh") {
+        "known_hosts must hold the host's key (ssh-keyscan -p <port> <host>), and the host must accept \
+         ssh-privatekey for the URI's user; fix the Secret named by credentialsRef (or the files the URI names) \
+         and the manager connects again with the new content"
+    } else {
+        "check the credentials the URI needs and the host's authentication settings"
+    }
+}
+
 fn fix_hint(source: &HypervisorError) -> String {
     match source.kind {
         ErrorKind::ConnectionLost => {
@@ -179,6 +202,7 @@ impl HostError {
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } | HostError::NoAnswer { .. } => FailureKind::HostUnreachable,
+            HostError::AuthenticationFailed { .. } => FailureKind::AuthenticationFailed,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
             }
@@ -200,7 +224,11 @@ impl HostError {
 /// connection when one of them failed because the connection is gone.
 impl CallError for HostError {
     fn unavailable(uri: &str, source: HypervisorError) -> Self {
-        HostError::Unreachable { uri: uri.to_string(), source }
+        if source.is_auth_failure() {
+            HostError::AuthenticationFailed { uri: uri.to_string(), source }
+        } else {
+            HostError::Unreachable { uri: uri.to_string(), source }
+        }
     }
 
     fn no_answer(uri: &str, timeout: std::time::Duration, note: &str) -> Self {

@@ -18,6 +18,7 @@
 //! [`Hypervisor`]: hypervisor::Hypervisor
 
 pub mod cloud_init;
+pub mod credentials;
 pub mod dhcp;
 pub mod domain_xml;
 pub mod error;

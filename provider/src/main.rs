@@ -60,6 +60,11 @@ struct Flags {
     /// A directory the URIs' pkipath=, keyfile= and known_hosts= may point into (repeatable).
     #[arg(long = "credentials-dir", default_value = capl_host::uri_policy::DEFAULT_CREDENTIALS_DIR)]
     credentials_dirs: Vec<std::path::PathBuf>,
+    /// Where the manager writes the credentials of LibvirtClusters' credentialsRef Secrets
+    /// (mode 0700/0600): a private, memory-backed directory (an emptyDir with medium Memory).
+    /// URIs may not point into it.
+    #[arg(long, default_value = capl_host::credentials::DEFAULT_SCRATCH_DIR)]
+    credentials_scratch_dir: std::path::PathBuf,
     /// Concurrent libvirt calls per host.
     #[arg(long, default_value_t = DEFAULT_MAX_CALLS_PER_HOST)]
     max_calls_per_host: usize,
@@ -169,6 +174,15 @@ async fn run() -> Result<()> {
 
     let client =
         kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
+    for dir in &flags.credentials_dirs {
+        anyhow::ensure!(
+            !flags.credentials_scratch_dir.starts_with(dir) && !dir.starts_with(&flags.credentials_scratch_dir),
+            "--credentials-scratch-dir {} and --credentials-dir {} overlap: a URI could then name the files of \
+             another cluster's Secret; use separate directories",
+            flags.credentials_scratch_dir.display(),
+            dir.display()
+        );
+    }
     let settings = Settings {
         namespace: watched_namespace(&flags.namespace),
         domain_type,
@@ -178,6 +192,7 @@ async fn run() -> Result<()> {
             allow_unsafe: flags.allow_unsafe_uris,
             credentials_dirs: flags.credentials_dirs.clone(),
         },
+        credentials_scratch_dir: flags.credentials_scratch_dir.clone(),
         ..Settings::default()
     };
     let metrics = Metrics::default();

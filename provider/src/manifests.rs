@@ -403,7 +403,11 @@ fn deployment(settings: &DeploymentSettings) -> Value {
                             format!("--health-probe-bind-address=:{HEALTH_PORT}"),
                             format!("--concurrency={}", settings.concurrency),
                             format!("--log-format={}", settings.log_format),
+                            format!("--credentials-scratch-dir={CREDENTIALS_SCRATCH_DIR}"),
                         ],
+                        // credentialsRef Secrets are written here as files for libvirt:
+                        // in memory, never on a disk, and private to this container.
+                        "volumeMounts": [{ "name": "credentials", "mountPath": CREDENTIALS_SCRATCH_DIR }],
                         "env": [{ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }],
                         "ports": [
                             { "name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP" },
@@ -421,12 +425,16 @@ fn deployment(settings: &DeploymentSettings) -> Value {
                             "runAsNonRoot": true,
                             "capabilities": { "drop": ["ALL"] }
                         }
-                    }]
+                    }],
+                    "volumes": [{ "name": "credentials", "emptyDir": { "medium": "Memory", "sizeLimit": "16Mi" } }]
                 }
             }
         }
     })
 }
+
+/// Where the manager's Pod mounts the memory-backed directory for credentials.
+const CREDENTIALS_SCRATCH_DIR: &str = capl_host::credentials::DEFAULT_SCRATCH_DIR;
 
 fn metrics_service() -> Value {
     json!({

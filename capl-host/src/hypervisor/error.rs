@@ -133,6 +133,20 @@ impl HypervisorError {
             || (self.kind == ErrorKind::OperationFailed && self.message.contains("already exists"))
     }
 
+    /// A connect refused because of the credentials, on either side: libvirt's
+    /// authentication errors (`VIR_ERR_AUTH_FAILED` 45, `VIR_ERR_AUTH_CANCELLED`
+    /// 79, `VIR_ERR_AUTH_UNAVAILABLE` 94), a TLS certificate check, or an SSH
+    /// host key or key check.
+    pub fn is_auth_failure(&self) -> bool {
+        const AUTH: [i32; 3] = [45, 79, 94];
+        let text = self.message.to_ascii_lowercase();
+        AUTH.contains(&self.code)
+            || text.contains("certificate")
+            || text.contains("host key")
+            || text.contains("known_hosts")
+            || text.contains("authentication")
+    }
+
     /// A start refused because the domain already runs (`VIR_ERR_OPERATION_INVALID`
     /// "domain is already running").
     pub fn is_already_running(&self) -> bool {

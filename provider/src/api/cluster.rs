@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{ApiEndpoint, FailureDomain, Initialization};
+use super::shared::{ApiEndpoint, FailureDomain, Initialization, SecretReference};
 
 /// Points to a libvirt host and the network and storage pools the machines use.
 ///
@@ -80,6 +80,16 @@ pub struct LibvirtClusterSpec {
     /// waits for Cluster.spec.controlPlaneEndpoint. Can be set once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
+    /// A Secret in this namespace with the credentials the URI's transport
+    /// needs: for qemu+tls:// the keys ca.crt, tls.crt and tls.key (the CA
+    /// that signed the host's certificate, and a client certificate and key
+    /// the host trusts); for qemu+libssh:// and qemu+libssh2:// the keys
+    /// ssh-privatekey and known_hosts (with the host's key). The manager
+    /// writes them as private files and names them in the URI; a changed
+    /// Secret gives a new connection. Without it, the manager uses what the
+    /// URI names or libvirt's defaults (files mounted by the operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_ref: Option<SecretReference>,
 }
 
 /// Observed state of a LibvirtCluster.

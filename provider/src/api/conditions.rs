@@ -73,4 +73,13 @@ pub mod reasons {
     /// file or skip the server's identity check, and the manager does not
     /// allow that (`--allow-unsafe-uris`).
     pub const URI_NOT_ALLOWED: &str = "UriNotAllowed";
+    /// Both kinds: the Secret named by the LibvirtCluster's credentialsRef
+    /// does not exist (yet); retried.
+    pub const CREDENTIALS_NOT_FOUND: &str = "CredentialsNotFound";
+    /// Both kinds: the credentialsRef Secret lacks keys the URI's transport
+    /// needs, or the URI cannot take credentials from a Secret.
+    pub const INVALID_CREDENTIALS: &str = "InvalidCredentials";
+    /// Both kinds: the host or the client refused the credentials (a
+    /// certificate, a key, an unknown host key); retried after a fix.
+    pub const HOST_AUTHENTICATION_FAILED: &str = "HostAuthenticationFailed";
 }

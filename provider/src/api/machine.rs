@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{Initialization, MachineAddress};
+use super::shared::{Initialization, MachineAddress, SecretReference};
 
 /// One virtual machine: CPU, memory, disk size and the base image to boot from.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -133,6 +133,10 @@ pub struct LibvirtMachineStatus {
     /// The storage pool holding the machine's root disk and cloud-init ISO.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_pool: Option<String>,
+    /// The LibvirtCluster's credentialsRef when the host was recorded: the
+    /// Secret deleting the machine connects with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_ref: Option<SecretReference>,
     /// The domain's state as libvirt reports it (running, shutoff, paused, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,

@@ -15,7 +15,9 @@ mod templates;
 
 pub use cluster::{LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus};
 pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
-pub use shared::{ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta};
+pub use shared::{
+    ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, SecretReference,
+};
 pub use templates::{
     LibvirtClusterTemplate, LibvirtClusterTemplateResource, LibvirtClusterTemplateSpec, LibvirtMachineTemplate,
     LibvirtMachineTemplateResource, LibvirtMachineTemplateSpec, LibvirtMachineTemplateStatus, NodeInfo,

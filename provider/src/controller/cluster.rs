@@ -11,7 +11,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, InfraCheck, decide};
 use super::condition_list::{self, Status};
-use super::{Context, Error, object_patch};
+use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
 use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine};
@@ -84,7 +84,7 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
                 object_patch::add_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 snapshot.has_finalizer = true;
             }
-            ClusterAction::CheckHost => snapshot.host = check_host(object, ctx).await,
+            ClusterAction::CheckHost => snapshot.host = check_host(object, ctx).await?,
             ClusterAction::RemoveFinalizer => {
                 object_patch::remove_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 return Ok(Action::await_change());
@@ -109,27 +109,41 @@ async fn machines_of_cluster(object: &LibvirtCluster, ctx: &Context, ns: &str) -
     Ok(list.items.into_iter().map(|m| m.name_any()).collect())
 }
 
-async fn check_host(object: &LibvirtCluster, ctx: &Context) -> InfraCheck {
+async fn check_host(object: &LibvirtCluster, ctx: &Context) -> Result<InfraCheck, Error> {
     let spec = InfraSpec {
         network: object.spec.network.clone(),
         base_pool: object.spec.base_pool.clone(),
         domain_pool: object.spec.domain_pool.clone(),
     };
-    if let Err(message) = ctx.settings.uri_policy.check(&object.spec.uri) {
+    let uri = &object.spec.uri;
+    if let Err(message) = ctx.settings.uri_policy.check(uri) {
         // Never connected: opening this URI is what the policy refuses.
-        return InfraCheck::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
+        return Ok(InfraCheck::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false });
     }
+    let ns = object.namespace().unwrap_or_default();
+    let owner = format!("LibvirtCluster {}", object.name_any());
+    let secret = object.spec.credentials_ref.as_ref().map(|r| r.name.as_str());
+    let opened = match credentials::connection_uri(ctx, &ns, uri, secret, &owner, false).await? {
+        Ok(opened) => opened,
+        Err(unusable) => {
+            return Ok(InfraCheck::Failed {
+                reason: unusable.reason,
+                message: unusable.message,
+                transient: unusable.transient,
+            });
+        }
+    };
     let started = Instant::now();
-    let result = ctx.connections.host(&object.spec.uri).call(move |h| check_infrastructure(h, &spec)).await;
+    let result = ctx.connections.host(&opened).call(move |h| check_infrastructure(h, &spec)).await;
     ctx.metrics.host_operation("check_infrastructure", started.elapsed());
-    match result {
+    Ok(match result {
         Ok(()) => InfraCheck::Ready,
         Err(err) => InfraCheck::Failed {
             reason: super::host_failure::cluster_reason(err.kind()),
-            message: format!("LibvirtCluster {}: {err}", object.name_any()),
+            message: credentials::as_user_wrote_it(format!("{owner}: {err}"), &opened, uri),
             transient: err.is_transient(),
         },
-    }
+    })
 }
 
 async fn report(

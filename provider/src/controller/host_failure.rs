@@ -17,16 +17,19 @@ pub fn machine_reason(kind: FailureKind) -> &'static str {
         FailureKind::DomainCollision => reasons::DOMAIN_NAME_COLLISION,
         FailureKind::ObjectCollision => reasons::OBJECT_COLLISION,
         FailureKind::HostUnreachable => reasons::HOST_UNREACHABLE,
+        FailureKind::AuthenticationFailed => reasons::HOST_AUTHENTICATION_FAILED,
     }
 }
 
 /// The LibvirtCluster's InfrastructureReady reason for a host failure: the
-/// README's four (missing, inactive, unsupported, anything else).
+/// README's four (missing, inactive, unsupported, anything else), and
+/// refused credentials, which the user fixes in the Secret.
 pub fn cluster_reason(kind: FailureKind) -> &'static str {
     match kind {
         FailureKind::InfrastructureMissing => reasons::INFRASTRUCTURE_MISSING,
         FailureKind::InfrastructureInactive => reasons::INFRASTRUCTURE_INACTIVE,
         FailureKind::InfrastructureUnsupported => reasons::INFRASTRUCTURE_UNSUPPORTED,
+        FailureKind::AuthenticationFailed => reasons::HOST_AUTHENTICATION_FAILED,
         FailureKind::ProvisioningFailed
         | FailureKind::InvalidMachineSpec
         | FailureKind::DomainCollision
@@ -40,7 +43,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cluster_reports_only_the_four_infrastructure_reasons() {
+    fn a_cluster_reports_the_infrastructure_reasons_and_refused_credentials() {
         for kind in FailureKind::ALL {
             let reason = cluster_reason(kind);
             assert!(
@@ -48,7 +51,8 @@ mod tests {
                     reasons::INFRASTRUCTURE_MISSING,
                     reasons::INFRASTRUCTURE_INACTIVE,
                     reasons::INFRASTRUCTURE_UNSUPPORTED,
-                    reasons::INFRASTRUCTURE_PROVISIONING_FAILED
+                    reasons::INFRASTRUCTURE_PROVISIONING_FAILED,
+                    reasons::HOST_AUTHENTICATION_FAILED
                 ]
                 .contains(&reason),
                 "{kind:?} -> {reason}"

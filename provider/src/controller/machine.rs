@@ -12,12 +12,12 @@ use kube::{Api, Resource, ResourceExt};
 use super::cluster::{get_optional, owner_name, paused_reason};
 use super::condition_list::{self, Status};
 use super::machine_decision::{Bootstrap, Host, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide};
-use super::{Context, Error, object_patch};
+use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
     Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
-    SKIP_HOST_CLEANUP_ANNOTATION,
+    SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
 use capl_host::error::HostError;
 use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
@@ -115,6 +115,8 @@ struct HostLocation {
     network: String,
     base_pool: String,
     domain_pool: String,
+    /// The Secret with the host's credentials (`credentialsRef`), if any.
+    credentials: Option<String>,
 }
 
 impl HostLocation {
@@ -124,6 +126,7 @@ impl HostLocation {
             network: lc.spec.network.clone(),
             base_pool: lc.spec.base_pool.clone(),
             domain_pool: lc.spec.domain_pool.clone(),
+            credentials: lc.spec.credentials_ref.as_ref().map(|r| r.name.clone()),
         }
     }
 
@@ -135,6 +138,7 @@ impl HostLocation {
             network: s.network.clone()?,
             base_pool: s.base_pool.clone()?,
             domain_pool: s.domain_pool.clone()?,
+            credentials: s.credentials_ref.as_ref().map(|r| r.name.clone()),
         })
     }
 
@@ -143,6 +147,7 @@ impl HostLocation {
         status.network = Some(self.network.clone());
         status.base_pool = Some(self.base_pool.clone());
         status.domain_pool = Some(self.domain_pool.clone());
+        status.credentials_ref = self.credentials.clone().map(|name| SecretReference { name });
     }
 }
 
@@ -264,6 +269,28 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         // report it (the LibvirtCluster reports it too) and wait.
         snapshot.host = Host::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
     }
+    // The URI to open: the host's, with the files of its credentials Secret.
+    let mut opened = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
+    if let Some(l) = &location
+        && !matches!(snapshot.host, Host::Failed { .. })
+    {
+        let owner = format!("LibvirtMachine {}", object.name_any());
+        match credentials::connection_uri(ctx, &ns, &l.uri, l.credentials.as_deref(), &owner, deleting).await? {
+            Ok(uri) => opened = uri,
+            Err(unusable) => {
+                snapshot.host =
+                    Host::Failed { reason: unusable.reason, message: unusable.message, transient: unusable.transient };
+            }
+        }
+    }
+    let user_uri = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
+    let host_view = |result: &Result<Option<MachineReport>, HostError>, object: &LibvirtMachine| {
+        let mut view = host_view(result, object);
+        if let Host::Failed { message, .. } = &mut view {
+            *message = credentials::as_user_wrote_it(std::mem::take(message), &opened, &user_uri);
+        }
+        view
+    };
     let mut report: Option<MachineReport> = None;
     let mut user_data = Vec::new();
 
@@ -304,6 +331,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let patch = serde_json::json!({
                     "hostURI": status.host_uri, "network": status.network,
                     "basePool": status.base_pool, "domainPool": status.domain_pool,
+                    "credentialsRef": status.credentials_ref,
                 });
                 object_patch::patch_status(&api, &object.name_any(), &patch).await?;
                 snapshot.location_recorded = true;
@@ -313,7 +341,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let result = timed(
                     ctx,
                     "observe",
-                    ctx.connections.host(&at().uri).call(move |h| host_machine::observe_machine(h, &spec)),
+                    ctx.connections.host(&opened).call(move |h| host_machine::observe_machine(h, &spec)),
                 )
                 .await;
                 snapshot.host = host_view(&result, object);
@@ -332,7 +360,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::Create | MachineAction::Start => {
                 let spec = host_spec(object, &host_identity, at(), &g, ctx);
-                let host = ctx.connections.host(&at().uri);
+                let host = ctx.connections.host(&opened);
                 let result = if plan.action == MachineAction::Create {
                     // The bootstrap data was read when the host said the domain is absent.
                     let seed = std::mem::take(&mut user_data);
@@ -374,7 +402,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let result = timed(
                     ctx,
                     "delete",
-                    ctx.connections.host(&l.uri).call(move |h| host_machine::delete_machine(h, &spec)),
+                    ctx.connections.host(&opened).call(move |h| host_machine::delete_machine(h, &spec)),
                 )
                 .await;
                 match result {

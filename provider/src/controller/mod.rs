@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod cluster_decision;
 pub mod condition_list;
+pub mod credentials;
 pub mod host_failure;
 pub mod machine;
 pub mod machine_decision;
@@ -29,6 +30,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::capi::{Cluster, Machine};
 use crate::api::{LibvirtCluster, LibvirtMachine};
+use capl_host::credentials::CredentialStore;
 use capl_host::domain_xml::DomainTypePreference;
 use capl_host::hypervisor::connections::Connections;
 pub use capl_host::uri_policy::UriPolicy;
@@ -58,6 +60,9 @@ pub struct Settings {
     /// How often per-host and per-machine state no object refers to any more
     /// is forgotten ([`forget_unused`]).
     pub sweep_interval: Duration,
+    /// Where the credentials of `credentialsRef` Secrets are written
+    /// (`--credentials-scratch-dir`); see [`capl_host::credentials`].
+    pub credentials_scratch_dir: std::path::PathBuf,
 }
 
 impl Default for Settings {
@@ -69,6 +74,7 @@ impl Default for Settings {
             concurrency: 10,
             uri_policy: UriPolicy::default(),
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            credentials_scratch_dir: capl_host::credentials::DEFAULT_SCRATCH_DIR.into(),
         }
     }
 }
@@ -80,6 +86,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub settings: Settings,
     pub metrics: metrics::Metrics,
+    /// The credentials of `credentialsRef` Secrets, written as files for libvirt.
+    pub credentials: CredentialStore,
     /// Since when a running domain has been waiting for its lease, per LibvirtMachine UID.
     lease_waits: Mutex<HashMap<String, std::time::Instant>>,
 }
@@ -88,7 +96,8 @@ impl Context {
     pub fn new(client: Client, connections: Arc<Connections>, settings: Settings, metrics: metrics::Metrics) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, connections, recorder, settings, metrics, lease_waits: Mutex::new(HashMap::new()) }
+        let credentials = CredentialStore::new(&settings.credentials_scratch_dir);
+        Self { client, connections, recorder, settings, metrics, credentials, lease_waits: Mutex::new(HashMap::new()) }
     }
 
     /// When to look again while a guest has no lease yet: half the time it
@@ -185,8 +194,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let libvirt_clusters = cluster_store.clone();
     let cluster_controller = cluster_controller
         .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
-        .watches(api::<LibvirtMachine>(&client, &ns), watcher::Config::default(), move |lm| {
-            watch_mapping::deleting_libvirt_clusters_of_machine(&cluster_store, &lm)
+        .watches(api::<LibvirtMachine>(&client, &ns), watcher::Config::default(), {
+            let store = cluster_store.clone();
+            move |lm| watch_mapping::deleting_libvirt_clusters_of_machine(&store, &lm)
+        })
+        // Credentials Secrets, metadata only (their content is read when used):
+        // a new or changed Secret is checked at once.
+        .watches_stream(secret_metadata(&client, &ns), move |secret| {
+            watch_mapping::libvirt_clusters_of_credentials(&cluster_store, &secret)
         })
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster::reconcile, |o, e, c| error_policy(o, e, c, "libvirtcluster"), ctx.clone())
@@ -210,6 +225,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let for_sweep = libvirt_machines.clone();
     let for_cluster = libvirt_machines.clone();
     let for_libvirt_cluster = libvirt_machines.clone();
+    let for_credentials = libvirt_machines.clone();
     let machine_controller = machine_controller
         .watches_stream(machine_stream, watch_mapping::libvirt_machine_of_machine)
         .watches(capi_clusters, watcher::Config::default(), move |c| {
@@ -226,6 +242,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 move |s| watch_mapping::libvirt_machines_of_secret(&machines, &s)
             },
         )
+        .watches_stream(secret_metadata(&client, &ns), {
+            let machines = for_credentials.clone();
+            move |secret| watch_mapping::libvirt_machines_of_credentials(&machines, &secret)
+        })
         .graceful_shutdown_on(shutdown)
         .run(machine::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachine"), ctx.clone())
         .for_each(|result| async move {
@@ -251,10 +271,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     tokio::join!(cluster_controller, machine_controller, sweep);
 }
 
+/// Every Secret's metadata in the watched namespaces: which ones exist and
+/// when they change, without their content.
+fn secret_metadata(
+    client: &Client,
+    namespace: &Option<String>,
+) -> impl futures::Stream<Item = Result<kube::core::PartialObjectMeta<Secret>, watcher::Error>> + Send + 'static {
+    watcher(api::<kube::core::PartialObjectMeta<Secret>>(client, namespace), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+}
+
 /// Forgets what the process keeps per host and per machine once no object
 /// names it any more: the cached connection (and call slots) of a host URI
 /// that no LibvirtCluster and no LibvirtMachine's status names, and the
-/// lease wait of a LibvirtMachine that is gone. (The per-network DHCP locks
+/// lease wait of a LibvirtMachine that is gone, the credential files of a
+/// Secret no object names, and the connection opened with an older content
+/// of a Secret. (The per-network DHCP locks
 /// go by themselves when their last user lets go.) The manager runs it every
 /// `Settings::sweep_interval`.
 pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: &[Arc<LibvirtMachine>]) {
@@ -263,7 +296,19 @@ pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: 
         .map(|lc| lc.spec.uri.as_str())
         .chain(machines.iter().filter_map(|lm| lm.status.as_ref()?.host_uri.as_deref()))
         .collect();
-    let forgotten = ctx.connections.forget_hosts(|uri| uris.contains(uri));
+    // Credentials Secrets no LibvirtCluster and no LibvirtMachine's status names.
+    let secrets: HashSet<(Option<String>, &str)> = clusters
+        .iter()
+        .filter_map(|lc| Some((lc.namespace(), lc.spec.credentials_ref.as_ref()?.name.as_str())))
+        .chain(
+            machines
+                .iter()
+                .filter_map(|lm| Some((lm.namespace(), lm.status.as_ref()?.credentials_ref.as_ref()?.name.as_str()))),
+        )
+        .collect();
+    ctx.credentials.forget(|ns, name| secrets.contains(&(Some(ns.to_string()), name)));
+    // A URI with credential files is kept while they are the Secret's current ones.
+    let forgotten = ctx.connections.forget_hosts(|uri| uris.contains(uri) || ctx.credentials.is_current(uri));
     let uids: HashSet<String> = machines.iter().filter_map(|lm| lm.metadata.uid.clone()).collect();
     let mut waits = ctx.lease_waits.lock().expect("lease backoff lock");
     waits.retain(|uid, _| uids.contains(uid));

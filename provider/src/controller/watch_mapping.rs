@@ -1,6 +1,7 @@
 //! Which of our objects a change to another object concerns.
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
@@ -85,5 +86,36 @@ pub fn libvirt_machines_of_secret(machines: &Store<Machine>, secret: &Secret) ->
         .filter(|m| m.namespace().as_deref() == Some(namespace.as_str()))
         .filter(|m| m.spec.bootstrap.data_secret_name.as_deref() == Some(name.as_str()))
         .filter_map(|m| libvirt_machine_of_machine(m.as_ref().clone()))
+        .collect()
+}
+
+/// A credentials Secret (metadata only) -> the LibvirtClusters whose `credentialsRef` names it.
+pub fn libvirt_clusters_of_credentials(
+    store: &Store<LibvirtCluster>,
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<LibvirtCluster>> {
+    let (namespace, name) = (secret.namespace(), secret.name_any());
+    store
+        .state()
+        .iter()
+        .filter(|lc| lc.namespace() == namespace)
+        .filter(|lc| lc.spec.credentials_ref.as_ref().is_some_and(|r| r.name == name))
+        .map(|lc| ObjectRef::from_obj(lc.as_ref()))
+        .collect()
+}
+
+/// A credentials Secret (metadata only) -> the LibvirtMachines that recorded
+/// it as their host's credentials (a deletion waiting for it comes back).
+pub fn libvirt_machines_of_credentials(
+    store: &Store<LibvirtMachine>,
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<LibvirtMachine>> {
+    let (namespace, name) = (secret.namespace(), secret.name_any());
+    store
+        .state()
+        .iter()
+        .filter(|lm| lm.namespace() == namespace)
+        .filter(|lm| lm.status.as_ref().and_then(|s| s.credentials_ref.as_ref()).is_some_and(|r| r.name == name))
+        .map(|lm| ObjectRef::from_obj(lm.as_ref()))
         .collect()
 }

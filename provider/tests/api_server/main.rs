@@ -14,6 +14,7 @@ mod manager_binary;
 mod manifests_on_api_server;
 mod reconcile_bounded_state;
 mod reconcile_cluster;
+mod reconcile_credentials;
 mod reconcile_deletion;
 mod reconcile_domain_lost;
 mod reconcile_gates;

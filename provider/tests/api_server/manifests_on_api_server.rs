@@ -317,6 +317,9 @@ const CLUSTER_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
     ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
     ("KUBERNETES_VERSION", "v1.34.1"),
+    ("CAPL_TLS_CA_CRT_B64", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="),
+    ("CAPL_TLS_CLIENT_CRT_B64", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="),
+    ("CAPL_TLS_CLIENT_KEY_B64", "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCg=="),
 ];
 
 #[tokio::test]
@@ -375,6 +378,21 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
         assert!(ok, "clusterctl generate cluster (flavor {flavor:?}): {err}");
         let docs = parse_documents(&out);
         assert!(docs.iter().any(|d| d["kind"] == "Cluster"), "flavor {flavor:?} makes a Cluster");
+        // The host credentials: a Secret that clusterctl move takes along, named by the cluster.
+        let secret = docs
+            .iter()
+            .find(|d| d["kind"] == "Secret" && d["data"]["tls.crt"].is_string())
+            .unwrap_or_else(|| panic!("flavor {flavor:?} makes the TLS credentials Secret"));
+        assert!(secret["metadata"]["labels"]["clusterctl.cluster.x-k8s.io/move"].is_string(), "{secret}");
+        let secret_name = secret["metadata"]["name"].as_str().unwrap();
+        let named = docs.iter().any(|d| {
+            (d["kind"] == "LibvirtCluster" && d["spec"]["credentialsRef"]["name"] == secret_name)
+                || (d["kind"] == "Cluster"
+                    && d["spec"]["topology"]["variables"].as_array().is_some_and(|v| {
+                        v.iter().any(|v| v["name"] == "credentialsSecret" && v["value"] == secret_name)
+                    }))
+        });
+        assert!(named, "flavor {flavor:?}: the cluster names Secret {secret_name} as its credentials");
         for doc in &docs {
             let api_version = doc["apiVersion"].as_str().unwrap();
             let kind = doc["kind"].as_str().unwrap();

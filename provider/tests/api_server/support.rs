@@ -330,6 +330,8 @@ pub fn manager_settings(ns: &str) -> Settings {
         domain_type: DomainTypePreference::Qemu,
         console_log_dir: None,
         concurrency: 4,
+        // Credentials of credentialsRef Secrets: a directory of this test's own.
+        credentials_scratch_dir: std::env::temp_dir().join(format!("capl-credentials-{ns}")),
         ..Settings::default()
     }
 }

@@ -36,6 +36,10 @@ fn conditions_table_matches_the_constants() {
         conditions::reasons::INFRASTRUCTURE_MISSING,
         conditions::reasons::INFRASTRUCTURE_INACTIVE,
         conditions::reasons::INFRASTRUCTURE_PROVISIONING_FAILED,
+        conditions::reasons::URI_NOT_ALLOWED,
+        conditions::reasons::CREDENTIALS_NOT_FOUND,
+        conditions::reasons::INVALID_CREDENTIALS,
+        conditions::reasons::HOST_AUTHENTICATION_FAILED,
     ] {
         assert!(infra[2].contains(reason), "README does not list reason {reason}");
     }
@@ -77,6 +81,9 @@ fn machine_failure_reasons_are_documented() {
         conditions::reasons::DOMAIN_NAME_COLLISION,
         conditions::reasons::INVALID_MACHINE_SPEC,
         conditions::reasons::OBJECT_COLLISION,
+        conditions::reasons::URI_NOT_ALLOWED,
+        conditions::reasons::CREDENTIALS_NOT_FOUND,
+        conditions::reasons::INVALID_CREDENTIALS,
     ] {
         assert!(row[2].contains(reason), "README does not list reason {reason}");
     }

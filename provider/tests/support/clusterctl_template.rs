@@ -46,7 +46,9 @@ fn sample_value(name: &str) -> String {
     match name {
         "CONTROL_PLANE_MACHINE_COUNT" | "WORKER_MACHINE_COUNT" => "1".into(),
         "KUBERNETES_VERSION" => "v1.34.1".into(),
-        "CAPL_LIBVIRT_URI" => "qemu+tcp://libvirt.lab/system".into(),
+        "CAPL_LIBVIRT_URI" => "qemu+tls://kvm1.lab/system".into(),
+        // base64 of a PEM-looking placeholder ("-----BEGIN ...").
+        n if n.starts_with("CAPL_TLS_") && n.ends_with("_B64") => "LS0tLS1CRUdJTiBQTEFDRUhPTERFUi0tLS0tCg==".into(),
         "CAPL_CONTROL_PLANE_ENDPOINT_HOST" => "192.168.122.10".into(),
         "NAMESPACE" => "default".into(),
         _ => "sample".into(),

@@ -1,0 +1,406 @@
+//! Per-cluster host credentials (`LibvirtCluster.spec.credentialsRef`).
+//!
+//! libvirt's client reads credentials only from files named in the URI: a
+//! TLS connection reads `cacert.pem`, `clientcert.pem` and `clientkey.pem`
+//! from the directory `?pkipath=`, an SSH connection (libvirt's own libssh
+//! and libssh2 transports) reads its private key from `?keyfile=` and the
+//! host keys it trusts from `?known_hosts=`. So a Secret's content is written
+//! as files, and the URI the manager opens is the LibvirtCluster's URI with
+//! those parameters added.
+//!
+//! [`CredentialStore`] does that:
+//! - the files go under one private directory (the manager's
+//!   `--credentials-scratch-dir`, a memory-backed emptyDir in the Deployment,
+//!   so they never reach a disk and the root filesystem stays read-only):
+//!   `<root>/<namespace>/<secret>.<content hash>/`, the directories mode
+//!   0700 and the files 0600, written to a temporary directory and renamed
+//!   into place, so a connect never sees half a set;
+//! - the directory name carries a hash of the content, so the URI changes
+//!   when the Secret does: the connection cache, keyed by URI, opens a new
+//!   connection with the new credentials, and the old one is closed by the
+//!   manager's periodic sweep. The previous directory of that Secret is
+//!   removed once the new one is in place;
+//! - the content is never logged or put in a message; messages name the
+//!   Secret, the missing keys and the fix.
+//!
+//! Which keys a Secret holds, by the URI's transport:
+//!
+//! | transport | Secret keys | files, URI parameters |
+//! |---|---|---|
+//! | `qemu+tls` | `ca.crt`, `tls.crt`, `tls.key` (a `kubernetes.io/tls` Secret with the CA, as cert-manager writes it) | `cacert.pem`, `clientcert.pem`, `clientkey.pem`; `pkipath=<dir>` |
+//! | `qemu+libssh`, `qemu+libssh2` | `ssh-privatekey` (as in a `kubernetes.io/ssh-auth` Secret), `known_hosts` | `id`, `known_hosts`; `keyfile=`, `known_hosts=`, and `sshauth=privkey` unless the URI chooses |
+//!
+//! Other transports take no credentials from a Secret (`qemu+ssh` runs the
+//! `ssh` program, which reads `~/.ssh`; `qemu+tcp` has none), and a URI that
+//! already names `pkipath=`, `keyfile=` or `known_hosts=` cannot also have a
+//! `credentialsRef`: both are refused with a message that says so.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+/// Where the manager writes credentials by default (a memory-backed emptyDir in the Deployment).
+pub const DEFAULT_SCRATCH_DIR: &str = "/run/capl-credentials";
+
+/// The Secret keys of a TLS client, and the file libvirt reads each from in `pkipath`.
+pub const TLS_KEYS: [(&str, &str); 3] =
+    [("ca.crt", "cacert.pem"), ("tls.crt", "clientcert.pem"), ("tls.key", "clientkey.pem")];
+/// The Secret keys of an SSH client, and the file each is written to.
+pub const SSH_KEYS: [(&str, &str); 2] = [("ssh-privatekey", "id"), ("known_hosts", "known_hosts")];
+
+/// URI parameters the manager sets from a Secret; a URI with a `credentialsRef` must not set them itself.
+const MANAGED_PARAMETERS: [&str; 3] = ["pkipath", "keyfile", "known_hosts"];
+
+/// How a URI's transport takes credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tls,
+    Ssh,
+}
+
+impl Transport {
+    /// The transport of `uri` when it takes credentials from a Secret;
+    /// otherwise what is wrong and the fix.
+    pub fn of(uri: &str) -> Result<Self, String> {
+        let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or_default();
+        match scheme.split_once('+').map(|(_, t)| t) {
+            Some("tls") => Ok(Transport::Tls),
+            Some("libssh" | "libssh2") => Ok(Transport::Ssh),
+            other => Err(format!(
+                "credentialsRef works with qemu+tls://, qemu+libssh:// and qemu+libssh2:// URIs, and {uri} uses {}: \
+                 use one of those transports (a new LibvirtCluster, since uri cannot be changed) or remove credentialsRef",
+                match other {
+                    Some(t) => format!("the {t} transport"),
+                    None => "no network transport".to_string(),
+                }
+            )),
+        }
+    }
+
+    /// The Secret keys this transport needs, with the file each becomes.
+    pub fn keys(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Transport::Tls => &TLS_KEYS,
+            Transport::Ssh => &SSH_KEYS,
+        }
+    }
+}
+
+/// What the store remembers of one Secret: the directory holding its files now.
+#[derive(Debug, Clone)]
+struct Written {
+    dir: PathBuf,
+}
+
+/// Credentials written as files for libvirt, per Secret; see the module docs.
+#[derive(Debug)]
+pub struct CredentialStore {
+    root: PathBuf,
+    current: Mutex<HashMap<(String, String), Written>>,
+    writes: AtomicU64,
+}
+
+impl CredentialStore {
+    /// A store under `root` (created on first use, mode 0700).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into(), current: Mutex::new(HashMap::new()), writes: AtomicU64::new(0) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Writes the credentials of Secret `namespace/secret` for `uri` (when
+    /// not already written) and returns the URI to open: `uri` with the
+    /// parameters that name the files. Err: what is wrong, naming the
+    /// Secret and the fix (never its content).
+    pub fn apply(
+        &self,
+        uri: &str,
+        namespace: &str,
+        secret: &str,
+        data: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<String, String> {
+        let transport = Transport::of(uri)?;
+        check_no_managed_parameters(uri)?;
+        let missing: Vec<&str> =
+            transport.keys().iter().map(|(k, _)| *k).filter(|k| data.get(*k).is_none_or(|v| v.is_empty())).collect();
+        if !missing.is_empty() {
+            let all: Vec<String> = transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect();
+            return Err(format!(
+                "Secret {namespace}/{secret} has no non-empty {}: a {} URI needs the keys {} in it; add them to the Secret",
+                missing.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", "),
+                match transport {
+                    Transport::Tls => "qemu+tls",
+                    Transport::Ssh => "libssh",
+                },
+                all.join(", ")
+            ));
+        }
+        let files: Vec<(&str, &[u8])> =
+            transport.keys().iter().map(|(key, file)| (*file, data[*key].as_slice())).collect();
+        let dir = self.write(namespace, secret, &files).map_err(|e| {
+            format!(
+                "cannot write the credentials of Secret {namespace}/{secret} under {}: {e}; the manager needs a writable --credentials-scratch-dir",
+                self.root.display()
+            )
+        })?;
+        Ok(uri_with_files(uri, transport, &dir))
+    }
+
+    /// The URI to open with the credentials last written for Secret
+    /// `namespace/secret`, when they are still on disk: for deleting a
+    /// machine after its Secret is gone.
+    pub fn last(&self, uri: &str, namespace: &str, secret: &str) -> Option<String> {
+        let transport = Transport::of(uri).ok()?;
+        check_no_managed_parameters(uri).ok()?;
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let written = current.get(&(namespace.to_string(), secret.to_string()))?;
+        written.dir.is_dir().then(|| uri_with_files(uri, transport, &written.dir))
+    }
+
+    /// Whether `uri` names credential files this store holds now (a URI of
+    /// an older content of a Secret does not).
+    pub fn is_current(&self, uri: &str) -> bool {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.values().any(|w| {
+            let named = format!("={}", w.dir.display());
+            uri.match_indices(&named).any(|(at, _)| {
+                matches!(uri[at + named.len()..].chars().next(), None | Some('/') | Some('&') | Some(';'))
+            })
+        })
+    }
+
+    /// Removes the files of every Secret `keep(namespace, name)` rejects.
+    /// Returns how many Secrets were forgotten.
+    pub fn forget(&self, keep: impl Fn(&str, &str) -> bool) -> usize {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let before = current.len();
+        current.retain(|(ns, name), written| {
+            let kept = keep(ns, name);
+            if !kept {
+                let _ = fs::remove_dir_all(&written.dir);
+            }
+            kept
+        });
+        before - current.len()
+    }
+
+    /// Secrets whose files the store holds.
+    pub fn secrets(&self) -> Vec<(String, String)> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
+    /// How many times files were written (a Secret seen for the first time, or changed).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// `<root>/<namespace>/<secret>.<hash>/` holding `files`; written only
+    /// when not there yet. The previous directory of the Secret is removed.
+    fn write(&self, namespace: &str, secret: &str, files: &[(&str, &[u8])]) -> std::io::Result<PathBuf> {
+        let parent = self.root.join(namespace);
+        let dir = parent.join(format!("{secret}.{}", content_hash(files)));
+        let key = (namespace.to_string(), secret.to_string());
+        if !dir.is_dir() {
+            private_dir(&self.root)?;
+            private_dir(&parent)?;
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let staging = parent.join(format!(
+                ".staging-{secret}-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = fs::remove_dir_all(&staging);
+            fs::DirBuilder::new().mode(0o700).create(&staging)?;
+            for (name, content) in files {
+                let mut file =
+                    fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(staging.join(name))?;
+                file.write_all(content)?;
+                file.sync_all()?;
+            }
+            if let Err(e) = fs::rename(&staging, &dir) {
+                let _ = fs::remove_dir_all(&staging);
+                // Another reconcile put the same content in place first.
+                if !dir.is_dir() {
+                    return Err(e);
+                }
+            } else {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = current.insert(key, Written { dir: dir.clone() })
+            && old.dir != dir
+        {
+            let _ = fs::remove_dir_all(&old.dir);
+        }
+        Ok(dir)
+    }
+}
+
+/// Creates `dir` (mode 0700) if needed and makes sure no one else may read it.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+/// The first 16 hex digits of a SHA-256 over the files' names and contents.
+fn content_hash(files: &[(&str, &[u8])]) -> String {
+    let mut hasher = Sha256::new();
+    for (name, content) in files {
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update((content.len() as u64).to_le_bytes());
+        hasher.update(content);
+    }
+    hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn check_no_managed_parameters(uri: &str) -> Result<(), String> {
+    let query = uri.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    for param in query.split(['&', ';']) {
+        let name = param.split_once('=').map(|(n, _)| n).unwrap_or(param);
+        if MANAGED_PARAMETERS.contains(&name) {
+            return Err(format!(
+                "{uri} sets {name}= itself, and with credentialsRef the manager sets it from the Secret: \
+                 use a URI without {name}= (a new LibvirtCluster, since uri cannot be changed) or remove credentialsRef"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn uri_with_files(uri: &str, transport: Transport, dir: &Path) -> String {
+    let dir = dir.display();
+    let params = match transport {
+        Transport::Tls => format!("pkipath={dir}"),
+        Transport::Ssh => {
+            let auth = if uri.contains("sshauth=") { "" } else { "&sshauth=privkey" };
+            format!("keyfile={dir}/id&known_hosts={dir}/known_hosts{auth}")
+        }
+    };
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!("{uri}{separator}{params}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls_data() -> BTreeMap<String, Vec<u8>> {
+        [("ca.crt", "CA"), ("tls.crt", "CERT"), ("tls.key", "KEY"), ("other", "x")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn scratch() -> PathBuf {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "capl-credentials-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn tls_files_are_private_and_named_in_the_uri() {
+        let root = scratch();
+        let store = CredentialStore::new(&root);
+        let uri = store.apply("qemu+tls://kvm1.lab/system", "ns1", "kvm1-tls", &tls_data()).unwrap();
+        let dir = uri.strip_prefix("qemu+tls://kvm1.lab/system?pkipath=").expect(&uri);
+        assert!(dir.starts_with(&format!("{}/ns1/kvm1-tls.", root.display())), "{dir}");
+        for (file, content) in [("cacert.pem", "CA"), ("clientcert.pem", "CERT"), ("clientkey.pem", "KEY")] {
+            let path = Path::new(dir).join(file);
+            assert_eq!(fs::read_to_string(&path).unwrap(), content);
+            assert_eq!(mode(&path), 0o600, "{file}");
+        }
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 3, "only the three files libvirt reads");
+        assert_eq!(mode(Path::new(dir)), 0o700);
+        assert_eq!(mode(&root.join("ns1")), 0o700);
+        assert_eq!(mode(&root), 0o700);
+        assert!(store.is_current(&uri));
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn same_content_is_written_once_and_new_content_gets_a_new_uri() {
+        let root = scratch();
+        let store = CredentialStore::new(&root);
+        let first = store.apply("qemu+tls://h/system", "ns", "s", &tls_data()).unwrap();
+        assert_eq!(store.apply("qemu+tls://h/system", "ns", "s", &tls_data()).unwrap(), first);
+        assert_eq!(store.writes(), 1);
+        let mut rotated = tls_data();
+        rotated.insert("tls.crt".into(), b"CERT2".to_vec());
+        let second = store.apply("qemu+tls://h/system", "ns", "s", &rotated).unwrap();
+        assert_ne!(second, first, "rotated content, new URI, so a new connection");
+        assert!(!store.is_current(&first) && store.is_current(&second));
+        let old_dir = first.split_once("pkipath=").unwrap().1;
+        assert!(!Path::new(old_dir).exists(), "the previous files are removed");
+        assert_eq!(store.last("qemu+tls://h/system", "ns", "s").as_deref(), Some(second.as_str()));
+        assert_eq!(store.forget(|_, _| false), 1);
+        assert!(store.last("qemu+tls://h/system", "ns", "s").is_none());
+        assert_eq!(fs::read_dir(root.join("ns")).unwrap().count(), 0, "forgotten Secrets leave no files");
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn ssh_uris_get_the_key_and_known_hosts() {
+        let root = scratch();
+        let store = CredentialStore::new(&root);
+        let data: BTreeMap<String, Vec<u8>> =
+            [("ssh-privatekey", "K"), ("known_hosts", "H")].map(|(k, v)| (k.to_string(), v.into())).into();
+        let uri = store.apply("qemu+libssh://root@h:2222/system", "ns", "ssh", &data).unwrap();
+        let dir = uri.split_once("keyfile=").unwrap().1.split_once("/id&").unwrap().0;
+        assert_eq!(
+            uri,
+            format!("qemu+libssh://root@h:2222/system?keyfile={dir}/id&known_hosts={dir}/known_hosts&sshauth=privkey")
+        );
+        assert_eq!(fs::read_to_string(format!("{dir}/id")).unwrap(), "K");
+        let chosen = store.apply("qemu+libssh2://root@h/system?sshauth=agent,privkey", "ns", "ssh", &data).unwrap();
+        assert!(chosen.ends_with("/known_hosts") && chosen.contains("?sshauth=agent,privkey&keyfile="), "{chosen}");
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[rstest::rstest]
+    #[case("qemu+tcp://h/system", "uses the tcp transport")]
+    #[case("qemu+ssh://root@h/system", "uses the ssh transport")]
+    #[case("qemu:///system", "uses no network transport")]
+    #[case("qemu+tls://h/system?pkipath=/etc/capl/pki", "sets pkipath= itself")]
+    #[case("qemu+libssh://h/system?known_hosts=/etc/capl/kh", "sets known_hosts= itself")]
+    fn uris_that_cannot_take_a_secret_are_refused(#[case] uri: &str, #[case] why: &str) {
+        let store = CredentialStore::new(scratch());
+        let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err();
+        assert!(err.contains(why) && err.contains(uri), "{err}");
+        assert!(err.contains("remove credentialsRef"), "{err}");
+        assert!(!store.root().exists(), "nothing written");
+    }
+
+    #[test]
+    fn missing_keys_are_named_without_the_content() {
+        let store = CredentialStore::new(scratch());
+        let mut data = tls_data();
+        data.remove("tls.key");
+        data.insert("tls.crt".into(), Vec::new());
+        let err = store.apply("qemu+tls://h/system", "ns", "s", &data).unwrap_err();
+        assert_eq!(
+            err,
+            "Secret ns/s has no non-empty \"tls.crt\", \"tls.key\": a qemu+tls URI needs the keys \"ca.crt\", \
+             \"tls.crt\", \"tls.key\" in it; add them to the Secret"
+        );
+        assert!(!err.contains("CA"), "no content in messages");
+    }
+}

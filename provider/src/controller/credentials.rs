@@ -1,0 +1,62 @@
+//! The URI a reconcile opens for a host: the LibvirtCluster's URI, with the
+//! files of its `credentialsRef` Secret named in it (see
+//! [`capl_host::credentials`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+
+use super::{Context, Error};
+use crate::api::conditions::reasons;
+
+/// Why a host cannot be opened with its credentials: a condition to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    pub reason: &'static str,
+    pub message: String,
+    /// Retry on a timer (the Secret may appear); otherwise wait for a change.
+    pub transient: bool,
+}
+
+/// The URI to open for `uri` with the credentials of Secret `secret` (in
+/// `namespace`), named by `owner` (e.g. "LibvirtCluster c1"). Without a
+/// Secret, `uri` itself. While `deleting`, a Secret that is gone is replaced
+/// by the credentials last read from it, when the manager still has them.
+pub async fn connection_uri(
+    ctx: &Context,
+    namespace: &str,
+    uri: &str,
+    secret: Option<&str>,
+    owner: &str,
+    deleting: bool,
+) -> Result<Result<String, Unusable>, Error> {
+    let Some(secret) = secret else { return Ok(Ok(uri.to_string())) };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(found) = api.get_opt(secret).await? else {
+        if deleting && let Some(last) = ctx.credentials.last(uri, namespace, secret) {
+            return Ok(Ok(last));
+        }
+        return Ok(Err(Unusable {
+            reason: reasons::CREDENTIALS_NOT_FOUND,
+            message: format!(
+                "{owner}: Secret {namespace}/{secret} named by credentialsRef does not exist: create it with the \
+                 credentials for {uri} (see the README, \"Host credentials\")"
+            ),
+            transient: true,
+        }));
+    };
+    let data: BTreeMap<String, Vec<u8>> =
+        found.data.unwrap_or_default().into_iter().map(|(key, value)| (key, value.0)).collect();
+    Ok(ctx.credentials.apply(uri, namespace, secret, &data).map_err(|why| Unusable {
+        reason: reasons::INVALID_CREDENTIALS,
+        message: format!("{owner}: {why}"),
+        transient: false,
+    }))
+}
+
+/// `message` with the URI that was opened written as the URI the user gave:
+/// the credential file parameters are the manager's business.
+pub fn as_user_wrote_it(message: String, opened: &str, uri: &str) -> String {
+    if opened == uri { message } else { message.replace(opened, uri) }
+}
