@@ -126,6 +126,10 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
     objects::create(&source, &ns, Kind::Secret, kubeconfig_secret(&ns, cluster, workload.kubeconfig_path())?).await?;
     create_cluster(stack, &ns, cluster).await?;
     own_bootstrap_secret(&source, &ns, cluster).await?;
+    // A host credentials Secret as the templates make it (labelled for move);
+    // this cluster's unix-socket URI takes none, but the Secret must travel.
+    let credentials = format!("{cluster}-libvirt-tls");
+    objects::create(&source, &ns, Kind::Secret, credentials_secret(&ns, &credentials)).await?;
     let names = ["c7-m0", "c7-m1"];
     for (index, name) in names.iter().enumerate() {
         create_machine(stack, &ns, cluster, name, index == 0).await?;
@@ -167,6 +171,7 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
         format!("LibvirtCluster_{ns}_{cluster}"),
         format!("LibvirtMachine_{ns}_{}", names[0]),
         format!("LibvirtMachine_{ns}_{}", names[1]),
+        format!("Secret_{ns}_{credentials}"),
     ] {
         ensure!(with.contains(&expected), "with the release's inventory clusterctl does not see {expected}: {with:?}");
     }
@@ -209,6 +214,9 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
 
     // The target adopts the same domains.
     let target_client = target.client();
+    objects::get(&target_client, &ns, Kind::Secret, &credentials)
+        .await?
+        .with_context(|| format!("clusterctl move did not take the labelled Secret {credentials} along"))?;
     let mut moved_uids = Vec::new();
     for (name, facts) in &before {
         let wanted = facts.clone();
@@ -281,6 +289,17 @@ fn kubeconfig_secret(ns: &str, cluster: &str, kubeconfig: &Path) -> Result<serde
         "type": "cluster.x-k8s.io/secret",
         "stringData": {"value": text},
     }))
+}
+
+/// A TLS credentials Secret labelled `clusterctl.cluster.x-k8s.io/move`, as
+/// the cluster templates make it (placeholder content).
+fn credentials_secret(ns: &str, name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": { "name": name, "namespace": ns, "labels": { "clusterctl.cluster.x-k8s.io/move": "" } },
+        "stringData": { "ca.crt": "placeholder", "tls.crt": "placeholder", "tls.key": "placeholder" },
+    })
 }
 
 /// Makes the Cluster own its bootstrap Secret, as a bootstrap provider's
