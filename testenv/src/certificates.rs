@@ -2,6 +2,10 @@
 //! certificate, the admin client certificate and the service-account signing key. The same
 //! CA signs the serving certificates of the webhook servers (CAPI's managers) that the API
 //! server calls, as envtest does.
+//!
+//! `cargo xtask host up` includes this file (`#[path]`) for the test libvirtd's TLS
+//! listener: [`Pki::new_ca`] makes its CA once, and tests load that CA back with
+//! [`Pki::load_ca`] to sign client certificates (see `remote_access`).
 
 use std::path::{Path, PathBuf};
 
@@ -30,13 +34,23 @@ pub struct Pki {
 impl Pki {
     pub fn new_ca(common_name: &str) -> Result<Self> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        let params = ca_params(common_name)?;
         let cert = params.self_signed(&key)?;
         Ok(Self { ca_pem: cert.pem(), issuer: Issuer::new(params, key) })
+    }
+
+    /// The CA that [`Pki::new_ca`]`(common_name)` made, from its certificate and
+    /// key as [`Pki::ca_pem`] and [`Pki::ca_key_pem`] gave them. The certificates
+    /// it signs chain to that CA certificate: an issuer is its subject name and
+    /// its key, and both are the same.
+    pub fn load_ca(common_name: &str, ca_pem: &str, key_pem: &str) -> Result<Self> {
+        let key = KeyPair::from_pem(key_pem).context("reading the CA key (PEM)")?;
+        Ok(Self { ca_pem: ca_pem.to_owned(), issuer: Issuer::new(ca_params(common_name)?, key) })
+    }
+
+    /// The CA's private key (PEM).
+    pub fn ca_key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
     }
 
     pub fn ca_pem(&self) -> &str {
@@ -96,4 +110,14 @@ impl Pki {
         }
         Ok((pki, files))
     }
+}
+
+/// The parameters of a CA certificate named `common_name`: [`Pki::new_ca`]
+/// signs with them, and [`Pki::load_ca`] issues with them again.
+fn ca_params(common_name: &str) -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    Ok(params)
 }

@@ -14,7 +14,30 @@
 //! - the dir pools [`BASE_POOL`] (base images) and [`DISK_POOL`] (machine disks
 //!   and seed ISOs);
 //! - its URI written to [`URI_FILE`] and printed as `export
-//!   `[`URI_ENV`]`=<uri>`.
+//!   `[`URI_ENV`]`=<uri>`;
+//! - a TLS listener on `127.0.0.1:`[`TLS_PORT`] with a server certificate for
+//!   `127.0.0.1` and `localhost` signed by a test CA that `host up` generates
+//!   once and keeps in [`PKI_DIR`]: [`TLS_CA_CERT`] and its key [`TLS_CA_KEY`]
+//!   (root only), so tests can sign client certificates that the daemon
+//!   accepts ([`tls_uri`] builds the URI). Remote SSH transports reach the same
+//!   daemon through a test's own sshd with `socket=`[`SOCKET`] ([`libssh_uri`]).
+
+/// Persistent files of the private daemon: its config, its state, the pools, the PKI.
+pub const STATE_DIR: &str = "/var/lib/capl-libvirt";
+/// The private daemon's read-write unix socket (outside its mount namespace).
+pub const SOCKET: &str = "/run/capl-libvirt/run/libvirt-sock";
+/// The TCP port the private daemon listens on for TLS, on 127.0.0.1 only
+/// (libvirt's default is 16514; this one avoids a system libvirtd's).
+pub const TLS_PORT: u16 = 16614;
+/// The private daemon's PKI, generated once by `host up` and kept until `host down`.
+pub const PKI_DIR: &str = "/var/lib/capl-libvirt/pki";
+/// The test CA's certificate (PEM): it signs the daemon's server certificate
+/// and every client certificate the daemon accepts.
+pub const TLS_CA_CERT: &str = "/var/lib/capl-libvirt/pki/cacert.pem";
+/// The test CA's private key (PEM, mode 0600): tests sign client certificates with it.
+pub const TLS_CA_KEY: &str = "/var/lib/capl-libvirt/pki/cakey.pem";
+/// The common name of the test CA (a CA is loaded back from its key and this name).
+pub const TLS_CA_NAME: &str = "capl-test-libvirt-ca";
 
 /// The environment variable that names the test libvirtd's URI.
 pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
@@ -66,6 +89,24 @@ pub fn static_address(host: u8) -> String {
     format!("{SUBNET_PREFIX}.{host}")
 }
 
+/// The TLS URI of the private daemon with the client PKI directory `pkipath`
+/// (holding `cacert.pem`, `clientcert.pem` and `clientkey.pem`).
+pub fn tls_uri(pkipath: &str) -> String {
+    format!("qemu+tls://127.0.0.1:{TLS_PORT}/system?pkipath={pkipath}")
+}
+
+/// The URI of the private daemon through an sshd on `127.0.0.1:<ssh_port>` as
+/// root, over `transport` (`libssh` or `libssh2`), with the private key
+/// `keyfile` and the known hosts file `known_hosts`. `socket=` names the
+/// private daemon's socket (on the far side of ssh: libvirt's default
+/// `proxy=auto` runs `virt-ssh-helper`, which honours it, as does `nc -U`).
+pub fn libssh_uri(transport: &str, ssh_port: u16, keyfile: &str, known_hosts: &str) -> String {
+    format!(
+        "qemu+{transport}://root@127.0.0.1:{ssh_port}/system?socket={SOCKET}\
+         &keyfile={keyfile}&known_hosts={known_hosts}&sshauth=privkey"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +116,20 @@ mod tests {
         assert_eq!(static_address(250), format!("{SUBNET_PREFIX}.250"));
         assert!(std::panic::catch_unwind(|| static_address(DHCP_LAST)).is_err());
         const { assert!(DHCP_FIRST > 1, "the gateway is .1") };
+    }
+
+    #[test]
+    fn paths_live_in_the_state_and_run_dirs() {
+        for path in [PKI_DIR, TLS_CA_CERT, TLS_CA_KEY] {
+            assert!(path.starts_with(STATE_DIR), "{path}");
+        }
+        assert!(TLS_CA_CERT.starts_with(PKI_DIR) && TLS_CA_KEY.starts_with(PKI_DIR));
+        assert!(SOCKET.starts_with(RUN_DIR) && URI_FILE.starts_with(RUN_DIR));
+        assert_eq!(tls_uri("/p"), "qemu+tls://127.0.0.1:16614/system?pkipath=/p");
+        assert_eq!(
+            libssh_uri("libssh", 2222, "/k/id", "/k/kh"),
+            "qemu+libssh://root@127.0.0.1:2222/system?socket=/run/capl-libvirt/run/libvirt-sock\
+             &keyfile=/k/id&known_hosts=/k/kh&sshauth=privkey"
+        );
     }
 }

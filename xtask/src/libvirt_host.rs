@@ -5,6 +5,7 @@
 //!   adds as a deb822 source when missing). Nothing is run when every package
 //!   is already installed.
 //! - `up`: starts a libvirtd of our own that leaves a system libvirt alone,
+//!   listening on its unix socket and for TLS on 127.0.0.1 (see below),
 //!   defines and starts the NAT network `capl-test-net` and the dir pools
 //!   `capl-test-base` and `capl-test-disks`, and prints the URI.
 //! - `down`: destroys running domains and the network (so the bridge, dnsmasq
@@ -28,6 +29,19 @@
 //! `libvirt-qemu` user makes libvirtd re-probe QEMU on every call (see
 //! `shared/libvirt-on-these-machines.md`), and every call takes ~50 s.
 //!
+//! # The TLS listener
+//!
+//! For tests of `qemu+tls://` the daemon also listens for TLS on
+//! `127.0.0.1:`[`TLS_PORT`] (`libvirtd --listen`, `listen_tls`, `listen_addr`;
+//! `listen_tcp` stays off). `up` generates once, into [`PKI_DIR`], a test CA
+//! ([`TLS_CA_CERT`], its key [`TLS_CA_KEY`] readable by root only), the
+//! daemon's server certificate for `127.0.0.1` and `localhost`, and a client
+//! certificate of its own (`pki/client/`) with which it checks the listener.
+//! The daemon requires a client certificate signed by that CA. A running
+//! daemon that does not answer TLS with the current CA (started by an older
+//! `up`, or the PKI was regenerated) is restarted; networks and pools are
+//! persistent and autostarted, and running domains survive a libvirtd restart.
+//!
 //! What the namespace does not isolate: the network namespace. The bridge
 //! [`BRIDGE`], the subnet [`SUBNET_PREFIX`]`.0/24` and libvirt's iptables rules
 //! are the host's; both were chosen not to clash with libvirt's `virbr0` /
@@ -45,11 +59,14 @@ use xshell::{Shell, cmd};
 #[allow(dead_code)] // the tests' half of the contract (uri(), static_address()) is not used here
 mod test_host;
 pub use test_host::{
-    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, NETWORK, RUN_DIR, SUBNET_PREFIX, URI_ENV, URI_FILE,
+    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR, SUBNET_PREFIX,
+    TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, tls_uri,
 };
 
-/// Persistent files of the private daemon: its config, its state, the pools.
-pub const STATE_DIR: &str = "/var/lib/capl-libvirt";
+#[path = "../../testenv/src/certificates.rs"]
+#[allow(dead_code)] // the test control plane's half (Pki::generate, load_ca) is not used here
+mod certificates;
+use certificates::Pki;
 
 /// A domain define slower than this means the daemon re-probes QEMU on every
 /// call (the trap above): `up` fails instead of handing out a crawling host.
@@ -115,6 +132,8 @@ const PACKAGES: &[Package] = &[
     pkg("syslinux", "booting the test guest's disk"),
     pkg("mtools", "writing the test guest's FAT disk without loop devices"),
     pkg("dosfstools", "mkfs.vfat for the test guest's disk"),
+    pkg("openssh-server", "the tests' private sshd for qemu+libssh:// and qemu+libssh2:// (and ssh-keygen)"),
+    pkg("netcat-openbsd", "nc -U, libvirt's proxy=netcat over ssh (proxy=auto uses virt-ssh-helper)"),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,6 +342,7 @@ struct Layout {
     cache: PathBuf,
     log: PathBuf,
     pools: PathBuf,
+    pki: PathBuf,
 }
 
 fn layout() -> Layout {
@@ -334,6 +354,7 @@ fn layout() -> Layout {
         cache: state.join("cache"),
         log: state.join("log"),
         pools: state.join("pools"),
+        pki: PathBuf::from(PKI_DIR),
     }
 }
 
@@ -353,6 +374,11 @@ impl Layout {
         self.run.join("libvirt-sock")
     }
 
+    /// The `pkipath` directory of `up`'s own client certificate.
+    fn client_pki(&self) -> PathBuf {
+        self.pki.join("client")
+    }
+
     fn libvirtd_pid_file(&self) -> PathBuf {
         self.run.join("libvirtd.pid")
     }
@@ -367,7 +393,10 @@ pub fn uri() -> String {
     format!("qemu+unix:///system?socket={}", layout().socket().display())
 }
 
-const LIBVIRTD_CONF: &str = r#"# Private libvirtd of cluster-api-provider-libvirt's tests (cargo xtask host up).
+fn libvirtd_conf(lay: &Layout) -> String {
+    let pki = &lay.pki;
+    format!(
+        r#"# Private libvirtd of cluster-api-provider-libvirt's tests (cargo xtask host up).
 # Only root may use the sockets; no polkit.
 unix_sock_group = "root"
 unix_sock_ro_perms = "0700"
@@ -375,8 +404,23 @@ unix_sock_rw_perms = "0700"
 unix_sock_admin_perms = "0700"
 auth_unix_ro = "none"
 auth_unix_rw = "none"
+# TLS on 127.0.0.1 only (libvirtd runs with --listen), for tests of qemu+tls://:
+# a client needs a certificate signed by the test CA; plain TCP stays off.
+listen_tls = 1
+listen_tcp = 0
+listen_addr = "127.0.0.1"
+tls_port = "{TLS_PORT}"
+auth_tls = "none"
+ca_file = "{ca}"
+cert_file = "{cert}"
+key_file = "{key}"
 log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
-"#;
+"#,
+        ca = TLS_CA_CERT,
+        cert = pki.join(SERVER_CERT_FILE).display(),
+        key = pki.join(SERVER_KEY_FILE).display(),
+    )
+}
 
 const QEMU_CONF: &str = r#"# Private QEMU driver config (cargo xtask host up).
 # root: with the default libvirt-qemu user, libvirtd re-probes QEMU on every
@@ -432,12 +476,32 @@ pub fn up() -> Result<String> {
     let sh = Shell::new()?;
     let lay = layout();
     let uri = uri();
-    if daemon_responds(&sh, &uri) {
-        eprintln!("host up: reusing the private libvirtd at {}", lay.socket().display());
+    ensure_pki(&lay)?;
+    let start = if !daemon_responds(&sh, &uri) {
+        true
+    } else if tls_responds(&sh, &lay) {
+        eprintln!("host up: reusing the private libvirtd at {} (TLS on 127.0.0.1:{TLS_PORT})", lay.socket().display());
+        false
     } else {
+        eprintln!(
+            "host up: the running private libvirtd does not answer TLS on 127.0.0.1:{TLS_PORT} with the \
+             certificates in {PKI_DIR} (an older `host up` started it, or they were regenerated): restarting it"
+        );
+        true
+    };
+    if start {
         start_daemon(&sh, &lay)?;
         wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
-        eprintln!("host up: private libvirtd started ({:.1?})", started.elapsed());
+        if !tls_responds(&sh, &lay) {
+            bail!(
+                "the private libvirtd answers on {} but not for TLS on 127.0.0.1:{TLS_PORT} (`virsh -c {}`); \
+                 see {}/libvirtd.log",
+                lay.socket().display(),
+                tls_uri(&lay.client_pki().display().to_string()),
+                lay.log.display()
+            );
+        }
+        eprintln!("host up: private libvirtd started, TLS on 127.0.0.1:{TLS_PORT} ({:.1?})", started.elapsed());
     }
     ensure_network(&sh, &uri, &lay)?;
     ensure_pool(&sh, &uri, &lay, BASE_POOL)?;
@@ -446,6 +510,76 @@ pub fn up() -> Result<String> {
     fs::write(URI_FILE, format!("{uri}\n")).with_context(|| format!("writing {URI_FILE}"))?;
     eprintln!("host up: ready in {:.1?}; the URI is also in {URI_FILE}", started.elapsed());
     Ok(uri)
+}
+
+// --- the TLS listener's PKI -------------------------------------------------------
+
+const SERVER_CERT_FILE: &str = "servercert.pem";
+const SERVER_KEY_FILE: &str = "serverkey.pem";
+
+/// Generates the test CA, the daemon's server certificate and `up`'s own
+/// client certificate into [`PKI_DIR`], unless they are all there already.
+fn ensure_pki(lay: &Layout) -> Result<()> {
+    let client = lay.client_pki();
+    let files = [
+        PathBuf::from(TLS_CA_CERT),
+        PathBuf::from(TLS_CA_KEY),
+        lay.pki.join(SERVER_CERT_FILE),
+        lay.pki.join(SERVER_KEY_FILE),
+        client.join("cacert.pem"),
+        client.join("clientcert.pem"),
+        client.join("clientkey.pem"),
+    ];
+    if files.iter().all(|f| f.is_file()) {
+        return Ok(());
+    }
+    let ca = Pki::new_ca(TLS_CA_NAME).context("generating the test libvirtd's CA")?;
+    let (server_cert, server_key) = ca.serving_cert("capl-test-libvirtd")?;
+    let (client_cert, client_key) = ca.client_cert("capl-xtask-host-up", "capl-test")?;
+    for dir in [&lay.pki, &client] {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    set_mode(&client, 0o700)?;
+    let ca_key = ca.ca_key_pem();
+    for (path, text, mode) in [
+        (&files[0], ca.ca_pem(), 0o644),
+        (&files[1], ca_key.as_str(), 0o600),
+        (&files[2], server_cert.as_str(), 0o644),
+        (&files[3], server_key.as_str(), 0o600),
+        (&files[4], ca.ca_pem(), 0o600),
+        (&files[5], client_cert.as_str(), 0o600),
+        (&files[6], client_key.as_str(), 0o600),
+    ] {
+        fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        set_mode(path, mode)?;
+    }
+    eprintln!("host up: generated the test CA and TLS certificates in {}", lay.pki.display());
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting mode {mode:o} on {}", path.display()))
+}
+
+/// Whether the daemon answers `qemu+tls://127.0.0.1:<TLS_PORT>` with `up`'s
+/// client certificate (so its server certificate is of the current CA).
+fn tls_responds(sh: &Shell, lay: &Layout) -> bool {
+    let uri = tls_uri(&lay.client_pki().display().to_string());
+    // A port held by something that does not speak TLS must not hang `up`.
+    cmd!(sh, "timeout 20 virsh -q -c {uri} version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+/// Fails, naming the holder's lookup, when something else listens on the TLS port.
+fn require_tls_port_free() -> Result<()> {
+    match std::net::TcpListener::bind(("127.0.0.1", TLS_PORT)) {
+        Ok(_) => Ok(()),
+        Err(e) => bail!(
+            "127.0.0.1:{TLS_PORT}, the private libvirtd's TLS port, is taken ({e}); \
+             see `ss -ltnp 'sport = :{TLS_PORT}'` and stop that program"
+        ),
+    }
 }
 
 fn require_root(what: &str, why: &str) -> Result<()> {
@@ -494,6 +628,7 @@ fn wait_until_responding(sh: &Shell, uri: &str, limit: Duration) -> Result<()> {
 /// private mount namespace. Leftovers of a crashed daemon are stopped first.
 fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
     stop_daemons(lay)?;
+    ensure_pki(lay)?;
     for (ours, system) in lay.binds() {
         fs::create_dir_all(ours).with_context(|| format!("creating {}", ours.display()))?;
         // The mount point must exist; on a machine without a system libvirt
@@ -501,7 +636,11 @@ fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
         fs::create_dir_all(system).with_context(|| format!("creating the mount point {system}"))?;
     }
     fs::create_dir_all(&lay.pools).with_context(|| format!("creating {}", lay.pools.display()))?;
-    for (name, body) in [("libvirtd.conf", LIBVIRTD_CONF), ("qemu.conf", QEMU_CONF), ("virtlogd.conf", VIRTLOGD_CONF)] {
+    require_tls_port_free()?;
+    let libvirtd_conf = libvirtd_conf(lay);
+    for (name, body) in
+        [("libvirtd.conf", libvirtd_conf.as_str()), ("qemu.conf", QEMU_CONF), ("virtlogd.conf", VIRTLOGD_CONF)]
+    {
         let path = lay.etc.join(name);
         fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -511,7 +650,9 @@ fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
     }
     // Inside the namespace the run directory is /run/libvirt.
     script.push_str("virtlogd -d -f /etc/libvirt/virtlogd.conf -p /run/libvirt/virtlogd.pid\n");
-    script.push_str("libvirtd -d -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid\n");
+    // --listen: without systemd socket activation, libvirtd opens its TCP
+    // listeners (here only TLS, see libvirtd.conf) only when told to.
+    script.push_str("libvirtd -d --listen -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid\n");
     cmd!(sh, "unshare --mount --propagation private sh -c {script}")
         .quiet()
         .run()
@@ -714,6 +855,8 @@ pub fn status() -> Result<()> {
     }
     println!("uri: {uri}");
     println!("export {URI_ENV}='{uri}'");
+    let tls = tls_uri(&lay.client_pki().display().to_string());
+    println!("tls: {tls} ({})", if tls_responds(&sh, &lay) { "answering" } else { "NOT answering" });
     for (what, args) in [
         ("networks", &["net-list", "--all"][..]),
         ("pools", &["pool-list", "--all"][..]),
@@ -763,5 +906,24 @@ mod tests {
             xml.contains("<bridge name='capltest0'") && xml.contains("<range start='10.251.0.2' end='10.251.0.99'/>")
         );
         assert_eq!(uri(), "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock");
+        assert_eq!(layout().socket(), Path::new(test_host::SOCKET));
+    }
+
+    #[test]
+    fn libvirtd_listens_for_tls_on_loopback_with_the_test_pki() {
+        let lay = layout();
+        let conf = libvirtd_conf(&lay);
+        for line in [
+            "listen_tls = 1",
+            "listen_tcp = 0",
+            "listen_addr = \"127.0.0.1\"",
+            "tls_port = \"16614\"",
+            "ca_file = \"/var/lib/capl-libvirt/pki/cacert.pem\"",
+            "cert_file = \"/var/lib/capl-libvirt/pki/servercert.pem\"",
+            "key_file = \"/var/lib/capl-libvirt/pki/serverkey.pem\"",
+        ] {
+            assert!(conf.lines().any(|l| l == line), "libvirtd.conf lacks {line}:\n{conf}");
+        }
+        assert_eq!(lay.pki, Path::new(TLS_CA_CERT).parent().unwrap());
     }
 }
