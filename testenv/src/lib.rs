@@ -44,6 +44,7 @@
 //! (`PR_SET_PDEATHSIG`) and the next start removes the left-over directory.
 
 pub mod control_plane_versions;
+pub mod remote_access;
 pub mod test_host;
 
 mod assets;
@@ -71,7 +72,7 @@ pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 
 use certificates::Pki;
 use free_port::free_loopback_ports;
-use scratch_dir::ScratchDir;
+pub use scratch_dir::ScratchDir;
 use supervised_process::SupervisedProcess;
 
 /// How long kube-apiserver may take to report ready (it is slow on a loaded 2-core machine).

@@ -20,12 +20,17 @@
 //!   once and keeps in [`PKI_DIR`]: [`TLS_CA_CERT`] and its key [`TLS_CA_KEY`]
 //!   (root only), so tests can sign client certificates that the daemon
 //!   accepts ([`tls_uri`] builds the URI). Remote SSH transports reach the same
-//!   daemon through a test's own sshd with `socket=`[`SOCKET`] ([`libssh_uri`]).
+//!   daemon through a test's own sshd that runs in the daemon's mount namespace
+//!   ([`libssh_uri`], no `socket=` needed).
 
 /// Persistent files of the private daemon: its config, its state, the pools, the PKI.
 pub const STATE_DIR: &str = "/var/lib/capl-libvirt";
 /// The private daemon's read-write unix socket (outside its mount namespace).
 pub const SOCKET: &str = "/run/capl-libvirt/run/libvirt-sock";
+/// The private daemon's pid file: a process that enters its mount namespace
+/// (`/proc/<pid>/ns/mnt`) sees its socket at libvirt's default path,
+/// `/run/libvirt/libvirt-sock`.
+pub const LIBVIRTD_PID_FILE: &str = "/run/capl-libvirt/run/libvirtd.pid";
 /// The TCP port the private daemon listens on for TLS, on 127.0.0.1 only
 /// (libvirt's default is 16514; this one avoids a system libvirtd's).
 pub const TLS_PORT: u16 = 16614;
@@ -97,13 +102,14 @@ pub fn tls_uri(pkipath: &str) -> String {
 
 /// The URI of the private daemon through an sshd on `127.0.0.1:<ssh_port>` as
 /// root, over `transport` (`libssh` or `libssh2`), with the private key
-/// `keyfile` and the known hosts file `known_hosts`. `socket=` names the
-/// private daemon's socket (on the far side of ssh: libvirt's default
-/// `proxy=auto` runs `virt-ssh-helper`, which honours it, as does `nc -U`).
+/// `keyfile` and the known hosts file `known_hosts`. The sshd must run in the
+/// daemon's mount namespace (`testenv::remote_access::TestSshd` does), where
+/// the daemon's socket is at libvirt's default path: libvirt's default
+/// `proxy=auto` runs `virt-ssh-helper` there, which finds it (`nc -U` with
+/// `&proxy=netcat` as well).
 pub fn libssh_uri(transport: &str, ssh_port: u16, keyfile: &str, known_hosts: &str) -> String {
     format!(
-        "qemu+{transport}://root@127.0.0.1:{ssh_port}/system?socket={SOCKET}\
-         &keyfile={keyfile}&known_hosts={known_hosts}&sshauth=privkey"
+        "qemu+{transport}://root@127.0.0.1:{ssh_port}/system?keyfile={keyfile}&known_hosts={known_hosts}&sshauth=privkey"
     )
 }
 
@@ -124,12 +130,11 @@ mod tests {
             assert!(path.starts_with(STATE_DIR), "{path}");
         }
         assert!(TLS_CA_CERT.starts_with(PKI_DIR) && TLS_CA_KEY.starts_with(PKI_DIR));
-        assert!(SOCKET.starts_with(RUN_DIR) && URI_FILE.starts_with(RUN_DIR));
+        assert!(SOCKET.starts_with(RUN_DIR) && URI_FILE.starts_with(RUN_DIR) && LIBVIRTD_PID_FILE.starts_with(RUN_DIR));
         assert_eq!(tls_uri("/p"), "qemu+tls://127.0.0.1:16614/system?pkipath=/p");
         assert_eq!(
             libssh_uri("libssh", 2222, "/k/id", "/k/kh"),
-            "qemu+libssh://root@127.0.0.1:2222/system?socket=/run/capl-libvirt/run/libvirt-sock\
-             &keyfile=/k/id&known_hosts=/k/kh&sshauth=privkey"
+            "qemu+libssh://root@127.0.0.1:2222/system?keyfile=/k/id&known_hosts=/k/kh&sshauth=privkey"
         );
     }
 }

@@ -907,6 +907,7 @@ mod tests {
         );
         assert_eq!(uri(), "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock");
         assert_eq!(layout().socket(), Path::new(test_host::SOCKET));
+        assert_eq!(layout().libvirtd_pid_file(), Path::new(test_host::LIBVIRTD_PID_FILE));
     }
 
     #[test]
