@@ -9,6 +9,10 @@
 //!   foreign objects) on libvirt-sim and the real libvirtd, as one table;
 //! - `host_sim`: host tests only the simulator can do (call counts, faults);
 //! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon;
+//! - `remote_credentials`: `qemu+tls://` to the daemon's TLS listener with
+//!   client certificates of its test CA (and of another CA), and
+//!   `qemu+libssh://`/`qemu+libssh2://` through a private sshd, with
+//!   credentials in files as a credentials Secret gives them;
 //! - `controllers_real`: the controllers end to end on the real daemon, with
 //!   the local kube-apiserver (`cargo xtask control-plane build`) as well;
 //! - `hung_host_manager`: the manager binary with a host that never answers
@@ -26,6 +30,7 @@ mod host_sim;
 mod host_support;
 mod hung_host_manager;
 mod libvirt_real;
+mod remote_credentials;
 
 /// The message of a caught panic (scenarios run under `catch_unwind` so one
 /// failure does not hide the others).
