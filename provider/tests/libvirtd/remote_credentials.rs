@@ -179,6 +179,8 @@ fn ssh_setup() -> SshSetup {
     let dir = ScratchDir::create().unwrap();
     let key = dir.path().join("id_ed25519");
     let public = ssh_keygen(&key, "capl-test-client").unwrap();
+    // A Secret gives the private key alone: libvirt must not need `<key>.pub`.
+    std::fs::remove_file(dir.path().join("id_ed25519.pub")).unwrap();
     let sshd = TestSshd::start(&public).unwrap();
     let known_hosts = dir.path().join("known_hosts");
     write_private(&known_hosts, &format!("{}\n", sshd.known_hosts_line())).unwrap();
@@ -254,6 +256,7 @@ async fn libssh_refuses_a_key_the_server_does_not_know() {
     let port = s.sshd.port();
     let other = text(&s.dir.path().join("id_other"));
     ssh_keygen(Path::new(&other), "not-authorized").unwrap();
+    std::fs::remove_file(format!("{other}.pub")).unwrap();
     let missing = text(&s.dir.path().join("missing"));
 
     let uri = libssh_uri("libssh", port, &other, &s.known_hosts);
