@@ -135,16 +135,21 @@ impl HypervisorError {
 
     /// A connect refused because of the credentials, on either side: libvirt's
     /// authentication errors (`VIR_ERR_AUTH_FAILED` 45, `VIR_ERR_AUTH_CANCELLED`
-    /// 79, `VIR_ERR_AUTH_UNAVAILABLE` 94), a TLS certificate check, or an SSH
-    /// host key or key check.
+    /// 79, `VIR_ERR_AUTH_UNAVAILABLE` 94), a certificate check on our side
+    /// (reported as a system error, 38), a daemon that drops the TLS session
+    /// after the handshake because it does not trust our certificate ("Unable
+    /// to read TLS confirmation"), and the libssh/libssh2 transports' host key
+    /// and key checks (`VIR_ERR_LIBSSH` 98, `VIR_ERR_SSH` 85).
     pub fn is_auth_failure(&self) -> bool {
         const AUTH: [i32; 3] = [45, 79, 94];
         let text = self.message.to_ascii_lowercase();
         AUTH.contains(&self.code)
             || text.contains("certificate")
+            || text.contains("tls confirmation")
             || text.contains("host key")
             || text.contains("known_hosts")
-            || text.contains("authentication")
+            || text.contains("authenticat")
+            || text.contains("private key")
     }
 
     /// A start refused because the domain already runs (`VIR_ERR_OPERATION_INVALID`
@@ -194,6 +199,43 @@ mod tests {
         assert_eq!(kind_of(38, driver), ErrorKind::Other);
         assert_eq!(kind_of(1, driver), ErrorKind::Other);
         assert_eq!(kind_of(3, driver), ErrorKind::Other);
+    }
+
+    /// Messages the real libvirt 11.3 gave in the remote_credentials tests.
+    #[rstest::rstest]
+    #[case(
+        38,
+        "Our own certificate /d/clientcert.pem failed validation against /d/cacert.pem: The certificate hasn't got a known issuer.",
+        true
+    )]
+    #[case(45, "authentication failed: Failed to verify peer's certificate", true)]
+    #[case(38, "Unable to read TLS confirmation: Input/output error", true)]
+    #[case(38, "Cannot read CA certificate '/d/cacert.pem': No such file or directory", true)]
+    #[case(
+        98,
+        "libssh transport error: No user interaction callback provided: Can't verify the session host key",
+        true
+    )]
+    #[case(85, "SSH transport error: No user interaction callback provided: Can't verify the session host key", true)]
+    #[case(
+        98,
+        "libssh transport error: failed to authenticate: Access denied for 'publickey'. Authentication that can continue: publickey",
+        true
+    )]
+    #[case(
+        85,
+        "SSH transport error: No user interaction callback provided: Can't retrieve private key passphrase",
+        true
+    )]
+    #[case(98, "libssh transport error: Remote command terminated with non-zero code: -1", false)]
+    #[case(38, "unable to connect to server at '127.0.0.1:16614': Connection refused", false)]
+    #[case(1, "client socket is closed", false)]
+    fn refused_credentials_are_told_from_an_unreachable_host(
+        #[case] code: i32,
+        #[case] message: &str,
+        #[case] auth: bool,
+    ) {
+        assert_eq!(HypervisorError::new(ErrorKind::Other, code, message).is_auth_failure(), auth, "{message}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts, ensure_base_image};
 
 /// What the daemon holds whose name contains `tag` (the test's namespace):
 /// domains, volumes of the disk pool, DHCP host entries of the network.
-fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
+pub(crate) fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
     let mut found = Vec::new();
     for domain in hv.domain_list().expect("list domains") {
         if domain.contains(tag) {
@@ -53,10 +53,10 @@ fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
 }
 
 /// Removes whatever a failed run left on the daemon (best effort).
-struct CleanUp<'a> {
-    hv: &'a LibvirtHypervisor,
-    fx: &'a Fixture,
-    tag: String,
+pub(crate) struct CleanUp<'a> {
+    pub hv: &'a LibvirtHypervisor,
+    pub fx: &'a Fixture,
+    pub tag: String,
 }
 
 impl Drop for CleanUp<'_> {

@@ -15,6 +15,9 @@
 //!   credentials in files as a credentials Secret gives them;
 //! - `controllers_real`: the controllers end to end on the real daemon, with
 //!   the local kube-apiserver (`cargo xtask control-plane build`) as well;
+//! - `credentials_controllers`: LibvirtClusters over TLS and libssh with
+//!   their credentials in Secrets (`credentialsRef`), refused credentials and
+//!   a rotated Secret, with the local kube-apiserver too;
 //! - `hung_host_manager`: the manager binary with a host that never answers
 //!   next to the real daemon (this one also needs the local control plane).
 
@@ -25,6 +28,7 @@
 mod api_support;
 mod conformance;
 mod controllers_real;
+mod credentials_controllers;
 mod host_scenarios;
 mod host_sim;
 mod host_support;
