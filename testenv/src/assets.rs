@@ -6,8 +6,9 @@ use anyhow::{Result, bail};
 
 use crate::control_plane_versions::{
     CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
-    CAPI_WEBHOOKS_DIR, CLUSTERCTL_BIN, CONTROL_PLANE_DIR_ENV, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
-    KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
+    CAPI_REPOSITORY_DIR, CAPI_VERSION, CAPI_WEBHOOKS_DIR, CERT_MANAGER_CRDS_DIR, CLUSTERCTL_BIN, CONTROL_PLANE_DIR_ENV,
+    CapiReleaseProvider, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, control_plane_dir,
+    usable_kubebuilder_assets,
 };
 
 /// The command that builds every asset.
@@ -88,6 +89,18 @@ impl Assets {
     /// `kubeadm-control-plane.yaml`).
     pub fn capi_webhook_manifest(&self, file: &str) -> Result<PathBuf> {
         self.required_in_control_plane_dir(&format!("{CAPI_WEBHOOKS_DIR}/{file}"), Path::is_file)
+    }
+
+    /// The components file of a CAPI provider's release in the clusterctl local repository
+    /// built from the pinned module (`capi-repository/<label>/<version>/<components file>`).
+    pub fn capi_release_components(&self, provider: &CapiReleaseProvider) -> Result<PathBuf> {
+        let path = format!("{CAPI_REPOSITORY_DIR}/{}/{CAPI_VERSION}/{}", provider.label, provider.components);
+        self.required_in_control_plane_dir(&path, Path::is_file)
+    }
+
+    /// cert-manager's CRDs at the version clusterctl installs by default.
+    pub fn cert_manager_crds_dir(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(CERT_MANAGER_CRDS_DIR, Path::is_dir)
     }
 
     fn required_in_control_plane_dir(&self, name: &str, exists: fn(&Path) -> bool) -> Result<PathBuf> {

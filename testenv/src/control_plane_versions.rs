@@ -16,6 +16,14 @@ pub const ETCD_VERSION: &str = "v3.6.16";
 /// Release of `sigs.k8s.io/cluster-api` (and its `api` module) for the core manager and CRDs.
 pub const CAPI_VERSION: &str = "v1.14.2";
 
+/// Release of `sigs.k8s.io/kustomize/kustomize/v5` that `kustomize` is built from: the
+/// version CAPI's Makefile builds its release manifests with (`KUSTOMIZE_VER`).
+pub const KUSTOMIZE_VERSION: &str = "v5.7.0";
+/// Release of `github.com/cert-manager/cert-manager` whose CRDs are copied: the version
+/// clusterctl [`CAPI_VERSION`] installs by default (`CertManagerDefaultVersion`; the build
+/// checks that the two agree).
+pub const CERT_MANAGER_VERSION: &str = "v1.21.1";
+
 /// Environment variable: a directory in envtest layout (`kube-apiserver`, `etcd`, `kubectl`).
 pub const KUBEBUILDER_ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Environment variable overriding the cache directory of the built control plane.
@@ -32,6 +40,66 @@ pub const CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN: &str = "capi-kubeadm-bootstrap-man
 pub const CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN: &str = "capi-kubeadm-control-plane-manager";
 /// `clusterctl` (`sigs.k8s.io/cluster-api/cmd/clusterctl`).
 pub const CLUSTERCTL_BIN: &str = "clusterctl";
+/// `kustomize`, to build CAPI's release components as its Makefile does.
+pub const KUSTOMIZE_BIN: &str = "kustomize";
+/// Directory (inside the control-plane directory): CAPI core and the kubeadm providers as
+/// clusterctl local repositories, `<label>/<version>/{<components file>,metadata.yaml}`.
+pub const CAPI_REPOSITORY_DIR: &str = "capi-repository";
+/// Directory (inside the control-plane directory) holding cert-manager's CRDs
+/// (`deploy/crds` of the cert-manager module at [`CERT_MANAGER_VERSION`]).
+pub const CERT_MANAGER_CRDS_DIR: &str = "cert-manager-crds";
+
+/// A provider of the CAPI release: what `make release-manifests` builds and how clusterctl names it.
+pub struct CapiReleaseProvider {
+    /// clusterctl's provider name (`--core cluster-api`, `--bootstrap kubeadm`, ...).
+    pub name: &'static str,
+    /// clusterctl's provider type, as in clusterctl.yaml's `providers:`.
+    pub type_: &'static str,
+    /// clusterctl's label: the Provider object's name and the repository directory.
+    pub label: &'static str,
+    /// The components file of the release.
+    pub components: &'static str,
+    /// The directory of the CAPI module whose `config/default` is built.
+    pub module_dir: &'static str,
+    /// The image name under `registry.k8s.io/cluster-api`.
+    pub image: &'static str,
+    /// The namespace of the components.
+    pub namespace: &'static str,
+}
+
+/// Where CAPI's release images live (`PROD_REGISTRY` in its Makefile).
+pub const CAPI_RELEASE_REGISTRY: &str = "registry.k8s.io/cluster-api";
+
+/// CAPI core and the kubeadm bootstrap and control plane providers, in clusterctl's install order.
+pub const CAPI_RELEASE_PROVIDERS: &[CapiReleaseProvider] = &[
+    CapiReleaseProvider {
+        name: "cluster-api",
+        type_: "CoreProvider",
+        label: "cluster-api",
+        components: "core-components.yaml",
+        module_dir: "core",
+        image: "cluster-api-controller",
+        namespace: "capi-system",
+    },
+    CapiReleaseProvider {
+        name: "kubeadm",
+        type_: "BootstrapProvider",
+        label: "bootstrap-kubeadm",
+        components: "bootstrap-components.yaml",
+        module_dir: "bootstrap/kubeadm",
+        image: "kubeadm-bootstrap-controller",
+        namespace: "capi-kubeadm-bootstrap-system",
+    },
+    CapiReleaseProvider {
+        name: "kubeadm",
+        type_: "ControlPlaneProvider",
+        label: "control-plane-kubeadm",
+        components: "control-plane-components.yaml",
+        module_dir: "controlplane/kubeadm",
+        image: "kubeadm-control-plane-controller",
+        namespace: "capi-kubeadm-control-plane-system",
+    },
+];
 /// Directory (inside the control-plane directory) holding CAPI's CRD YAML files.
 pub const CAPI_CRDS_DIR: &str = "capi-crds";
 /// Directory (inside the control-plane directory) holding the webhook manifests

@@ -12,6 +12,10 @@
 //! <dir>/kube-apiserver  <dir>/etcd  <dir>/kubectl  <dir>/capi-manager  <dir>/capi-crds/*.yaml
 //! <dir>/capi-kubeadm-bootstrap-manager  <dir>/capi-kubeadm-control-plane-manager  <dir>/clusterctl
 //! <dir>/capi-webhooks/{core,kubeadm-bootstrap,kubeadm-control-plane}.yaml   config/webhook manifests
+//! <dir>/kustomize                                       sigs.k8s.io/kustomize/kustomize/v5
+//! <dir>/capi-repository/<label>/<version>/{<components>.yaml,metadata.yaml}
+//!                                                       CAPI's release components (clusterctl local repositories)
+//! <dir>/cert-manager-crds/*.yaml                        cert-manager's CRDs (deploy/crds of its module)
 //! <dir>/src/{kubernetes,etcd,capi,capi-providers}/   the generated Go modules (go.mod, go.sum, tools.go)
 //! ```
 //!
@@ -31,8 +35,10 @@ mod versions;
 
 use versions::{
     CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
-    CAPI_VERSION, CAPI_WEBHOOK_MANIFESTS, CAPI_WEBHOOKS_DIR, CLUSTERCTL_BIN, ETCD_BIN, ETCD_VERSION,
+    CAPI_RELEASE_PROVIDERS, CAPI_RELEASE_REGISTRY, CAPI_REPOSITORY_DIR, CAPI_VERSION, CAPI_WEBHOOK_MANIFESTS,
+    CAPI_WEBHOOKS_DIR, CERT_MANAGER_CRDS_DIR, CERT_MANAGER_VERSION, CLUSTERCTL_BIN, ETCD_BIN, ETCD_VERSION,
     KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
+    KUSTOMIZE_BIN, KUSTOMIZE_VERSION,
 };
 
 /// The binaries built from the root module of `sigs.k8s.io/cluster-api` besides the core
@@ -50,8 +56,8 @@ const STAGING_REPLACE_MARKER: &str = "=> ./staging/src/";
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// Build (or reuse) kube-apiserver, etcd, kubectl, the CAPI core manager, the kubeadm
-    /// bootstrap and control plane managers, clusterctl, and CAPI's CRDs and webhook
-    /// manifests, then print their directory.
+    /// bootstrap and control plane managers, clusterctl, kustomize, CAPI's CRDs, webhook
+    /// manifests and release components, and cert-manager's CRDs, then print their directory.
     Build,
     /// Print the control-plane directory (without building anything).
     Path,
@@ -114,6 +120,17 @@ fn build() -> Result<PathBuf> {
     // them is copied again.
     if !dir.join(CAPI_CRDS_DIR).join(KUBEADM_CONTROL_PLANE_CRD).is_file() {
         copy_capi_crds(&sh, &dir)?;
+    }
+    // What `clusterctl init` installs offline: CAPI's release components built
+    // with kustomize, and cert-manager's CRDs.
+    if missing(&dir, KUSTOMIZE_BIN) {
+        build_kustomize(&sh, &dir)?;
+    }
+    if !dir.join(CAPI_REPOSITORY_DIR).is_dir() {
+        build_capi_repository(&sh, &dir)?;
+    }
+    if !dir.join(CERT_MANAGER_CRDS_DIR).is_dir() {
+        copy_cert_manager_crds(&sh, &dir)?;
     }
     Ok(dir)
 }
@@ -201,6 +218,144 @@ fn build_capi_providers(sh: &Shell, dir: &Path) -> Result<()> {
             go_build(sh, &module, dir, binary, package, &ldflags)?;
         }
     }
+    Ok(())
+}
+
+/// `kustomize` from `sigs.k8s.io/kustomize/kustomize/v5` at [`KUSTOMIZE_VERSION`].
+fn build_kustomize(sh: &Shell, dir: &Path) -> Result<()> {
+    let package = "sigs.k8s.io/kustomize/kustomize/v5";
+    let go_mod =
+        format!("module capl.local/control-plane/kustomize\n\ngo 1.26.0\n\nrequire {package} {KUSTOMIZE_VERSION}\n");
+    let module = prepare_module(sh, dir, "kustomize", &go_mod, &[package])?;
+    go_build(sh, &module, dir, KUSTOMIZE_BIN, package, "-s -w")
+}
+
+/// CAPI core and the kubeadm providers as clusterctl local repositories, built as CAPI's
+/// `make release-manifests` builds them: the `config/default` of each, with the manager
+/// image set to the release's (`registry.k8s.io/cluster-api/<image>:<version>`) and the
+/// pull policy to `IfNotPresent` (its `manifest-modification` target), through
+/// `kustomize build`; `metadata.yaml` is the module's. The layout is
+/// `<dir>/capi-repository/<label>/<version>/{<components file>,metadata.yaml}`.
+fn build_capi_repository(sh: &Shell, dir: &Path) -> Result<()> {
+    let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
+    let module_dir = PathBuf::from(downloaded_field(sh, &capi, "Dir")?);
+    let started = Instant::now();
+    let partial = dir.join(format!(".partial-{CAPI_REPOSITORY_DIR}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    // The module cache is read-only and the release edits two patch files: build from a copy.
+    let sources = partial.join(".sources");
+    let metadata = std::fs::read(module_dir.join("metadata.yaml"))
+        .with_context(|| format!("reading metadata.yaml of {capi}: its layout changed"))?;
+    for provider in CAPI_RELEASE_PROVIDERS {
+        let config = Path::new(provider.module_dir).join("config");
+        copy_tree(&module_dir.join(&config), &sources.join(&config))
+            .with_context(|| format!("copying {} of {capi}", config.display()))?;
+        let default = sources.join(&config).join("default");
+        let image = format!("{CAPI_RELEASE_REGISTRY}/{}:{CAPI_VERSION}", provider.image);
+        replace_field(&default.join("manager_image_patch.yaml"), "image:", &image)?;
+        replace_field(&default.join("manager_pull_policy.yaml"), "imagePullPolicy:", "IfNotPresent")?;
+        let kustomize = dir.join(KUSTOMIZE_BIN);
+        let built = cmd!(sh, "{kustomize} build {default}")
+            .quiet()
+            .read()
+            .with_context(|| format!("`kustomize build {}/config/default` failed", provider.module_dir))?;
+        let version_dir = partial.join(provider.label).join(CAPI_VERSION);
+        std::fs::create_dir_all(&version_dir)?;
+        std::fs::write(version_dir.join(provider.components), format!("{built}\n"))?;
+        std::fs::write(version_dir.join("metadata.yaml"), &metadata)?;
+    }
+    std::fs::remove_dir_all(&sources)?;
+    let target = dir.join(CAPI_REPOSITORY_DIR);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, &target)?;
+    eprintln!("control plane: built CAPI's release components in {} ({:.0?})", target.display(), started.elapsed());
+    Ok(())
+}
+
+/// Copies a directory tree; the copies are writable whatever the source's modes.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::write(&target, std::fs::read(entry.path())?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets the value of every `<key> <value>` line of a YAML file (what CAPI's Makefile does with
+/// `sed 's@image: .*@image: ...@'`); fails when no line has the key.
+fn replace_field(path: &Path, key: &str, value: &str) -> Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut replaced = 0;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| match line.find(key) {
+            Some(at) => {
+                replaced += 1;
+                format!("{}{key} {value}", &line[..at])
+            }
+            None => line.to_string(),
+        })
+        .collect();
+    if replaced == 0 {
+        bail!("no `{key}` line in {}: CAPI's release layout changed", path.display());
+    }
+    std::fs::write(path, lines.join("\n") + "\n")?;
+    Ok(())
+}
+
+/// Copies cert-manager's CRDs (`deploy/crds` of `github.com/cert-manager/cert-manager` at
+/// [`CERT_MANAGER_VERSION`]), after checking that this is the version the pinned clusterctl
+/// installs by default.
+fn copy_cert_manager_crds(sh: &Shell, dir: &Path) -> Result<()> {
+    let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
+    let capi_dir = PathBuf::from(downloaded_field(sh, &capi, "Dir")?);
+    let source = capi_dir.join("cmd/clusterctl/client/config/cert_manager_client.go");
+    let text = std::fs::read_to_string(&source).with_context(|| format!("reading {}", source.display()))?;
+    let default = text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("CertManagerDefaultVersion = "))
+        .map(|value| value.trim_matches('"'))
+        .with_context(|| format!("no CertManagerDefaultVersion in {}", source.display()))?;
+    if default != CERT_MANAGER_VERSION {
+        bail!(
+            "clusterctl {CAPI_VERSION} installs cert-manager {default} by default, CERT_MANAGER_VERSION is \
+             {CERT_MANAGER_VERSION}: update testenv/src/control_plane_versions.rs"
+        );
+    }
+    let cert_manager = format!("github.com/cert-manager/cert-manager@{CERT_MANAGER_VERSION}");
+    let crds = PathBuf::from(downloaded_field(sh, &cert_manager, "Dir")?).join("deploy/crds");
+    let partial = dir.join(format!(".partial-{CERT_MANAGER_CRDS_DIR}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&crds).with_context(|| format!("listing {} ({cert_manager})", crds.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "yaml") {
+            std::fs::write(partial.join(path.file_name().expect("a listed file has a name")), std::fs::read(&path)?)?;
+            copied += 1;
+        }
+    }
+    if copied == 0 {
+        bail!("no CRD YAML in {} ({cert_manager}): its layout changed", crds.display());
+    }
+    let target = dir.join(CERT_MANAGER_CRDS_DIR);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, &target)?;
+    eprintln!("control plane: copied {copied} cert-manager {CERT_MANAGER_VERSION} CRDs to {}", target.display());
     Ok(())
 }
 
@@ -419,6 +574,24 @@ mod tests {
         let json = "{\n\t\"Path\": \"k8s.io/kubernetes\",\n\t\"GoMod\": \"/m/k8s.io/kubernetes/@v/v1.36.3.mod\",\n}";
         assert_eq!(json_string_field(json, "GoMod").as_deref(), Some("/m/k8s.io/kubernetes/@v/v1.36.3.mod"));
         assert_eq!(json_string_field(json, "Dir"), None);
+    }
+
+    #[test]
+    fn release_image_replaces_the_development_one() {
+        let path = std::env::temp_dir().join(format!("capl-xtask-image-patch-{}.yaml", std::process::id()));
+        std::fs::write(
+            &path,
+            "spec:\n  containers:\n    - image: gcr.io/staging/controller:main\n      name: manager\n",
+        )
+        .unwrap();
+        replace_field(&path, "image:", "registry.k8s.io/cluster-api/controller:v1.14.2").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text,
+            "spec:\n  containers:\n    - image: registry.k8s.io/cluster-api/controller:v1.14.2\n      name: manager\n"
+        );
+        assert!(replace_field(&path, "imagePullPolicy:", "IfNotPresent").is_err());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
