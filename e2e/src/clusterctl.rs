@@ -2,16 +2,21 @@
 //! as a local clusterctl repository, and the clusterctl inventory `clusterctl
 //! move` reads.
 //!
+//! [`LocalRepository::with_capi_release`] adds what the real `clusterctl
+//! init` needs offline (CAPI's local repositories and cert-manager as
+//! externally provisioned; see [`crate::scenario_init`]).
+//!
 //! `clusterctl move` finds the kinds to move through the clusterctl
 //! inventory: it lists only CRDs labelled `clusterctl.cluster.x-k8s.io`, and
 //! it refuses a target that lacks a provider the source has (Provider objects
 //! of `clusterctl.cluster.x-k8s.io/v1alpha3`). `clusterctl init` writes both
-//! when it installs a provider. It cannot run here: it fetches CAPI core's
-//! `core-components.yaml` (a kustomize build of CAPI's release, not in the Go
-//! module) and cert-manager from GitHub, and cert-manager would need a kubelet
-//! to run (see the README). So [`install_inventory`] writes what `clusterctl
+//! when it installs a provider. The `move` scenario's management clusters do
+//! not come from `clusterctl init`: their CAPI core runs as a local process
+//! whose webhooks `testenv` serves, while `clusterctl init` would apply CAPI's
+//! webhook configurations for in-cluster Services (no Pod runs here: no
+//! kubelet) that fail closed. So [`install_inventory`] writes what `clusterctl
 //! init` would have written for the two providers whose controllers do run
-//! here:
+//! there:
 //! - CAPI core (`cluster-api`): its CRDs, already installed from the pinned
 //!   module, get the two labels clusterctl adds to every component, and a
 //!   Provider object for the pinned version;
@@ -24,15 +29,17 @@
 //! The inventory CRD itself (`providers.clusterctl.cluster.x-k8s.io`) is the
 //! one of the pinned CAPI module, as clusterctl installs it.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use testenv::control_plane_versions::CAPI_VERSION;
+use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_VERSION};
 
 use crate::management::Management;
 use crate::repo_root;
@@ -49,6 +56,8 @@ pub const INFRA_PROVIDER: &str = "infrastructure-libvirt";
 /// The API groups of CAPI core's CRDs (`core-components.yaml`).
 const CORE_GROUPS: &[&str] =
     &["cluster.x-k8s.io", "addons.cluster.x-k8s.io", "ipam.cluster.x-k8s.io", "runtime.cluster.x-k8s.io"];
+/// How long clusterctl waits for the cert-manager API (its `cert-manager: timeout:`).
+pub const CERT_MANAGER_API_BOUND: &str = "30s";
 /// Field manager of what the harness applies for clusterctl.
 const FIELD_MANAGER: &str = "capl-e2e-clusterctl";
 
@@ -64,6 +73,16 @@ pub struct LocalRepository {
     pub version: String,
     pub config: PathBuf,
     clusterctl: PathBuf,
+}
+
+/// How long one clusterctl command may run (init, move and generate take seconds here).
+pub const CLUSTERCTL_BOUND: Duration = Duration::from_secs(300);
+
+/// What a clusterctl command printed.
+pub struct ClusterctlOutput {
+    pub stdout: String,
+    /// clusterctl's log (what a user sees on the terminal besides the command's output).
+    pub stderr: String,
 }
 
 impl LocalRepository {
@@ -93,46 +112,126 @@ impl LocalRepository {
         if !output.status.success() {
             bail!("capl-manifests release {version} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
         }
-        let components = root.join(INFRA_PROVIDER).join(version).join("infrastructure-components.yaml");
-        let config = root.join("clusterctl.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "providers:\n  - name: libvirt\n    type: InfrastructureProvider\n    url: file://{}\n",
-                components.display()
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
-        Ok(Self { root: root.to_path_buf(), version: version.to_string(), config, clusterctl })
+        let repository = Self {
+            root: root.to_path_buf(),
+            version: version.to_string(),
+            config: root.join("clusterctl.yaml"),
+            clusterctl,
+        };
+        repository.write_config(
+            &[repository.provider_entry("libvirt", "InfrastructureProvider", &repository.components())],
+            "",
+        )?;
+        Ok(repository)
+    }
+
+    /// The release's `infrastructure-components.yaml`.
+    pub fn components(&self) -> PathBuf {
+        self.root.join(INFRA_PROVIDER).join(&self.version).join("infrastructure-components.yaml")
+    }
+
+    /// Adds to clusterctl.yaml what `clusterctl init` needs besides this
+    /// release, all from this machine: CAPI core and the kubeadm providers
+    /// from the local repositories `cargo xtask control-plane build` makes of
+    /// the pinned module (entries of the same name and type replace
+    /// clusterctl's built-in GitHub ones), and cert-manager as externally
+    /// provisioned (clusterctl then only checks that the cert-manager API
+    /// serves an Issuer and a Certificate, for at most `timeout`, instead of
+    /// downloading its release from GitHub).
+    pub fn with_capi_release(self, assets: &testenv::Assets) -> Result<Self> {
+        let mut entries = vec![self.provider_entry("libvirt", "InfrastructureProvider", &self.components())];
+        for provider in CAPI_RELEASE_PROVIDERS {
+            entries.push(self.provider_entry(
+                provider.name,
+                provider.type_,
+                &assets.capi_release_components(provider)?,
+            ));
+        }
+        let cert_manager =
+            format!("cert-manager:\n  externallyProvisioned: \"true\"\n  timeout: {CERT_MANAGER_API_BOUND}\n");
+        self.write_config(&entries, &cert_manager)?;
+        Ok(self)
+    }
+
+    fn provider_entry(&self, name: &str, type_: &str, components: &Path) -> String {
+        format!("  - name: {name}\n    type: {type_}\n    url: file://{}\n", components.display())
+    }
+
+    /// Writes clusterctl.yaml: `providers:` with the provider entries, then `sections`.
+    fn write_config(&self, providers: &[String], sections: &str) -> Result<()> {
+        let text = format!("providers:\n{}{sections}", providers.concat());
+        std::fs::write(&self.config, text).with_context(|| format!("writing {}", self.config.display()))
     }
 
     /// Runs `clusterctl <args> --config <this repository's clusterctl.yaml>`;
     /// returns stdout, or an error with stderr.
     pub fn clusterctl(&self, args: &[&str]) -> Result<String> {
-        let output = Command::new(&self.clusterctl)
+        Ok(self.clusterctl_output(args)?.stdout)
+    }
+
+    /// Runs `clusterctl <args> --config <clusterctl.yaml>` for at most
+    /// [`CLUSTERCTL_BOUND`] (then kills it); returns what it printed, or an
+    /// error with its log.
+    pub fn clusterctl_output(&self, args: &[&str]) -> Result<ClusterctlOutput> {
+        let mut child = Command::new(&self.clusterctl)
             .args(args)
             .arg("--config")
             .arg(&self.config)
             .env("XDG_CONFIG_HOME", &self.root)
             .env_remove("KUBECONFIG")
-            .output()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .with_context(|| format!("running {}", self.clusterctl.display()))?;
-        if !output.status.success() {
-            bail!(
-                "clusterctl {} failed ({}): {}",
+        let read = |pipe: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                if let Some(mut pipe) = pipe {
+                    let _ = pipe.read_to_string(&mut text);
+                }
+                text
+            })
+        };
+        let stdout = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let stderr = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let deadline = Instant::now() + CLUSTERCTL_BOUND;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let output =
+            ClusterctlOutput { stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() };
+        match status {
+            None => bail!(
+                "clusterctl {} did not finish within {CLUSTERCTL_BOUND:?} (killed): {}",
                 args.join(" "),
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
+                output.stderr.trim()
+            ),
+            Some(status) if !status.success() => {
+                bail!("clusterctl {} failed ({status}): {}", args.join(" "), output.stderr.trim())
+            }
+            Some(_) => Ok(output),
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// The components of this release as clusterctl installs them:
     /// `clusterctl generate provider --infrastructure libvirt:<version>`.
     pub fn generated_components(&self) -> Result<Vec<Value>> {
-        let text =
-            self.clusterctl(&["generate", "provider", "--infrastructure", &format!("libvirt:{}", self.version)])?;
+        self.generated_provider("--infrastructure", &format!("libvirt:{}", self.version))
+    }
+
+    /// `clusterctl generate provider <flag> <name:version>` (`--core cluster-api:v1.14.2`, ...):
+    /// the components as `clusterctl init` applies them.
+    pub fn generated_provider(&self, flag: &str, provider: &str) -> Result<Vec<Value>> {
+        let text = self.clusterctl(&["generate", "provider", flag, provider])?;
         let mut documents = Vec::new();
         for document in serde_yaml::Deserializer::from_str(&text) {
             let value = Value::deserialize(document).context("clusterctl generate provider wrote invalid YAML")?;
