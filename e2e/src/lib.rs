@@ -4,9 +4,10 @@
 //! provider's simulator), a management cluster with CAPI's and our CRDs and
 //! the CAPI core manager (the local control plane of the `testenv` crate, or
 //! a kind cluster: [`management`]), and the provider binary as a process.
-//! [`scenarios`] are the checks of issue 7 and [`scenario_move`] the
-//! `clusterctl move` of issue 12 (with [`clusterctl`]: the release as a local
-//! repository, and clusterctl's inventory); [`suite`] runs them and prints
+//! [`scenarios`] are the checks of issue 7, [`scenario_init`] the offline
+//! `clusterctl init` and [`scenario_move`] the `clusterctl move` of issue 12
+//! (with [`clusterctl`]: the release as a local repository, and clusterctl's
+//! inventory); [`suite`] runs them and prints
 //! the summary, [`demo`] is `cargo xtask demo`.
 //!
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
@@ -18,6 +19,7 @@ pub mod host_view;
 pub mod management;
 pub mod objects;
 pub mod provider_process;
+pub mod scenario_init;
 pub mod scenario_move;
 pub mod scenarios;
 pub mod stack;

@@ -17,7 +17,7 @@ struct Cli {
 enum Command {
     /// Run the scenarios against the private libvirtd and print a summary table.
     Run {
-        /// Run only these scenario ids (single, md, pause, restart, stopped, delete, move).
+        /// Run only these scenario ids (init, single, md, pause, restart, stopped, delete, move).
         #[arg(long)]
         only: Vec<String>,
         /// Use a kind management cluster with CAPI installed by clusterctl

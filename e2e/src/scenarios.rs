@@ -37,6 +37,12 @@ pub struct Scenario {
 /// All scenarios, in the order they run.
 pub fn all() -> Vec<Scenario> {
     vec![
+        // First: it needs nothing of the stack (a fresh API server of its own) and takes seconds.
+        Scenario {
+            name: "clusterctl init into a fresh management cluster",
+            id: "init",
+            run: |s| Box::pin(crate::scenario_init::clusterctl_init(s)),
+        },
         Scenario {
             name: "single machine, bootstrap Secret by name",
             id: "single",

@@ -29,7 +29,7 @@ use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: single, md, pause, restart, stopped, delete, move); repeatable.
+    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, move); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
