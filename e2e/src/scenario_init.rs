@@ -25,9 +25,15 @@
 //! what is checked is what clusterctl writes, as a user would look at it: the
 //! exit status, the inventory (one Provider object per provider, with its
 //! version), every object of each provider's components (as `clusterctl
-//! generate provider` renders them) present with clusterctl's two labels, and
-//! the component variables substituted with their defaults in the
-//! Deployments.
+//! generate provider` renders them) present with clusterctl's two labels, the
+//! component variables substituted with their defaults in the Deployments,
+//! and `clusterctl upgrade plan` reading the inventory back.
+//!
+//! Only one `clusterctl init` can run against such an API server: its
+//! cert-manager check deletes the namespace `cert-manager-test`, which stays
+//! Terminating because no namespace controller (kube-controller-manager)
+//! runs here, so a second `init` (to add a provider) fails that check
+//! (`Error: context deadline exceeded` after the cert-manager timeout).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -182,12 +188,33 @@ pub async fn init_fresh_cluster(dir: &Path) -> Result<String> {
 
     check_deployments(&client, &repository).await?;
 
+    // clusterctl itself reads the inventory back: every provider at the newest
+    // version of its (local) repository.
+    let plan = repository.clusterctl(&["upgrade", "plan", "--kubeconfig", &kubeconfig])?;
+    for provider in &providers {
+        let row = plan.lines().find(|line| line.split_whitespace().next() == Some(provider.label));
+        let columns: Vec<&str> = row.map(|r| r.split_whitespace().collect()).unwrap_or_default();
+        ensure!(
+            columns.len() >= 4
+                && columns[1] == provider.namespace
+                && columns[2] == provider.type_
+                && columns[3] == provider.version
+                && row.is_some_and(|r| r.ends_with("Already up to date")),
+            "clusterctl upgrade plan does not list {} {} in {} as up to date:\n{plan}",
+            provider.label,
+            provider.version,
+            provider.namespace
+        );
+    }
+    ensure!(plan.contains("You are already up to date!"), "clusterctl upgrade plan:\n{plan}");
+    say(id, "clusterctl upgrade plan: every provider already up to date");
+
     let total = secs(started);
     say(id, format!("done in {total:.1} s"));
     drop(env);
     Ok(format!(
         "clusterctl init installed {} into a fresh API server in {init_seconds:.0} s ({checked} objects, inventory, \
-         variable defaults); {total:.0} s in all",
+         variable defaults, upgrade plan up to date); {total:.0} s in all",
         specs.join(", ")
     ))
 }
