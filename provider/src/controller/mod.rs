@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::{Controller, WatchStreamExt, controller::Action, reflector, watcher};
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, controller::Action, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::capi::{Cluster, Machine};
@@ -187,10 +187,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let ns = ctx.settings.namespace.clone();
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
 
-    let clusters: Api<LibvirtCluster> = api(&client, &ns);
     let capi_clusters: Api<Cluster> = api(&client, &ns);
-    let cluster_controller = Controller::new(clusters, watcher::Config::default()).with_config(config.clone());
-    let cluster_store = cluster_controller.store();
+    let (cluster_store, cluster_writer) = reflector::store::<LibvirtCluster>();
+    let cluster_stream =
+        reflector::reflector(cluster_writer, watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .predicate_filter(not_status, PredicateConfig::default());
+    let cluster_controller = Controller::for_stream(cluster_stream, cluster_store.clone()).with_config(config.clone());
     let libvirt_clusters = cluster_store.clone();
     let cluster_controller = cluster_controller
         .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
@@ -219,9 +223,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         reflector::reflector(machine_writer, watcher(api::<Machine>(&client, &ns), watcher::Config::default()))
             .default_backoff()
             .touched_objects();
-    let machines: Api<LibvirtMachine> = api(&client, &ns);
-    let machine_controller = Controller::new(machines, watcher::Config::default()).with_config(config);
-    let libvirt_machines = machine_controller.store();
+    let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
+    let machines_stream =
+        reflector::reflector(machines_writer, watcher(api::<LibvirtMachine>(&client, &ns), watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .predicate_filter(not_status, PredicateConfig::default());
+    let machine_controller = Controller::for_stream(machines_stream, libvirt_machines.clone()).with_config(config);
     let for_sweep = libvirt_machines.clone();
     let for_cluster = libvirt_machines.clone();
     let for_libvirt_cluster = libvirt_machines.clone();
@@ -231,9 +239,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .watches(capi_clusters, watcher::Config::default(), move |c| {
             watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c)
         })
-        .watches(api::<LibvirtCluster>(&client, &ns), watcher::Config::default(), move |lc| {
-            watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc)
-        })
+        .watches_stream(
+            watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default())
+                .default_backoff()
+                .touched_objects()
+                .predicate_filter(not_status, PredicateConfig::default()),
+            move |lc| watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc),
+        )
         .watches(
             api::<Secret>(&client, &ns),
             watcher::Config::default().fields(watch_mapping::BOOTSTRAP_SECRET_FIELDS),
@@ -269,6 +281,28 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         }
     };
     tokio::join!(cluster_controller, machine_controller, sweep);
+}
+
+/// What a reconcile of one of our objects depends on, hashed: everything but
+/// its status (and resourceVersion and managedFields, which every write
+/// changes). The controllers' own status writes therefore do not bring the
+/// object back for another reconcile (and another look at the host);
+/// changes to the spec (generation), labels, annotations (paused, skip host
+/// cleanup), finalizers, owners and deletion do.
+fn not_status<K: Resource>(object: &K) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = object.meta();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.uid.hash(&mut hasher);
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()).hash(&mut hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        (&owner.api_version, &owner.kind, &owner.name, &owner.uid, owner.controller).hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 /// Every Secret's metadata in the watched namespaces: which ones exist and

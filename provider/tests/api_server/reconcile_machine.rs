@@ -2,8 +2,8 @@
 //! host: create, run, address, delete; and what a steady-state reconcile costs.
 
 use crate::support::*;
-use capl::api::LibvirtMachine;
 use capl::api::capi::Machine;
+use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl_host::hypervisor::{DomainState, HostAdmin, Hypervisor};
 use kube::ResourceExt;
 use serde_json::json;
@@ -121,6 +121,50 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
     // Nothing on the object moved.
     let after: LibvirtMachine = w.api().get("worker-0").await.unwrap();
     assert_eq!(after.status, lm.status);
+}
+
+/// A status write (as the controllers make them) brings neither object back
+/// for a reconcile, so it costs the host nothing; a change to the object's
+/// metadata still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_cause_no_reconcile_and_no_host_call() {
+    let w = World::new("rc-status").await;
+    let manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    ready_machine_objects(&w, "demo", "worker-0").await;
+    let lm: LibvirtMachine = w.wait_for("worker-0", "a Ready machine", machine_ready).await;
+    let settle = || async {
+        let mut seen = (manager.reconciles("libvirtmachine"), manager.reconciles("libvirtcluster"));
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            let now = (manager.reconciles("libvirtmachine"), manager.reconciles("libvirtcluster"));
+            if now == seen {
+                return now;
+            }
+            seen = now;
+        }
+    };
+    let before_runs = settle().await;
+    let before_calls = w.calls();
+
+    // Status writes of the kind the controllers make: a condition message on
+    // the LibvirtMachine, the failure domains on the LibvirtCluster.
+    let mut conditions = lm.status.clone().unwrap().conditions.unwrap();
+    conditions[0].message = "rewritten by a status write".into();
+    let _: LibvirtMachine = w.patch_status("worker-0", json!({ "conditions": conditions })).await;
+    let lc_name = w.api::<LibvirtCluster>().list(&Default::default()).await.unwrap().items[0].name_any();
+    let _: LibvirtCluster = w.patch_status(&lc_name, json!({ "failureDomains": [{ "name": "fd-1" }] })).await;
+    let after_runs = settle().await;
+    assert_eq!(after_runs, before_runs, "(machine, cluster) reconciles after status writes");
+    assert_eq!(call_delta(&before_calls, &w.calls()), Default::default(), "libvirt calls after status writes");
+
+    // A label on the LibvirtMachine itself is not filtered out.
+    let _: LibvirtMachine = w.merge("worker-0", json!({ "metadata": { "labels": { "touched": "1" } } })).await;
+    let started = std::time::Instant::now();
+    while manager.reconciles("libvirtmachine") == after_runs.0 {
+        assert!(started.elapsed() < WAIT, "no reconcile after a label change on the LibvirtMachine");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// A domain stopped on the host is started again at the next reconcile
