@@ -11,9 +11,14 @@ use crate::network_xml::{DhcpHost, Ipv4Subnet, parse_network};
 use super::{LeftOnHost, MachineAddress, MachineRun};
 use crate::domain_xml::DomainInfo;
 
-/// How often a DHCP reservation is re-read and retried when libvirt refuses it
-/// (another writer took the address between our read and our update).
-const DHCP_ATTEMPTS: usize = 3;
+/// How many addresses one reservation may try. libvirt refuses an entry whose
+/// address, MAC or name another entry has (VIR_ERR_OPERATION_INVALID); within
+/// one process the network lock rules that out, so a refusal means another
+/// writer (e.g. a second manager process without leader election) took the
+/// address between our read and our update. Each refused address is skipped
+/// for the rest of the reservation, so every try picks a different one; the
+/// bound only stops a host that refuses everything for another reason.
+const DHCP_ATTEMPTS: usize = 32;
 
 impl MachineRun<'_> {
     pub(super) fn network_hosts(&self) -> HostResult<(Ipv4Subnet, Option<DhcpHost>)> {
@@ -62,17 +67,18 @@ impl MachineRun<'_> {
         if mine.is_some_and(|host| host.ip.is_some()) {
             return Ok(());
         }
-        self.free_address(&subnet).map(|_| ())
+        self.free_address(&subnet, &[]).map(|_| ())
     }
 
-    /// The first address of the network's ranges that no entry, lease or the
-    /// control-plane endpoint holds.
-    fn free_address(&self, subnet: &Ipv4Subnet) -> HostResult<Ipv4Addr> {
+    /// The first address of the network's ranges that no entry, lease, the
+    /// control-plane endpoint or `refused` holds.
+    fn free_address(&self, subnet: &Ipv4Subnet, refused: &[Ipv4Addr]) -> HostResult<Ipv4Addr> {
         let leases = self
             .hv
             .network_dhcp_leases(&self.spec.network)
             .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
-        let avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
+        let mut avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
+        avoid.extend_from_slice(refused);
         choose_address(subnet, &leases, &self.names.mac(), &avoid).ok_or_else(|| HostError::NoFreeAddress {
             network: self.spec.network.clone(),
             uri: self.uri.clone(),
@@ -81,27 +87,28 @@ impl MachineRun<'_> {
     }
 
     /// The reserved address: the existing entry for our MAC, or a new one.
+    ///
+    /// When libvirt refuses the new entry as a duplicate, another writer took
+    /// the address (or, for the same machine, added our entry) since we read
+    /// the network: read it again and choose again, never that address, which
+    /// also gets past an address only the network's persistent config holds.
     pub(super) fn ensure_reservation(&self) -> HostResult<Ipv4Addr> {
         let lock = network_lock(&self.uri, &self.spec.network);
         let _guard = lock.lock();
         let mac = self.names.mac();
-        let mut attempt = 0;
+        let mut refused = Vec::new();
         loop {
-            attempt += 1;
             let (subnet, mine) = self.network_hosts()?;
             if let Some(ip) = mine.and_then(|host| host.ip) {
                 return Ok(ip);
             }
-            let ip = self.free_address(&subnet)?;
+            let ip = self.free_address(&subnet, &refused)?;
             let host = dhcp_host_xml(&mac, &self.names.domain, ip);
             match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::AddLast, &host) {
                 Ok(()) => return Ok(ip),
-                // Another writer took the address (or added our entry) meanwhile: read again.
-                Err(e)
-                    if attempt < DHCP_ATTEMPTS
-                        && !matches!(e.kind, ErrorKind::ConnectionLost | ErrorKind::NoNetwork) =>
-                {
-                    continue;
+                Err(e) if e.kind == ErrorKind::OperationInvalid && refused.len() + 1 < DHCP_ATTEMPTS => {
+                    tracing::debug!(%ip, network = %self.spec.network, error = %e, "DHCP reservation refused; choosing again");
+                    refused.push(ip);
                 }
                 Err(e) => return Err(self.error("add a DHCP host to", ObjectKind::Network, &self.spec.network, e)),
             }

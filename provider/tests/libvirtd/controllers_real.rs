@@ -15,9 +15,9 @@ use std::time::Duration;
 use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::UriPolicy;
+use capl_host::hypervisor::HostAdmin;
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST, LibvirtConnector};
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::hypervisor::{HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 use capl_host::{InfraSpec, check_infrastructure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -28,54 +28,8 @@ use crate::api_support::{
     Manager, World, cloud_config, cluster_json, create_bootstrap_secret, has, libvirt_cluster_json,
     libvirt_machine_json, machine_conditions, machine_json,
 };
-use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts, ensure_base_image};
-
-/// What the daemon holds whose name contains `tag` (the test's namespace):
-/// domains, volumes of the disk pool, DHCP host entries of the network.
-pub(crate) fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for domain in hv.domain_list().expect("list domains") {
-        if domain.contains(tag) {
-            found.push(format!("domain {domain}"));
-        }
-    }
-    for volume in hv.volume_list(&fx.domain_pool).expect("list volumes") {
-        if volume.contains(tag) {
-            found.push(format!("volume {volume}"));
-        }
-    }
-    for (mac, name, ip) in dhcp_hosts(hv, fx) {
-        if name.contains(tag) {
-            found.push(format!("DHCP host {mac} {name} {ip}"));
-        }
-    }
-    found
-}
-
-/// Removes whatever a failed run left on the daemon (best effort).
-pub(crate) struct CleanUp<'a> {
-    pub hv: &'a LibvirtHypervisor,
-    pub fx: &'a Fixture,
-    pub tag: String,
-}
-
-impl Drop for CleanUp<'_> {
-    fn drop(&mut self) {
-        let (hv, fx) = (self.hv, self.fx);
-        for domain in hv.domain_list().unwrap_or_default().into_iter().filter(|d| d.contains(&self.tag)) {
-            let _ = hv.domain_destroy(&domain);
-            let _ = hv.domain_undefine(&domain, UndefineFlags::all());
-        }
-        for volume in hv.volume_list(&fx.domain_pool).unwrap_or_default().into_iter().filter(|v| v.contains(&self.tag))
-        {
-            let _ = hv.volume_delete(&fx.domain_pool, &volume);
-        }
-        for (mac, name, ip) in dhcp_hosts(hv, fx).into_iter().filter(|(_, n, _)| n.contains(&self.tag)) {
-            let xml = format!("<host mac='{mac}' name='{name}' ip='{ip}'/>");
-            let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &xml);
-        }
-    }
-}
+use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
+use crate::real_support::{CleanUp, ours_on_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {
@@ -99,7 +53,7 @@ async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd(
 
     // The API side; World's own simulated host is not used.
     let w = World::new("real-del").await;
-    let _cleanup = CleanUp { hv: &hv, fx: &fx, tag: w.ns.clone() };
+    let _cleanup = CleanUp { uri: uri.clone(), fx: fx.clone(), tags: vec![w.ns.clone()] };
     let connections = Arc::new(Connections::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST));
     // The test daemon is reached through socket=, which only --allow-unsafe-uris admits.
     let _manager = Manager::start_with_policy(w.client.clone(), &w.ns, connections, UriPolicy::allow_all());

@@ -25,31 +25,19 @@ use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::UriPolicy;
 use capl_host::hypervisor::HostAdmin;
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST, LibvirtConnector};
-use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::{InfraSpec, check_infrastructure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use serde_json::json;
 use testenv::ScratchDir;
 use testenv::remote_access::{Pki, TestSshd, host_ca, ssh_keygen};
-use testenv::test_host::{self, TLS_PORT};
+use testenv::test_host::TLS_PORT;
 
 use crate::api_support::{
     Manager, World, cloud_config, cluster_conditions, cluster_json, condition, create_bootstrap_secret, has,
     libvirt_cluster_json, libvirt_machine_json, machine_conditions, machine_json,
 };
-use crate::controllers_real::{CleanUp, ours_on_host};
-use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
-
-fn fixture() -> Fixture {
-    Fixture {
-        network: test_host::NETWORK.into(),
-        base_pool: test_host::BASE_POOL.into(),
-        domain_pool: test_host::DISK_POOL.into(),
-        image: "capl-host-tests-base.qcow2".into(),
-        image_bytes: IMAGE_BYTES,
-    }
-}
+use crate::host_support::{Fixture, ensure_base_image};
+use crate::real_support::{CleanUp, connect_checked, fixture, ours_on_host};
 
 fn secret_json(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
     let data: BTreeMap<&str, &str> = data.iter().copied().collect();
@@ -104,16 +92,8 @@ async fn refused_with(w: &World, name: &str, libvirt_says: &str, fix: &str) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_connect_over_tls_and_libssh_with_credentials_from_secrets() {
-    let socket_uri = test_host::uri_or_panic();
-    let hv = LibvirtHypervisor::connect(&socket_uri).unwrap_or_else(|e| {
-        panic!("cannot connect to the test libvirtd at {socket_uri}: {e}: is `{}` running?", test_host::UP_COMMAND)
-    });
-    let fx = fixture();
-    let infra =
-        InfraSpec { network: fx.network.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
-    if let Err(e) = check_infrastructure(&hv, &infra) {
-        panic!("the test libvirtd is not set up ({e}): run `{}`", test_host::UP_COMMAND);
-    }
+    let (socket_uri, hv) = connect_checked();
+    let fx = fixture("capl-host-tests-base.qcow2");
     ensure_base_image(&hv, &fx);
     let ca = host_ca().unwrap_or_else(|e| panic!("{e:#}"));
     let other_ca = Pki::new_ca("not-the-test-libvirt-ca").unwrap();
@@ -124,7 +104,7 @@ async fn clusters_connect_over_tls_and_libssh_with_credentials_from_secrets() {
     let sshd = TestSshd::start(&public_key).unwrap_or_else(|e| panic!("{e:#}"));
 
     let w = World::new("real-creds").await;
-    let _cleanup = CleanUp { hv: &hv, fx: &fx, tag: w.ns.clone() };
+    let _cleanup = CleanUp { uri: socket_uri.clone(), fx: fixture(&fx.image), tags: vec![w.ns.clone()] };
     let connections = Arc::new(Connections::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST));
     // The default policy: these URIs name no socket, no program and no files.
     let manager = Manager::start_with_policy(w.client.clone(), &w.ns, connections.clone(), UriPolicy::default());

@@ -19,7 +19,9 @@
 //!   their credentials in Secrets (`credentialsRef`), refused credentials and
 //!   a rotated Secret, with the local kube-apiserver too;
 //! - `hung_host_manager`: the manager binary with a host that never answers
-//!   next to the real daemon (this one also needs the local control plane).
+//!   next to the real daemon (this one also needs the local control plane);
+//! - `two_managers`: two manager processes without leader election reserving
+//!   addresses on one network at once (local control plane as well).
 
 /// The API-server side of the reconciler tests (objects, waits, the manager),
 /// for `controllers_real` and `hung_host_manager`; each uses part of it.
@@ -34,7 +36,9 @@ mod host_sim;
 mod host_support;
 mod hung_host_manager;
 mod libvirt_real;
+mod real_support;
 mod remote_credentials;
+mod two_managers;
 
 /// The message of a caught panic (scenarios run under `catch_unwind` so one
 /// failure does not hide the others).

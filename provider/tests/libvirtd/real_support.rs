@@ -1,0 +1,108 @@
+//! What the tests of the controllers on the private libvirtd share: the
+//! connection and fixture, what the daemon holds of a test, the clean-up of a
+//! failed run.
+
+use std::process::Command;
+
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
+use capl_host::{InfraSpec, check_infrastructure};
+use testenv::test_host;
+
+use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts};
+
+/// A connection to the private libvirtd, whose network and pools are checked;
+/// fails naming `cargo xtask host up` when it is not there.
+pub fn connect_checked() -> (String, LibvirtHypervisor) {
+    let uri = test_host::uri_or_panic();
+    let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
+        panic!("cannot connect to the test libvirtd at {uri}: {e}: is `{}` running?", test_host::UP_COMMAND)
+    });
+    let infra = InfraSpec {
+        network: test_host::NETWORK.into(),
+        base_pool: test_host::BASE_POOL.into(),
+        domain_pool: test_host::DISK_POOL.into(),
+    };
+    if let Err(e) = check_infrastructure(&hv, &infra) {
+        panic!("the test libvirtd at {uri} is not set up ({e}): run `{}`", test_host::UP_COMMAND);
+    }
+    (uri, hv)
+}
+
+/// The test host's network and pools with base image `image`.
+pub fn fixture(image: &str) -> Fixture {
+    Fixture {
+        network: test_host::NETWORK.into(),
+        base_pool: test_host::BASE_POOL.into(),
+        domain_pool: test_host::DISK_POOL.into(),
+        image: image.into(),
+        image_bytes: IMAGE_BYTES,
+    }
+}
+
+/// What the daemon holds whose name contains `tag` (the test's namespace):
+/// domains, volumes of the disk pool, DHCP host entries of the network.
+pub fn ours_on_host(hv: &dyn HostAdmin, fx: &Fixture, tag: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for domain in hv.domain_list().expect("list domains") {
+        if domain.contains(tag) {
+            found.push(format!("domain {domain}"));
+        }
+    }
+    for volume in hv.volume_list(&fx.domain_pool).expect("list volumes") {
+        if volume.contains(tag) {
+            found.push(format!("volume {volume}"));
+        }
+    }
+    for (mac, name, ip) in dhcp_hosts(hv, fx) {
+        if name.contains(tag) {
+            found.push(format!("DHCP host {mac} {name} {ip}"));
+        }
+    }
+    found
+}
+
+/// The `<host>` entries of the network's persistent config (`virsh
+/// net-dumpxml --inactive`, what the network has after a restart) whose
+/// name contains `tag`.
+pub fn persistent_dhcp_hosts(uri: &str, network: &str, tag: &str) -> Vec<String> {
+    let out = Command::new("virsh")
+        .args(["-q", "-c", uri, "net-dumpxml", "--inactive", network])
+        .output()
+        .unwrap_or_else(|e| panic!("running virsh net-dumpxml --inactive {network}: {e}"));
+    assert!(out.status.success(), "virsh net-dumpxml --inactive {network}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("<host ") && l.contains(tag))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Removes whatever a failed run left on the daemon (best effort), through a
+/// connection opened when it runs (a test may have restarted the daemon).
+pub struct CleanUp {
+    pub uri: String,
+    pub fx: Fixture,
+    /// What the names of the test's objects contain (its namespace).
+    pub tags: Vec<String>,
+}
+
+impl Drop for CleanUp {
+    fn drop(&mut self) {
+        let Ok(hv) = LibvirtHypervisor::connect(&self.uri) else { return };
+        let fx = &self.fx;
+        let ours = |name: &str| self.tags.iter().any(|t| name.contains(t.as_str()));
+        for domain in hv.domain_list().unwrap_or_default().into_iter().filter(|d| ours(d)) {
+            let _ = hv.domain_destroy(&domain);
+            let _ = hv.domain_undefine(&domain, UndefineFlags::all());
+        }
+        for volume in hv.volume_list(&fx.domain_pool).unwrap_or_default().into_iter().filter(|v| ours(v)) {
+            let _ = hv.volume_delete(&fx.domain_pool, &volume);
+        }
+        for (mac, name, ip) in dhcp_hosts(&hv, fx).into_iter().filter(|(_, n, _)| ours(n)) {
+            let xml = format!("<host mac='{mac}' name='{name}' ip='{ip}'/>");
+            let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &xml);
+        }
+    }
+}
