@@ -65,6 +65,14 @@ pub const BASE_POOL: &str = "capl-test-base";
 pub const DISK_POOL: &str = "capl-test-disks";
 /// The command that starts the test host.
 pub const UP_COMMAND: &str = "cargo xtask host up";
+/// The pid file of the private virtlogd, as seen outside its mount namespace
+/// (libvirtd's is [`LIBVIRTD_PID_FILE`]).
+pub const VIRTLOGD_PID_FILE: &str = "/run/capl-libvirt/run/virtlogd.pid";
+/// libvirtd's arguments, with the paths as seen inside the private mount
+/// namespace (which virtlogd keeps alive): a test that killed libvirtd starts
+/// it again with `nsenter --mount=/proc/<virtlogd>/ns/mnt libvirtd <these>`.
+pub const LIBVIRTD_ARGS: [&str; 6] =
+    ["-d", "--listen", "-f", "/etc/libvirt/libvirtd.conf", "-p", "/run/libvirt/libvirtd.pid"];
 
 /// The test host's URI: [`URI_ENV`] when set, else the URI file a running
 /// `cargo xtask host up` wrote. The error names the command that provides it.
@@ -116,6 +124,14 @@ pub fn libssh_uri(transport: &str, ssh_port: u16, keyfile: &str, known_hosts: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_files_are_in_the_run_directory() {
+        for file in [LIBVIRTD_PID_FILE, VIRTLOGD_PID_FILE] {
+            assert!(file.starts_with(&format!("{RUN_DIR}/run/")), "{file}");
+        }
+        assert!(LIBVIRTD_ARGS.contains(&"/run/libvirt/libvirtd.pid"));
+    }
 
     #[test]
     fn static_addresses_are_outside_the_dhcp_range() {

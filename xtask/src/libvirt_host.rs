@@ -59,8 +59,9 @@ use xshell::{Shell, cmd};
 #[allow(dead_code)] // the tests' half of the contract (uri(), static_address()) is not used here
 mod test_host;
 pub use test_host::{
-    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR, SUBNET_PREFIX,
-    TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, tls_uri,
+    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, LIBVIRTD_ARGS, LIBVIRTD_PID_FILE, NETWORK, PKI_DIR, RUN_DIR,
+    STATE_DIR, SUBNET_PREFIX, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, VIRTLOGD_PID_FILE,
+    tls_uri,
 };
 
 #[path = "../../testenv/src/certificates.rs"]
@@ -380,11 +381,11 @@ impl Layout {
     }
 
     fn libvirtd_pid_file(&self) -> PathBuf {
-        self.run.join("libvirtd.pid")
+        PathBuf::from(LIBVIRTD_PID_FILE)
     }
 
     fn virtlogd_pid_file(&self) -> PathBuf {
-        self.run.join("virtlogd.pid")
+        PathBuf::from(VIRTLOGD_PID_FILE)
     }
 }
 
@@ -650,9 +651,9 @@ fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
     }
     // Inside the namespace the run directory is /run/libvirt.
     script.push_str("virtlogd -d -f /etc/libvirt/virtlogd.conf -p /run/libvirt/virtlogd.pid\n");
-    // --listen: without systemd socket activation, libvirtd opens its TCP
-    // listeners (here only TLS, see libvirtd.conf) only when told to.
-    script.push_str("libvirtd -d --listen -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid\n");
+    // --listen (in LIBVIRTD_ARGS): without systemd socket activation, libvirtd
+    // opens its TCP listeners (here only TLS, see libvirtd.conf) only when told to.
+    script.push_str(&format!("libvirtd {}\n", LIBVIRTD_ARGS.join(" ")));
     cmd!(sh, "unshare --mount --propagation private sh -c {script}")
         .quiet()
         .run()
@@ -907,7 +908,12 @@ mod tests {
         );
         assert_eq!(uri(), "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock");
         assert_eq!(layout().socket(), Path::new(test_host::SOCKET));
-        assert_eq!(layout().libvirtd_pid_file(), Path::new(test_host::LIBVIRTD_PID_FILE));
+        let lay = layout();
+        assert_eq!(
+            (lay.libvirtd_pid_file(), lay.virtlogd_pid_file()),
+            (lay.run.join("libvirtd.pid"), lay.run.join("virtlogd.pid"))
+        );
+        assert_eq!(lay.libvirtd_pid_file(), Path::new(test_host::LIBVIRTD_PID_FILE));
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! 1. host packages (libvirt, QEMU, dnsmasq, ISO tools) when missing;
 //! 2. the local control plane (kube-apiserver, etcd, kubectl, CAPI core),
 //!    built from Go modules into a cache outside the repository, or reused;
-//! 3. a private libvirtd with its own network and pools;
+//! 3. a private libvirtd with its own network and pools, and the test guest
+//!    image (`cargo xtask guest-image`);
 //! 4. `cargo test` over the whole workspace, once, with that libvirtd's URI in
-//!    `CAPL_TEST_LIBVIRT_URI` (the provider's integration tests are three
-//!    binaries by what they need: `offline`, `api_server`, `libvirtd`); then
+//!    `CAPL_TEST_LIBVIRT_URI` and the guest image in `CAPL_GUEST_IMAGE` (the
+//!    provider's integration tests are three binaries by what they need:
+//!    `offline`, `api_server`, `libvirtd`); then
 //!    the summaries the suites wrote (how many conformance scenarios ran on
 //!    each backend: libvirt-sim, `test:///default` and the real libvirtd);
 //! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
@@ -20,7 +22,7 @@ use std::time::Instant;
 use anyhow::Result;
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, e2e, libvirt_host, repo_root, step};
+use crate::{control_plane, e2e, guest_image, libvirt_host, repo_root, step};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,10 +39,12 @@ pub fn run(args: Args) -> Result<()> {
     step("host packages", libvirt_host::deps)?;
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let uri = step("private libvirtd", libvirt_host::up)?;
+    let image = step("guest image", || guest_image::build(false))?;
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
+    sh.set_var("CAPL_GUEST_IMAGE", &image);
     let extra = &args.cargo_test_args;
     let reports = crate::target_dir().join("tmp/reports");
     let _ = std::fs::remove_dir_all(&reports);

@@ -220,6 +220,16 @@ pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Op
     Ok(Some(run.report(state, false, false, addresses)))
 }
 
+/// Writes the machine's DHCP reservation again, unchanged, for a running
+/// guest that has waited long for its lease: libvirt then has the network's
+/// dnsmasq reload its hosts, and starts it again if it died (libvirt does not
+/// notice a dead dnsmasq by itself; until the next change of the network or a
+/// libvirtd restart no guest gets a lease). Returns whether the machine had a
+/// reservation to write. Two calls: network XML, DHCP update.
+pub fn refresh_reservation(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<bool> {
+    MachineRun::new(hv, spec).refresh_reservation()
+}
+
 /// Removes the domain (destroy, undefine with managed save, snapshot
 /// metadata and NVRAM), the root disk, the cloud-init ISO and the DHCP
 /// reservation. Each step tolerates "already gone".

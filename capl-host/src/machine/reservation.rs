@@ -115,6 +115,21 @@ impl MachineRun<'_> {
         }
     }
 
+    /// Writes our DHCP entry again, unchanged. libvirt answers a change of a
+    /// network's DHCP hosts by having its dnsmasq reload them, and starts the
+    /// network's dnsmasq when it no longer runs (it does not notice a dead
+    /// dnsmasq otherwise). `false` when there is no entry of ours to write.
+    pub(super) fn refresh_reservation(&self) -> HostResult<bool> {
+        let (_, mine) = self.network_hosts()?;
+        let Some(host) = mine else { return Ok(false) };
+        let Some(ip) = host.ip else { return Ok(false) };
+        let xml = dhcp_host_xml(&self.names.mac(), &self.names.domain, ip);
+        self.hv
+            .network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::Modify, &xml)
+            .map_err(|e| self.error("refresh a DHCP host of", ObjectKind::Network, &self.spec.network, e))?;
+        Ok(true)
+    }
+
     /// Removes our DHCP entry, unless the foreign domain at our name has an
     /// interface with our MAC (the entry then serves it): that is left alone.
     pub(super) fn remove_reservation(&self, foreign: Option<&DomainInfo>) -> HostResult<Option<LeftOnHost>> {

@@ -11,7 +11,9 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::cluster::{get_optional, owner_name, paused_reason};
 use super::condition_list::{self, Status};
-use super::machine_decision::{Bootstrap, Host, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide};
+use super::machine_decision::{
+    Bootstrap, Host, LEASE_REFRESH_AFTER, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide,
+};
 use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
@@ -252,6 +254,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         host: Host::NotObserved,
         provisioned: object.spec.provider_id.is_some()
             || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
+        lease_refresh_due: !deleting && ctx.lease_waited(&uid) >= LEASE_REFRESH_AFTER,
         domain: capl_host::naming::domain_name(&ns, &object.name_any(), &host_identity),
         host_uri: location.as_ref().map(|l| l.uri.clone()).unwrap_or_default(),
     };
@@ -394,6 +397,33 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 if let Host::Failed { .. } = snapshot.host {
                     // Do not loop on a failed create: report it.
                     break decide(&snapshot);
+                }
+            }
+            MachineAction::RefreshReservation => {
+                snapshot.lease_refresh_due = false;
+                let l = at();
+                if ctx.claim_lease_refresh(&l.uri, &l.network) {
+                    let spec = host_spec(object, &host_identity, l, &g, ctx);
+                    let result = timed(
+                        ctx,
+                        "refresh_reservation",
+                        ctx.connections.host(&l.uri).call(move |h| host_machine::refresh_reservation(h, &spec)),
+                    )
+                    .await;
+                    match result {
+                        Ok(refreshed) => tracing::info!(
+                            machine = %object.name_any(),
+                            network = %l.network,
+                            uri = %l.uri,
+                            refreshed,
+                            waited_s = ctx.lease_waited(&uid).as_secs(),
+                            "the guest waits long for its DHCP lease: wrote its reservation again (libvirt restarts a dead dnsmasq on that)"
+                        ),
+                        // The look at the host succeeded a moment ago; the next one reports a lasting failure.
+                        Err(err) => {
+                            tracing::warn!(machine = %object.name_any(), %err, "cannot refresh the DHCP reservation")
+                        }
+                    }
                 }
             }
             MachineAction::Delete => {

@@ -65,6 +65,9 @@ pub struct MachineSnapshot {
     /// its domain was seen in this reconcile. Its guest has run the bootstrap
     /// data, so a missing domain is lost, never created again.
     pub provisioned: bool,
+    /// The guest has waited at least [`LEASE_REFRESH_AFTER`] for its DHCP
+    /// lease and this reconcile has not yet written its reservation again.
+    pub lease_refresh_due: bool,
     /// The domain's name and the host's URI, for messages.
     pub domain: String,
     pub host_uri: String,
@@ -90,6 +93,9 @@ pub enum MachineAction {
     SkipHostCleanup,
     /// Write the host, network and pools into the status, then decide again.
     RecordHost,
+    /// Write the DHCP reservation of a guest that waits long for its lease
+    /// again (libvirt restarts a dead dnsmasq on it), then decide again.
+    RefreshReservation,
 }
 
 /// When to look again, besides watch events.
@@ -126,6 +132,12 @@ pub const RECHECK_RUNNING: Duration = Duration::from_secs(60);
 /// it on the host (e.g. `virsh define` from a backup) sees the machine
 /// recover without touching the objects.
 pub const RECHECK_LOST: Duration = Duration::from_secs(300);
+/// How long a running guest waits for its lease before its reservation is
+/// written again, and how often that happens per network while guests wait:
+/// a dnsmasq that died (killed, crashed, OOM) is not restarted by libvirt
+/// until the network's DHCP hosts change or libvirtd restarts, and until then
+/// no guest gets a lease. A guest normally has one seconds after it starts.
+pub const LEASE_REFRESH_AFTER: Duration = Duration::from_secs(60);
 
 /// The condition types the Ready summary is made of.
 pub const SUMMARIZED: &[&str] = &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING];
@@ -201,7 +213,7 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
         }
         Host::Absent if s.provisioned => decide_lost(s, infra_ready),
         Host::Absent => decide_creation(s, infra_ready),
-        Host::Present { state, has_address } => decide_running(*state, *has_address, infra_ready),
+        Host::Present { state, has_address } => decide_running(*state, *has_address, s.lease_refresh_due, infra_ready),
     }
 }
 
@@ -263,14 +275,24 @@ fn decide_lost(s: &MachineSnapshot, infra_ready: ConditionUpdate) -> MachinePlan
     MachinePlan { requeue: Requeue::After(RECHECK_LOST), ..plan(MachineAction::Nothing, conditions) }
 }
 
-fn decide_running(state: DomainState, has_address: bool, infra_ready: ConditionUpdate) -> MachinePlan {
+fn decide_running(
+    state: DomainState,
+    has_address: bool,
+    lease_refresh_due: bool,
+    infra_ready: ConditionUpdate,
+) -> MachinePlan {
     let provisioned = ConditionUpdate::true_(DOMAIN_PROVISIONING_READY, reasons::DOMAIN_PROVISIONED, "");
     let created = ConditionUpdate::true_(MACHINE_CREATED, reasons::DOMAIN_CREATED, "");
     let (action, running, requeue) = match state {
         DomainState::Running | DomainState::Blocked => {
             let requeue = if has_address { Requeue::After(RECHECK_RUNNING) } else { Requeue::WaitingForAddress };
             let message = if has_address { "" } else { "waiting for the guest's DHCP lease" };
-            (MachineAction::Nothing, ConditionUpdate::true_(DOMAIN_RUNNING, reasons::DOMAIN_RUNNING, message), requeue)
+            let action = if !has_address && lease_refresh_due {
+                MachineAction::RefreshReservation
+            } else {
+                MachineAction::Nothing
+            };
+            (action, ConditionUpdate::true_(DOMAIN_RUNNING, reasons::DOMAIN_RUNNING, message), requeue)
         }
         DomainState::Shutoff | DomainState::Crashed => (
             MachineAction::Start,
@@ -382,6 +404,7 @@ mod tests {
             bootstrap: Bootstrap::Ready,
             host: Host::NotObserved,
             provisioned: false,
+            lease_refresh_due: false,
             domain: "ns-m-abc123".into(),
             host_uri: "qemu+tcp://kvm1/system".into(),
         }
@@ -550,6 +573,26 @@ mod tests {
             ..ready_machine()
         };
         assert_eq!(decide(&addressed).requeue, Requeue::After(RECHECK_RUNNING), "a running machine is looked at again");
+    }
+
+    #[test]
+    fn a_guest_that_waits_long_for_its_lease_has_its_reservation_written_again() {
+        let waiting = |state, has_address| MachineSnapshot {
+            host: Host::Present { state, has_address },
+            lease_refresh_due: true,
+            ..ready_machine()
+        };
+        let p = decide(&waiting(DomainState::Running, false));
+        assert_eq!(p.action, MachineAction::RefreshReservation);
+        assert_eq!(p.requeue, Requeue::WaitingForAddress);
+        assert_eq!(condition(&p, DOMAIN_RUNNING), (Status::True, r::DOMAIN_RUNNING));
+        let refreshed = MachineSnapshot { lease_refresh_due: false, ..waiting(DomainState::Running, false) };
+        assert_eq!(decide(&refreshed).action, MachineAction::Nothing, "once per reconcile");
+        assert_eq!(decide(&refreshed).conditions, p.conditions);
+        // Only a running guest without an address waits for a lease.
+        assert_eq!(decide(&waiting(DomainState::Running, true)).action, MachineAction::Nothing);
+        assert_eq!(decide(&waiting(DomainState::Paused, false)).action, MachineAction::Nothing);
+        assert_eq!(decide(&waiting(DomainState::Shutoff, false)).action, MachineAction::Start);
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub struct Context {
     pub credentials: CredentialStore,
     /// Since when a running domain has been waiting for its lease, per LibvirtMachine UID.
     lease_waits: Mutex<HashMap<String, std::time::Instant>>,
+    /// When a reservation on a network (URI, network) was last written again
+    /// for a guest waiting for its lease.
+    lease_refreshes: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 impl Context {
@@ -97,7 +100,16 @@ impl Context {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
         let credentials = CredentialStore::new(&settings.credentials_scratch_dir);
-        Self { client, connections, recorder, settings, metrics, credentials, lease_waits: Mutex::new(HashMap::new()) }
+        Self {
+            client,
+            connections,
+            recorder,
+            settings,
+            metrics,
+            credentials,
+            lease_waits: Mutex::new(HashMap::new()),
+            lease_refreshes: Mutex::new(HashMap::new()),
+        }
     }
 
     /// When to look again while a guest has no lease yet: half the time it
@@ -108,6 +120,28 @@ impl Context {
         let mut waits = self.lease_waits.lock().expect("lease backoff lock");
         let since = waits.entry(uid.to_string()).or_insert_with(std::time::Instant::now);
         (since.elapsed() / 2).clamp(LEASE_LOOK_MIN, LEASE_LOOK_MAX)
+    }
+
+    /// How long the machine's guest has been waiting for its lease (zero when it is not).
+    fn lease_waited(&self, uid: &str) -> Duration {
+        self.lease_waits.lock().expect("lease backoff lock").get(uid).map(|since| since.elapsed()).unwrap_or_default()
+    }
+
+    /// Whether a reservation on `network` of `uri` may be written again now:
+    /// true, and noted, when none was in the last
+    /// [`machine_decision::LEASE_REFRESH_AFTER`]. One refresh serves every
+    /// guest of the network (it restarts the network's dnsmasq), so however
+    /// many wait, the network is refreshed at most that often.
+    fn claim_lease_refresh(&self, uri: &str, network: &str) -> bool {
+        let every = machine_decision::LEASE_REFRESH_AFTER;
+        let mut refreshes = self.lease_refreshes.lock().expect("lease refresh lock");
+        refreshes.retain(|_, at| at.elapsed() < every);
+        let key = (uri.to_string(), network.to_string());
+        if refreshes.contains_key(&key) {
+            return false;
+        }
+        refreshes.insert(key, std::time::Instant::now());
+        true
     }
 
     fn lease_found(&self, uid: &str) {

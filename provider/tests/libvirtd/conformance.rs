@@ -121,6 +121,7 @@ fn differences(scenario: &str, real: &[SeenError], sim: &[SeenError]) -> Vec<Str
 #[case::test_driver(Backend::TestDriver)]
 #[case::real_libvirtd(Backend::RealLibvirtd)]
 fn conformance(#[case] backend: Backend) {
+    let _daemon = (backend == Backend::RealLibvirtd).then(crate::share_real_daemon_blocking);
     let (hv, _host) = open(backend);
     // On the real libvirtd every scenario also runs on a simulated twin host, with the
     // same object names, and the errors both gave are compared message by message.

@@ -33,6 +33,7 @@ use crate::real_support::{CleanUp, ours_on_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {
+    let _daemon = crate::share_real_daemon().await;
     let uri = test_host::uri_or_panic();
     let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| {
         panic!("cannot connect to the test libvirtd at {uri}: {e}: is `{}` running?", test_host::UP_COMMAND)

@@ -183,6 +183,7 @@ fn run_one(backend: Backend, scenario: &Scenario) -> Result<(), String> {
 #[case::sim(Backend::Sim)]
 #[case::real_libvirtd(Backend::RealLibvirtd)]
 fn host_scenarios(#[case] backend: Backend) {
+    let _daemon = (backend == Backend::RealLibvirtd).then(crate::share_real_daemon_blocking);
     if backend == Backend::RealLibvirtd {
         // Fail once, clearly, rather than once per scenario.
         open(backend, "probe");

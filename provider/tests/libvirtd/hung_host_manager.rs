@@ -170,6 +170,7 @@ async fn wait_machine(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
+    let _daemon = crate::share_real_daemon().await;
     let healthy_uri = test_host::uri_or_panic();
     let socket = healthy_uri
         .split("socket=")

@@ -37,6 +37,7 @@ fn delete_if_present(h: &LibvirtHypervisor, pool: &str, vol: &str) {
 
 #[test]
 fn infra_is_there_and_missing_objects_are_classified() {
+    let _daemon = crate::share_real_daemon_blocking();
     let h = hv();
     assert!(timed("network_is_active", || h.network_is_active(NETWORK)).unwrap());
     assert!(h.pool_is_active(BASE_POOL).unwrap());
@@ -54,6 +55,7 @@ fn infra_is_there_and_missing_objects_are_classified() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_is_supported_by_the_daemon() {
+    let _daemon = crate::share_real_daemon().await;
     let connector = LibvirtConnector::new(KeepAlive::default());
     let cache = Arc::new(Connections::new(Arc::new(connector), 4));
     let host = cache.host(&uri());
@@ -67,6 +69,7 @@ async fn keepalive_is_supported_by_the_daemon() {
 
 #[test]
 fn volume_upload_download_and_overlay_with_backing_store() {
+    let _daemon = crate::share_real_daemon_blocking();
     let h = hv();
     let (base, overlay) = ("capl-real-base.raw", "capl-real-overlay.qcow2");
     delete_if_present(&h, DISK_POOL, overlay);
@@ -105,6 +108,7 @@ fn volume_upload_download_and_overlay_with_backing_store() {
 
 #[test]
 fn dhcp_host_add_duplicate_bad_mac_outside_subnet_and_delete() {
+    let _daemon = crate::share_real_daemon_blocking();
     let h = hv();
     let host = "<host mac='52:54:00:c0:ff:01' name='capl-real-dhcp' ip='10.251.0.201'/>";
     let outside = "<host mac='52:54:00:c0:ff:02' name='capl-real-out' ip='10.99.0.5'/>";
@@ -141,6 +145,7 @@ fn dhcp_host_add_duplicate_bad_mac_outside_subnet_and_delete() {
 
 #[test]
 fn domain_define_start_twice_destroy_undefine() {
+    let _daemon = crate::share_real_daemon_blocking();
     let h = hv();
     let name = "capl-real-dom";
     if h.domain_state(name).is_ok() {
@@ -220,6 +225,7 @@ impl SocketProxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_reported_lost_and_replaced() {
+    let _daemon = crate::share_real_daemon().await;
     let uri = uri();
     let socket = uri
         .split("socket=")

@@ -20,8 +20,15 @@
 //!   a rotated Secret, with the local kube-apiserver too;
 //! - `hung_host_manager`: the manager binary with a host that never answers
 //!   next to the real daemon (this one also needs the local control plane);
+//! - `daemon_faults`: libvirtd killed while machines are created and
+//!   dnsmasq killed while guests wait for leases (local control plane and the
+//!   guest image of `cargo xtask guest-image` as well);
 //! - `two_managers`: two manager processes without leader election reserving
 //!   addresses on one network at once (local control plane as well).
+//!
+//! The tests on the real daemon share it and run side by side, except
+//! `daemon_faults`, which kills it: it takes the daemon alone
+//! ([`own_real_daemon`]) while the others hold a share ([`share_real_daemon`]).
 
 /// The API-server side of the reconciler tests (objects, waits, the manager),
 /// for `controllers_real` and `hung_host_manager`; each uses part of it.
@@ -31,6 +38,7 @@ mod api_support;
 mod conformance;
 mod controllers_real;
 mod credentials_controllers;
+mod daemon_faults;
 mod host_scenarios;
 mod host_sim;
 mod host_support;
@@ -39,6 +47,26 @@ mod libvirt_real;
 mod real_support;
 mod remote_credentials;
 mod two_managers;
+
+/// Who uses the private libvirtd in this test process: shared by the tests
+/// that only use it, taken alone by the one that kills and restarts it.
+static REAL_DAEMON: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A share of the private libvirtd, for a test that uses it (async tests).
+pub async fn share_real_daemon() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    REAL_DAEMON.read().await
+}
+
+/// [`share_real_daemon`] for tests that are not async.
+pub fn share_real_daemon_blocking() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    REAL_DAEMON.blocking_read()
+}
+
+/// The private libvirtd alone, for a test that kills it: waits until the
+/// tests that share it are done, and holds off new ones.
+pub async fn own_real_daemon() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    REAL_DAEMON.write().await
+}
 
 /// The message of a caught panic (scenarios run under `catch_unwind` so one
 /// failure does not hide the others).

@@ -1,15 +1,20 @@
 //! What the tests of the controllers on the private libvirtd share: the
 //! connection and fixture, what the daemon holds of a test, the clean-up of a
-//! failed run.
+//! failed run, and the bootable guest image.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::hypervisor::{HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
+use capl_host::hypervisor::{ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 use capl_host::{InfraSpec, check_infrastructure};
 use testenv::test_host;
 
 use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts};
+
+/// The environment variable that names the guest image (what `cargo xtask
+/// guest-image` prints); without it the tests run the built xtask to get it.
+pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
 
 /// A connection to the private libvirtd, whose network and pools are checked;
 /// fails naming `cargo xtask host up` when it is not there.
@@ -105,4 +110,60 @@ impl Drop for CleanUp {
             let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &xml);
         }
     }
+}
+
+/// The bootable test guest (`cargo xtask guest-image`) as a volume of the
+/// base pool: `capl-test-guest-<key>.qcow2`, `<key>` being the image's cache
+/// directory (kernel and scripts), uploaded unless it is there. The image is
+/// [`GUEST_IMAGE_ENV`], or what the built xtask's `guest-image` prints.
+pub fn guest_image_volume(hv: &dyn HostAdmin) -> String {
+    let image = guest_image_path();
+    let key = image.parent().and_then(Path::file_name).map_or("image".into(), |n| n.to_string_lossy().into_owned());
+    let volume = format!("capl-test-guest-{key}.qcow2");
+    let pool = test_host::BASE_POOL;
+    if hv.volume_xml(pool, &volume).is_ok() {
+        return volume;
+    }
+    let bytes = std::fs::read(&image)
+        .unwrap_or_else(|e| panic!("reading the guest image {}: {e}: run `cargo xtask guest-image`", image.display()));
+    let xml = format!(
+        "<volume><name>{volume}</name><capacity unit='bytes'>{}</capacity><target><format type='qcow2'/></target></volume>",
+        bytes.len()
+    );
+    match hv.volume_create(pool, &xml) {
+        Ok(_) => {}
+        Err(e) if e.kind == ErrorKind::StorageVolExists => return volume,
+        Err(e) => panic!("creating {volume} in {pool}: {e}"),
+    }
+    if let Err(e) = hv.volume_upload(pool, &volume, &bytes) {
+        let _ = hv.volume_delete(pool, &volume);
+        panic!("uploading {} into {pool}/{volume}: {e}", image.display());
+    }
+    // libvirt learns the format and virtual size of the uploaded file on a refresh.
+    hv.pool_refresh(pool).unwrap_or_else(|e| panic!("refreshing pool {pool}: {e}"));
+    volume
+}
+
+fn guest_image_path() -> PathBuf {
+    if let Some(path) = std::env::var_os(GUEST_IMAGE_ENV).filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    // The test binary is target/<profile>/deps/<name>; `cargo xtask` leaves
+    // target/<profile>/xtask. Running cargo from here would deadlock on the
+    // lock of the `cargo test` that runs us.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let xtask =
+        exe.ancestors().skip(1).take(2).map(|dir| dir.join("xtask")).find(|p| p.is_file()).unwrap_or_else(|| {
+            panic!(
+                "no guest image: set {GUEST_IMAGE_ENV} to the path `cargo xtask guest-image` prints \
+                 (`cargo xtask test` does both)"
+            )
+        });
+    let out = Command::new(&xtask)
+        .arg("guest-image")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .unwrap_or_else(|e| panic!("running {} guest-image: {e}", xtask.display()));
+    assert!(out.status.success(), "`{} guest-image` failed: {}", xtask.display(), String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }

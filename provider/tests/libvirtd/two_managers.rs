@@ -101,6 +101,7 @@ async fn warnings(w: &World) -> Vec<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_managers_on_one_network_never_reserve_an_address_twice() {
+    let _daemon = crate::share_real_daemon().await;
     let (uri, hv) = connect_checked();
     let fx = fixture(IMAGE);
     ensure_base_image(&hv, &fx);
