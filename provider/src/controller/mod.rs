@@ -253,10 +253,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // bootstrap Secrets to the LibvirtMachines they concern. A reflector keeps
     // the Machines at hand for the Secret mapping.
     let (machine_reader, machine_writer) = reflector::store::<Machine>();
-    let machine_stream =
+    let machine_stream = watch_mapping::when_inputs_change(
         reflector::reflector(machine_writer, watcher(api::<Machine>(&client, &ns), watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
+            .default_backoff(),
+        watch_mapping::machine_inputs,
+    );
+    let cluster_stream = watch_mapping::when_inputs_change(
+        watcher(capi_clusters, watcher::Config::default()).default_backoff(),
+        watch_mapping::cluster_inputs,
+    );
+    let libvirt_cluster_stream = watch_mapping::when_inputs_change(
+        watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default()).default_backoff(),
+        watch_mapping::libvirt_cluster_inputs,
+    );
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
     let machines_stream =
         reflector::reflector(machines_writer, watcher(api::<LibvirtMachine>(&client, &ns), watcher::Config::default()))
@@ -270,16 +279,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let for_credentials = libvirt_machines.clone();
     let machine_controller = machine_controller
         .watches_stream(machine_stream, watch_mapping::libvirt_machine_of_machine)
-        .watches(capi_clusters, watcher::Config::default(), move |c| {
-            watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c)
+        .watches_stream(cluster_stream, move |c| watch_mapping::libvirt_machines_of_cluster(&for_cluster, &c))
+        .watches_stream(libvirt_cluster_stream, move |lc| {
+            watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc)
         })
-        .watches_stream(
-            watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default())
-                .default_backoff()
-                .touched_objects()
-                .predicate_filter(not_status, PredicateConfig::default()),
-            move |lc| watch_mapping::libvirt_machines_of_libvirt_cluster(&for_libvirt_cluster, &lc),
-        )
         .watches(
             api::<Secret>(&client, &ns),
             watcher::Config::default().fields(watch_mapping::BOOTSTRAP_SECRET_FIELDS),

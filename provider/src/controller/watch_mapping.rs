@@ -1,8 +1,13 @@
 //! Which of our objects a change to another object concerns.
 
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
@@ -118,4 +123,121 @@ pub fn libvirt_machines_of_credentials(
         .filter(|lm| lm.status.as_ref().and_then(|s| s.credentials_ref.as_ref()).is_some_and(|r| r.name == name))
         .map(|lm| ObjectRef::from_obj(lm.as_ref()))
         .collect()
+}
+
+/// The objects of a watch whose `inputs` changed since the watch last passed
+/// them on, and every deleted one.
+///
+/// A LibvirtMachine's reconcile reads a few fields of its Machine, Cluster and
+/// LibvirtCluster; CAPI rewrites the rest of their status all the time (a
+/// Cluster's conditions and worker counts change whenever one of its machines
+/// does). Passing on every change of a Cluster would reconcile all of its
+/// machines on every change of any of them: with hundreds of machines,
+/// reconciles without end that starve the ones with work to do.
+pub fn when_inputs_change<K, S>(events: S, inputs: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
+where
+    K: Resource + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let key = |object: &K| object.meta().uid.clone().unwrap_or_else(|| object.name_any());
+    events.filter_map(move |event| {
+        let passed = match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                let value = inputs(&object);
+                (seen.insert(key(&object), value) != Some(value)).then_some(Ok(object))
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                seen.remove(&key(&object));
+                Some(Ok(object))
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+            Err(error) => Some(Err(error)),
+        };
+        futures::future::ready(passed)
+    })
+}
+
+fn hash_of(value: impl Hash) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What of an object's metadata any of our reconciles reads: its spec (any
+/// change bumps the generation), deletion, labels and annotations (paused).
+fn metadata_inputs(meta: &kube::api::ObjectMeta) -> impl Hash + '_ {
+    (meta.generation, meta.deletion_timestamp.is_some(), &meta.labels, &meta.annotations)
+}
+
+/// What a LibvirtMachine's reconcile reads of a Cluster: [`metadata_inputs`]
+/// (spec.paused, the infrastructure reference and the endpoint are spec) and
+/// whether its infrastructure is provisioned.
+pub fn cluster_inputs(cluster: &Cluster) -> u64 {
+    let provisioned =
+        cluster.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.infrastructure_provisioned);
+    hash_of((metadata_inputs(cluster.meta()), provisioned))
+}
+
+/// What a LibvirtMachine's reconcile reads of its Machine: spec (bootstrap
+/// data Secret, failure domain, cluster name) and [`metadata_inputs`]; not its
+/// status, which CAPI derives from the LibvirtMachine's.
+pub fn machine_inputs(machine: &Machine) -> u64 {
+    hash_of(metadata_inputs(machine.meta()))
+}
+
+/// What a LibvirtMachine's reconcile reads of its LibvirtCluster: the spec
+/// (host, network, pools) and [`metadata_inputs`]; not its status.
+pub fn libvirt_cluster_inputs(cluster: &LibvirtCluster) -> u64 {
+    hash_of(metadata_inputs(cluster.meta()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream;
+    use serde_json::json;
+
+    /// A Cluster as a watch sees it; every write (CAPI's status updates
+    /// included) gives it a new resourceVersion.
+    fn cluster(generation: i64, provisioned: bool, version: u32) -> Cluster {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {
+                "name": "c", "namespace": "ns", "uid": "u1",
+                "generation": generation, "resourceVersion": version.to_string(),
+            },
+            "spec": {},
+            "status": { "initialization": { "infrastructureProvisioned": provisioned } },
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_changes_our_reconciles_read_pass() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let events = [
+            Init,
+            InitApply(cluster(1, false, 0)),
+            InitDone,
+            // CAPI rewrites conditions and worker counts all the time: not ours to act on.
+            Apply(cluster(1, false, 1)),
+            Apply(cluster(1, false, 2)),
+            Apply(cluster(1, true, 3)),
+            Apply(cluster(2, true, 4)),
+            Apply(cluster(2, true, 5)),
+            Delete(cluster(2, true, 5)),
+        ];
+        let passed: Vec<(i64, bool)> = when_inputs_change(stream::iter(events.into_iter().map(Ok)), cluster_inputs)
+            .map(|c| {
+                let c = c.unwrap();
+                let provisioned = c.status.unwrap().initialization.unwrap().infrastructure_provisioned.unwrap();
+                (c.metadata.generation.unwrap(), provisioned)
+            })
+            .collect()
+            .await;
+        // The first sight, infrastructure provisioned, a spec change, the deletion.
+        assert_eq!(passed, [(1, false), (1, true), (2, true), (2, true)]);
+    }
 }
