@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, MutexGuard, Weak};
 
 use crate::capabilities::NodeInfo;
 use crate::counters::Op;
 use crate::domain::{Domain, DomainDef, DomainState, undefine_flags};
 use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DomainEvent, DomainEventKind, event_detail};
 use crate::host::{HostInner, State, lookup, no_host};
 use crate::ids::{Mac, Uuid};
 use crate::network::{Lease, Network, NetworkDef, UpdateCommand, UpdateSection, update_flags};
@@ -639,6 +640,7 @@ impl Connection {
             let d = domain_mut(&mut state, &def.name)?;
             d.def = def.clone();
             d.persistent = true;
+            self.host.events.emit(&def.name, DomainEventKind::Defined, event_detail::DEFINED_UPDATED);
             return Ok(def.name);
         }
         let name = def.name.clone();
@@ -655,6 +657,7 @@ impl Connection {
                 started_at: None,
             },
         );
+        self.host.events.emit(&name, DomainEventKind::Defined, event_detail::DEFINED_ADDED);
         Ok(name)
     }
 
@@ -708,6 +711,10 @@ impl Connection {
         domain_mut(state, name)?.start(id, now)?;
         state.next_domain_id += 1;
         self.host.queue_dhcp(state, name);
+        // QEMU starts with its CPUs paused; libvirt reports them resumed (QEMU's RESUME
+        // event), then the domain started.
+        self.host.events.emit(name, DomainEventKind::Resumed, event_detail::RESUMED_UNPAUSED);
+        self.host.events.emit(name, DomainEventKind::Started, event_detail::STARTED_BOOTED);
         Ok(())
     }
 
@@ -757,6 +764,10 @@ impl Connection {
     pub fn domain_destroy(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::DomainDestroy)?;
         domain_mut(&mut state, name)?.destroy()?;
+        // libvirt kills QEMU with SIGTERM first: QEMU reports a host-initiated shutdown,
+        // then the process is gone.
+        self.host.events.emit(name, DomainEventKind::Shutdown, event_detail::SHUTDOWN_HOST);
+        self.host.events.emit(name, DomainEventKind::Stopped, event_detail::STOPPED_DESTROYED);
         self.after_stop(&mut state, name);
         Ok(())
     }
@@ -765,6 +776,9 @@ impl Connection {
     pub fn domain_shutdown(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::DomainShutdown)?;
         domain_mut(&mut state, name)?.shutdown()?;
+        // QEMU reports the guest's own power-off, then the process ends.
+        self.host.events.emit(name, DomainEventKind::Shutdown, event_detail::SHUTDOWN_GUEST);
+        self.host.events.emit(name, DomainEventKind::Stopped, event_detail::STOPPED_SHUTDOWN);
         self.after_stop(&mut state, name);
         Ok(())
     }
@@ -772,13 +786,25 @@ impl Connection {
     /// `virDomainSuspend`.
     pub fn domain_suspend(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::DomainSuspend)?;
-        domain_mut(&mut state, name)?.suspend()
+        let d = domain_mut(&mut state, name)?;
+        let was_running = d.state == DomainState::Running;
+        d.suspend()?;
+        if was_running {
+            self.host.events.emit(name, DomainEventKind::Suspended, event_detail::SUSPENDED_PAUSED);
+        }
+        Ok(())
     }
 
     /// `virDomainResume`.
     pub fn domain_resume(&self, name: &str) -> Result<()> {
         let mut state = self.call(Op::DomainResume)?;
-        domain_mut(&mut state, name)?.resume()
+        let d = domain_mut(&mut state, name)?;
+        let was_paused = d.state == DomainState::Paused;
+        d.resume()?;
+        if was_paused {
+            self.host.events.emit(name, DomainEventKind::Resumed, event_detail::RESUMED_UNPAUSED);
+        }
+        Ok(())
     }
 
     /// `virDomainUndefineFlags` (flags from [`undefine_flags`]): a running domain becomes transient.
@@ -799,6 +825,7 @@ impl Connection {
             state.domains.remove(name);
             state.domain_uuids.remove(&uuid);
         }
+        self.host.events.emit(name, DomainEventKind::Undefined, event_detail::UNDEFINED_REMOVED);
         Ok(())
     }
 
@@ -831,5 +858,39 @@ impl Connection {
         }
         d.autostart = autostart;
         Ok(())
+    }
+
+    // --- events -----------------------------------------------------------
+
+    /// `virConnectDomainEventRegisterAny(VIR_DOMAIN_EVENT_ID_LIFECYCLE)` for all domains:
+    /// `callback` runs on the host's dispatcher thread for every lifecycle event from now
+    /// on, until [`domain_event_deregister`](Self::domain_event_deregister) or until this
+    /// connection breaks (a dropped connection delivers no more events, as in libvirt).
+    /// Returns the callback id.
+    pub fn domain_event_register(&self, callback: impl Fn(&DomainEvent) + Send + Sync + 'static) -> Result<u64> {
+        self.begin(Op::DomainEventRegister)?;
+        let host: Weak<HostInner> = Arc::downgrade(&self.host);
+        let epoch = self.epoch;
+        let id = self.host.events.subscribe(Arc::new(move |event: &DomainEvent| {
+            let alive = host.upgrade().is_some_and(|h| h.epoch.load(Ordering::SeqCst) == epoch);
+            if alive {
+                callback(event);
+            }
+        }));
+        Ok(id)
+    }
+
+    /// `virConnectDomainEventDeregisterAny`: no more calls of that callback once this returns
+    /// (one already running may finish). An unknown id is `VIR_ERR_INVALID_ARG`, as in libvirt.
+    /// On a broken connection the callback is removed all the same (libvirt frees a closed
+    /// connection's callbacks) and the call reports the broken connection.
+    pub fn domain_event_deregister(&self, id: u64) -> Result<()> {
+        let removed = self.host.events.unsubscribe(id);
+        self.begin(Op::DomainEventDeregister)?;
+        if removed {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorCode::InvalidArg, format!("could not find event callback {id} for deletion")))
+        }
     }
 }

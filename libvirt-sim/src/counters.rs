@@ -60,6 +60,8 @@ ops!(
     DomainUndefine,
     DomainGetAutostart,
     DomainSetAutostart,
+    DomainEventRegister,
+    DomainEventDeregister,
 );
 
 /// Calls per operation and connections opened, for one host.

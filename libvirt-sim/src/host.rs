@@ -11,6 +11,7 @@ use crate::capabilities::Capabilities;
 use crate::counters::{Counters, Op};
 use crate::domain::Domain;
 use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DomainEventKind, Events, event_detail};
 use crate::faults::Faults;
 use crate::ids::{Mac, Uuid};
 use crate::network::{Lease, Network, NetworkDef};
@@ -64,6 +65,8 @@ pub(crate) struct HostInner {
     pub state: Mutex<State>,
     pub faults: Faults,
     pub counters: Counters,
+    /// Lifecycle event subscribers and their dispatcher.
+    pub events: Events,
     /// Bumped when connections are dropped; a connection opened earlier is dead.
     pub epoch: AtomicU64,
     started: Instant,
@@ -284,6 +287,7 @@ impl HostBuilder {
                 state: Mutex::new(state),
                 faults: Faults::default(),
                 counters: Counters::default(),
+                events: Events::default(),
                 epoch: AtomicU64::new(0),
                 started: Instant::now(),
                 manual_offset: Mutex::new(Duration::ZERO),
@@ -392,6 +396,7 @@ impl Host {
         }
         d.state = crate::DomainState::Crashed;
         d.reason = 1;
+        self.inner.events.emit(name, DomainEventKind::Crashed, event_detail::CRASHED_PANICKED);
         Ok(())
     }
 

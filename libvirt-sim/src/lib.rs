@@ -5,6 +5,7 @@ mod connection;
 mod counters;
 mod domain;
 mod error;
+mod events;
 mod faults;
 mod host;
 mod ids;
@@ -18,6 +19,7 @@ pub use connection::{Connection, DomainInfo, NetworkInfo, PoolInfo, VolumeInfo, 
 pub use counters::{Counters, Op};
 pub use domain::{DomainState, undefine_flags};
 pub use error::{Error, ErrorCode, Result};
+pub use events::{DomainEvent, DomainEventKind, event_detail};
 pub use faults::Faults;
 pub use host::{Host, HostBuilder, HostConfig, LEASE_SECONDS};
 pub use ids::{Mac, Uuid};

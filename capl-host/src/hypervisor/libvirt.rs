@@ -10,8 +10,10 @@
 //! [`ErrorKind`] is derived from the number (and, for transport failures,
 //! from the error domain) by the shared table, [`kind_of`].
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
 
 use virt::connect::Connect;
 use virt::domain::Domain;
@@ -22,8 +24,8 @@ use virt::stream::Stream;
 use virt::sys;
 
 use super::{
-    DhcpLease, DomainState, ErrorKind, HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, Result,
-    UndefineFlags, kind_of,
+    DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription, HostAdmin,
+    Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -33,6 +35,7 @@ const STREAM_CHUNK: usize = 256 * 1024;
 pub struct LibvirtHypervisor {
     uri: String,
     conn: Connect,
+    events: Arc<EventHub>,
 }
 
 impl LibvirtHypervisor {
@@ -47,7 +50,7 @@ impl LibvirtHypervisor {
             err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
             err
         })?;
-        Ok(Self { uri: uri.to_string(), conn })
+        Ok(Self { uri: uri.to_string(), conn, events: Arc::default() })
     }
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
@@ -255,6 +258,10 @@ impl Hypervisor for LibvirtHypervisor {
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
         self.domain(name)?.set_autostart(autostart).map_err(from_virt)
     }
+
+    fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription> {
+        subscribe_lifecycle(&self.conn, &self.events, callback)
+    }
 }
 
 impl HostAdmin for LibvirtHypervisor {
@@ -373,6 +380,152 @@ fn dhcp_leases(net: &Network) -> Result<Vec<DhcpLease>> {
     Ok(out)
 }
 
+/// The lifecycle-event subscribers of one connection.
+///
+/// libvirt refuses a second registration of the same C callback for the same event
+/// and domain on one connection ("event callback already tracked"), so a connection
+/// has at most one registration, made for its first subscriber and removed with its
+/// last; [`lifecycle_trampoline`] hands every event to all subscribers.
+#[derive(Default)]
+struct EventHub {
+    subscribers: Mutex<BTreeMap<u64, Arc<DomainEventCallback>>>,
+    next_id: AtomicU64,
+    /// libvirt's callback id while registered.
+    registration: Mutex<Option<i32>>,
+}
+
+impl EventHub {
+    fn dispatch(&self, event: DomainEvent) {
+        let callbacks: Vec<Arc<DomainEventCallback>> =
+            self.subscribers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for callback in callbacks {
+            // A panic must not unwind into libvirt's C frames, nor keep the event from
+            // the other subscribers.
+            let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(event.clone())));
+            if delivered.is_err() {
+                tracing::error!(
+                    domain = %event.domain,
+                    kind = event.kind.as_str(),
+                    detail = event.detail,
+                    "a lifecycle event callback panicked"
+                );
+            }
+        }
+    }
+}
+
+/// Adds `callback` to the connection's hub, registering with libvirt
+/// (`virConnectDomainEventRegisterAny(conn, NULL, VIR_DOMAIN_EVENT_ID_LIFECYCLE, ...)`)
+/// for the first subscriber. Dropping the subscription removes the callback and, with
+/// the last one, deregisters (`virConnectDomainEventDeregisterAny`).
+///
+/// libvirt owns a boxed `Arc<EventHub>` from registration on: it passes it back as
+/// the opaque pointer to [`lifecycle_trampoline`] on its event loop thread, and hands
+/// it to [`free_hub`] (which drops it) once the registration is gone, whether
+/// deregistered or freed with the connection. Events are dispatched only while an
+/// event loop runs (`connections::ensure_event_loop`, which must run before a remote
+/// connection is opened for its socket to be watched).
+fn subscribe_lifecycle(
+    conn: &Connect,
+    hub: &Arc<EventHub>,
+    callback: DomainEventCallback,
+) -> Result<EventSubscription> {
+    // Local drivers (test:///) add their dispatch timer to the loop on the first
+    // registration; remote connections need it since they were opened.
+    super::connections::ensure_event_loop()?;
+    let mut registration = hub.registration.lock().unwrap_or_else(|e| e.into_inner());
+    if registration.is_none() {
+        *registration = Some(register_hub(conn, hub)?);
+    }
+    let id = hub.next_id.fetch_add(1, Ordering::SeqCst);
+    hub.subscribers.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(callback));
+    drop(registration);
+    // The subscription holds its own reference on the connection, so deregistering
+    // never touches a closed one.
+    let conn = conn.clone();
+    let hub = Arc::clone(hub);
+    Ok(EventSubscription::new(move || {
+        let mut registration = hub.registration.lock().unwrap_or_else(|e| e.into_inner());
+        let mut subscribers = hub.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        subscribers.remove(&id);
+        if subscribers.is_empty()
+            && let Some(callback_id) = registration.take()
+        {
+            // SAFETY: `conn` is valid; `callback_id` came from `register_hub` on this
+            // connection. A failure (a broken connection) leaves the boxed hub to be
+            // freed with the connection.
+            unsafe { sys::virConnectDomainEventDeregisterAny(conn.as_ptr(), callback_id) };
+        }
+    }))
+}
+
+/// Registers the hub's trampoline with libvirt; returns libvirt's callback id.
+fn register_hub(conn: &Connect, hub: &Arc<EventHub>) -> Result<i32> {
+    let opaque = Box::into_raw(Box::new(Arc::clone(hub))) as *mut c_void;
+    // The prototype takes the generic callback type; libvirt calls a
+    // VIR_DOMAIN_EVENT_ID_LIFECYCLE callback with the lifecycle signature (the C
+    // headers' VIR_DOMAIN_EVENT_CALLBACK cast).
+    // SAFETY: both are `extern "C"` function pointers of the same size; only the
+    // signature libvirt uses for this event id is ever called.
+    let generic: sys::virConnectDomainEventGenericCallback = Some(unsafe {
+        std::mem::transmute::<
+            unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, i32, i32, *mut c_void) -> i32,
+            unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
+        >(lifecycle_trampoline)
+    });
+    // SAFETY: `conn` is a valid connection for the call; a null domain means all
+    // domains; libvirt keeps `opaque` and frees it exactly once through `free_hub`.
+    let id = unsafe {
+        sys::virConnectDomainEventRegisterAny(
+            conn.as_ptr(),
+            std::ptr::null_mut(),
+            sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE as i32,
+            generic,
+            opaque,
+            Some(free_hub),
+        )
+    };
+    if id < 0 {
+        let err = from_virt(virt::error::Error::last_error());
+        // A failed registration does not call the free callback: the box is still ours.
+        // SAFETY: `opaque` came from Box::into_raw above and libvirt did not keep it.
+        drop(unsafe { Box::from_raw(opaque as *mut Arc<EventHub>) });
+        return Err(err);
+    }
+    Ok(id)
+}
+
+/// The lifecycle callback libvirt calls on its event loop thread.
+unsafe extern "C" fn lifecycle_trampoline(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    event: i32,
+    detail: i32,
+    opaque: *mut c_void,
+) -> i32 {
+    // SAFETY: libvirt passes a valid domain for the duration of the call; its name
+    // is owned by the domain object and copied here.
+    let domain = unsafe { c_string(sys::virDomainGetName(dom)) }.unwrap_or_default();
+    let Some(kind) = DomainEventKind::from_raw(event) else {
+        tracing::debug!(%domain, event, detail, "ignoring a lifecycle event of an unknown kind");
+        return 0;
+    };
+    // SAFETY: `opaque` is the boxed hub registered in `register_hub`; libvirt frees
+    // it (through `free_hub`) only after its last dispatch.
+    let hub = unsafe { &*(opaque as *const Arc<EventHub>) };
+    hub.dispatch(DomainEvent { domain, kind, detail });
+    0
+}
+
+/// libvirt's free callback for the registration's opaque pointer.
+unsafe extern "C" fn free_hub(opaque: *mut c_void) {
+    if !opaque.is_null() {
+        // SAFETY: `opaque` is the box leaked in `register_hub`; libvirt calls this
+        // exactly once, after the last dispatch.
+        drop(unsafe { Box::from_raw(opaque as *mut Arc<EventHub>) });
+    }
+}
+
 /// # Safety
 /// `ptr` is null or a valid NUL-terminated string.
 unsafe fn c_string(ptr: *const c_char) -> Option<String> {
@@ -401,6 +554,35 @@ pub fn from_virt(err: virt::error::Error) -> HypervisorError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    #[test]
+    fn the_test_driver_delivers_lifecycle_events_and_a_panicking_callback_harms_no_other() {
+        crate::hypervisor::connections::ensure_event_loop().unwrap();
+        let hv = LibvirtHypervisor::connect("test:///default").unwrap();
+        let name = format!("capl-events-unit-{}", std::process::id());
+        let _panics = hv.subscribe_domain_events(Box::new(|_| panic!("a callback that panics"))).unwrap();
+        let (tx, rx) = channel();
+        let own = name.clone();
+        let sub = hv
+            .subscribe_domain_events(Box::new(move |e| {
+                if e.domain == own {
+                    let _ = tx.send((e.kind, e.detail));
+                }
+            }))
+            .unwrap();
+        let xml =
+            format!("<domain type='test'><name>{name}</name><memory>1024</memory><os><type>hvm</type></os></domain>");
+        hv.domain_define(&xml).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((DomainEventKind::Defined, 0)));
+        hv.domain_start(&name).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((DomainEventKind::Started, 0)));
+        drop(sub);
+        hv.domain_destroy(&name).unwrap();
+        hv.domain_undefine(&name, UndefineFlags::default()).unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "an event after the subscription was dropped");
+    }
 
     #[test]
     fn update_flags_follow_network_state() {

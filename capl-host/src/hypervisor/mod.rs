@@ -50,6 +50,112 @@ impl DomainState {
     }
 }
 
+/// `virDomainEventType`: what a lifecycle event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DomainEventKind {
+    /// VIR_DOMAIN_EVENT_DEFINED (0)
+    Defined,
+    /// VIR_DOMAIN_EVENT_UNDEFINED (1)
+    Undefined,
+    /// VIR_DOMAIN_EVENT_STARTED (2)
+    Started,
+    /// VIR_DOMAIN_EVENT_SUSPENDED (3)
+    Suspended,
+    /// VIR_DOMAIN_EVENT_RESUMED (4)
+    Resumed,
+    /// VIR_DOMAIN_EVENT_STOPPED (5)
+    Stopped,
+    /// VIR_DOMAIN_EVENT_SHUTDOWN (6)
+    Shutdown,
+    /// VIR_DOMAIN_EVENT_PMSUSPENDED (7)
+    PmSuspended,
+    /// VIR_DOMAIN_EVENT_CRASHED (8)
+    Crashed,
+}
+
+impl DomainEventKind {
+    /// The kind for libvirt's `virDomainEventType` number; `None` for a number this
+    /// libvirt client does not know (a newer daemon's).
+    pub fn from_raw(raw: i32) -> Option<Self> {
+        Some(match raw {
+            0 => Self::Defined,
+            1 => Self::Undefined,
+            2 => Self::Started,
+            3 => Self::Suspended,
+            4 => Self::Resumed,
+            5 => Self::Stopped,
+            6 => Self::Shutdown,
+            7 => Self::PmSuspended,
+            8 => Self::Crashed,
+            _ => return None,
+        })
+    }
+
+    /// libvirt's number for this kind.
+    pub fn raw(self) -> i32 {
+        self as i32
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Defined => "defined",
+            Self::Undefined => "undefined",
+            Self::Started => "started",
+            Self::Suspended => "suspended",
+            Self::Resumed => "resumed",
+            Self::Stopped => "stopped",
+            Self::Shutdown => "shutdown",
+            Self::PmSuspended => "pmsuspended",
+            Self::Crashed => "crashed",
+        }
+    }
+}
+
+/// One domain lifecycle event (`VIR_DOMAIN_EVENT_ID_LIFECYCLE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainEvent {
+    /// The domain's name.
+    pub domain: String,
+    pub kind: DomainEventKind,
+    /// libvirt's detail code for the kind (`virDomainEvent<Kind>DetailType`), e.g.
+    /// `VIR_DOMAIN_EVENT_STOPPED_DESTROYED` (2) for a `Stopped` event after a destroy.
+    pub detail: i32,
+}
+
+/// Receives the lifecycle events of a subscription. It runs on the backend's event
+/// thread (libvirt's `libvirt-events` loop, the simulator's dispatcher), one event at a
+/// time in the order the host reported them: it must be quick and must not block (hand
+/// the event on, e.g. into a channel).
+pub type DomainEventCallback = Box<dyn Fn(DomainEvent) + Send + Sync + 'static>;
+
+/// A registered lifecycle-event callback; dropping it deregisters the callback
+/// (after the drop returns, at most a call already under way finishes).
+#[must_use = "dropping the subscription deregisters the callback at once"]
+pub struct EventSubscription {
+    cancel: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl EventSubscription {
+    /// A subscription that runs `cancel` when dropped.
+    pub fn new(cancel: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self { cancel: Some(Box::new(cancel)) }
+    }
+}
+
+impl Drop for EventSubscription {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            cancel();
+        }
+    }
+}
+
+impl std::fmt::Debug for EventSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSubscription").finish_non_exhaustive()
+    }
+}
+
 /// `virNetworkUpdateCommand` values the provider uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetworkUpdateCommand {
@@ -154,6 +260,16 @@ pub trait Hypervisor: Send + Sync {
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()>;
     fn domain_autostart(&self, name: &str) -> Result<bool>;
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()>;
+
+    // --- events -----------------------------------------------------------
+
+    /// `virConnectDomainEventRegisterAny(VIR_DOMAIN_EVENT_ID_LIFECYCLE)` for every
+    /// domain of this connection: `callback` gets each lifecycle event from now until
+    /// the returned [`EventSubscription`] is dropped or the connection breaks (a new
+    /// connection needs a new subscription). Events arrive asynchronously: a call
+    /// such as [`domain_start`](Self::domain_start) may return before its event is
+    /// delivered.
+    fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription>;
 }
 
 /// The calls the provider never makes but tests, benchmarks and host set-up

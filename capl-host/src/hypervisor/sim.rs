@@ -15,14 +15,14 @@ use libvirt_sim::{Connection, UpdateCommand, UpdateSection, update_flags};
 
 use super::connections::Connector;
 use super::{
-    DhcpLease, DomainState, HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags,
-    kind_of,
+    DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, EventSubscription, HostAdmin,
+    Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
 };
 
 /// A connection to a simulated host registered with `libvirt_sim::Host::builder(uri)`.
 #[derive(Debug)]
 pub struct SimHypervisor {
-    conn: Connection,
+    conn: Arc<Connection>,
 }
 
 impl SimHypervisor {
@@ -37,7 +37,7 @@ impl SimHypervisor {
             );
             err
         })?;
-        Ok(Self { conn })
+        Ok(Self { conn: Arc::new(conn) })
     }
 
     /// The underlying simulator connection, for calls the trait does not cover.
@@ -209,6 +209,35 @@ impl Hypervisor for SimHypervisor {
     fn domain_set_autostart(&self, name: &str, autostart: bool) -> Result<()> {
         self.conn.domain_set_autostart(name, autostart).map_err(|e| self.err(e))
     }
+
+    fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription> {
+        let id = self
+            .conn
+            .domain_event_register(move |e: &libvirt_sim::DomainEvent| {
+                callback(DomainEvent { domain: e.domain.clone(), kind: event_kind_of(e.kind), detail: e.detail });
+            })
+            .map_err(|e| self.err(e))?;
+        let conn = Arc::clone(&self.conn);
+        Ok(EventSubscription::new(move || {
+            // Fails only on a broken connection, which has dropped the callback already.
+            let _ = conn.domain_event_deregister(id);
+        }))
+    }
+}
+
+fn event_kind_of(k: libvirt_sim::DomainEventKind) -> DomainEventKind {
+    use libvirt_sim::DomainEventKind as K;
+    match k {
+        K::Defined => DomainEventKind::Defined,
+        K::Undefined => DomainEventKind::Undefined,
+        K::Started => DomainEventKind::Started,
+        K::Suspended => DomainEventKind::Suspended,
+        K::Resumed => DomainEventKind::Resumed,
+        K::Stopped => DomainEventKind::Stopped,
+        K::Shutdown => DomainEventKind::Shutdown,
+        K::PmSuspended => DomainEventKind::PmSuspended,
+        K::Crashed => DomainEventKind::Crashed,
+    }
 }
 
 impl HostAdmin for SimHypervisor {
@@ -287,6 +316,63 @@ mod tests {
         let again = SimConnector.connect(uri).unwrap();
         assert!(again.capabilities_xml().is_ok());
         assert_eq!(host.counters().connections_opened(), 2);
+        host.unregister();
+    }
+
+    const DOMAIN: &str = "<domain type='qemu'><name>ev</name><memory unit='MiB'>32</memory><devices/></domain>";
+
+    fn next(rx: &std::sync::mpsc::Receiver<DomainEvent>) -> (DomainEventKind, i32) {
+        let e = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("an event within 10 s");
+        assert_eq!(e.domain, "ev");
+        (e.kind, e.detail)
+    }
+
+    #[test]
+    fn lifecycle_events_follow_the_transitions_until_the_subscription_is_dropped() {
+        use DomainEventKind as K;
+        let uri = "sim:///capl-sim-adapter-events";
+        let host = libvirt_sim::Host::builder(uri).build().unwrap();
+        let hv = SimHypervisor::connect(uri).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sub = hv.subscribe_domain_events(Box::new(move |e| tx.send(e).unwrap())).unwrap();
+        hv.domain_define(DOMAIN).unwrap();
+        assert_eq!(next(&rx), (K::Defined, 0));
+        hv.domain_start("ev").unwrap();
+        assert_eq!(next(&rx), (K::Resumed, 0), "QEMU's CPUs resumed at start");
+        assert_eq!(next(&rx), (K::Started, 0));
+        hv.connection().domain_suspend("ev").unwrap();
+        assert_eq!(next(&rx), (K::Suspended, 0));
+        hv.connection().domain_resume("ev").unwrap();
+        assert_eq!(next(&rx), (K::Resumed, 0));
+        hv.connection().domain_shutdown("ev").unwrap();
+        assert_eq!(next(&rx), (K::Shutdown, 1), "VIR_DOMAIN_EVENT_SHUTDOWN_GUEST");
+        assert_eq!(next(&rx), (K::Stopped, 0), "VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN");
+        hv.domain_start("ev").unwrap();
+        assert_eq!(next(&rx), (K::Resumed, 0));
+        assert_eq!(next(&rx), (K::Started, 0));
+        host.crash_domain("ev").unwrap();
+        assert_eq!(next(&rx), (K::Crashed, 0));
+        hv.domain_destroy("ev").unwrap();
+        assert_eq!(next(&rx), (K::Shutdown, 2), "VIR_DOMAIN_EVENT_SHUTDOWN_HOST");
+        assert_eq!(next(&rx), (K::Stopped, 1), "VIR_DOMAIN_EVENT_STOPPED_DESTROYED");
+        drop(sub);
+        hv.domain_undefine("ev", UndefineFlags::default()).unwrap();
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "an event after the drop");
+        assert_eq!(host.counters().calls(libvirt_sim::Op::DomainEventDeregister), 1);
+        host.unregister();
+    }
+
+    #[test]
+    fn a_dropped_connection_delivers_no_more_events() {
+        let uri = "sim:///capl-sim-adapter-events-dropped";
+        let host = libvirt_sim::Host::builder(uri).build().unwrap();
+        let hv = SimHypervisor::connect(uri).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _sub = hv.subscribe_domain_events(Box::new(move |e| tx.send(e).unwrap())).unwrap();
+        host.drop_connections();
+        let again = SimHypervisor::connect(uri).unwrap();
+        again.domain_define(DOMAIN).unwrap();
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "an event on a dropped connection");
         host.unregister();
     }
 
