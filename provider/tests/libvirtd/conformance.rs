@@ -36,12 +36,16 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
             (Box::new(hv), Some(host))
         }
         Backend::TestDriver => {
+            // Lifecycle events are dispatched by libvirt's event loop, which must be
+            // registered before a connection is opened.
+            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect("test:///default").expect("open libvirt's test:///default driver");
             (Box::new(hv), None)
         }
         Backend::RealLibvirtd => {
             let uri = testenv::test_host::uri()
                 .unwrap_or_else(|message| panic!("the real-libvirtd conformance run: {message}"));
+            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect(&uri)
                 .unwrap_or_else(|e| panic!("connect to {uri}: {e}; is `{}` running?", testenv::test_host::UP_COMMAND));
             (Box::new(hv), None)

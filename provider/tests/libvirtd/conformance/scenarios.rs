@@ -1,9 +1,12 @@
 //! The scenarios, written once against the `Hypervisor` trait. A scenario a backend cannot
 //! model says so in its `not_on` list, with the reason (also listed in libvirt-sim/README.md).
 
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
-use capl_host::hypervisor::{DomainState, ErrorKind, NetworkUpdateCommand, UndefineFlags};
+use capl_host::hypervisor::{
+    DomainEvent, DomainEventKind, DomainState, ErrorKind, EventSubscription, NetworkUpdateCommand, UndefineFlags,
+};
 
 use super::fixtures::{Backend, Ctx, attr_of, domain_xml, expect_err, interface_xml, network_xml, text_of, wait_for};
 
@@ -133,6 +136,7 @@ pub const ALL: &[Scenario] = &[
         run: lease_for_reserved_mac,
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_LEASES)],
     },
+    Scenario { name: "domain lifecycle events", run: domain_lifecycle_events, not_on: &[] },
 ];
 
 fn capabilities_offer_qemu(ctx: &Ctx) {
@@ -687,4 +691,117 @@ fn domain_missing_disk(ctx: &Ctx) {
     let e = expect_err(ctx.hv.domain_start(&name), ErrorKind::NoStorageVol, Some(50), "start with a missing volume");
     assert!(e.message.contains("absent.qcow2"), "{e}");
     assert_eq!(ctx.hv.domain_state(&name).unwrap(), DomainState::Shutoff);
+}
+
+/// How long one transition's events may take to arrive.
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+/// How long to listen for events nobody expected after the last transition.
+const EVENT_QUIET: Duration = Duration::from_millis(500);
+
+/// Subscribes to the lifecycle events of this scenario's domains only (the real
+/// libvirtd is shared with other runs).
+fn subscribe_own_events(ctx: &Ctx) -> (EventSubscription, Receiver<DomainEvent>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let own = format!("{}-", ctx.prefix);
+    let subscription = ctx
+        .hv
+        .subscribe_domain_events(Box::new(move |event: DomainEvent| {
+            if event.domain.starts_with(&own) {
+                let _ = tx.send(event);
+            }
+        }))
+        .unwrap_or_else(|e| panic!("subscribe to lifecycle events: {e}"));
+    (subscription, rx)
+}
+
+/// Waits (at most [`EVENT_WAIT`]) for as many events as `expected` lists and asserts they
+/// are exactly those, in order: (domain, kind, detail).
+fn expect_events<D: AsRef<str>>(rx: &Receiver<DomainEvent>, what: &str, expected: &[(D, DomainEventKind, i32)]) {
+    let deadline = Instant::now() + EVENT_WAIT;
+    let mut got = Vec::new();
+    while got.len() < expected.len() {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(event) => got.push(event),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let got: Vec<(String, DomainEventKind, i32)> = got.into_iter().map(|e| (e.domain, e.kind, e.detail)).collect();
+    let expected: Vec<(String, DomainEventKind, i32)> =
+        expected.iter().map(|(d, k, n)| (d.as_ref().to_string(), *k, *n)).collect();
+    assert_eq!(got, expected, "lifecycle events of {what} (waited at most {EVENT_WAIT:?})");
+}
+
+/// Asserts no further event arrives within [`EVENT_QUIET`].
+fn expect_no_more_events(rx: &Receiver<DomainEvent>, what: &str) {
+    if let Ok(extra) = rx.recv_timeout(EVENT_QUIET) {
+        panic!("an unexpected lifecycle event after {what}: {extra:?}");
+    }
+}
+
+/// libvirt's detail codes (`virDomainEvent<Kind>DetailType` in libvirt-domain.h) the transitions report.
+const DEFINED_ADDED: i32 = 0;
+const DEFINED_UPDATED: i32 = 1;
+const UNDEFINED_REMOVED: i32 = 0;
+const STARTED_BOOTED: i32 = 0;
+const RESUMED_UNPAUSED: i32 = 0;
+const STOPPED_DESTROYED: i32 = 1;
+const SHUTDOWN_HOST: i32 = 2;
+
+/// The events of a start. QEMU starts with its CPUs paused and libvirt reports them
+/// resumed (QEMU's RESUME event) before the domain started; the test driver has no
+/// CPUs to resume (listed in libvirt-sim/README.md).
+fn start_events(ctx: &Ctx, d: &str) -> Vec<(String, DomainEventKind, i32)> {
+    let mut events = Vec::new();
+    if ctx.backend != Backend::TestDriver {
+        events.push((d.to_string(), DomainEventKind::Resumed, RESUMED_UNPAUSED));
+    }
+    events.push((d.to_string(), DomainEventKind::Started, STARTED_BOOTED));
+    events
+}
+
+/// The events of a destroy. libvirt kills QEMU with SIGTERM first, and QEMU reports a
+/// host-initiated shutdown before it exits; the test driver has no process to signal.
+fn destroy_events(ctx: &Ctx, d: &str) -> Vec<(String, DomainEventKind, i32)> {
+    let mut events = Vec::new();
+    if ctx.backend != Backend::TestDriver {
+        events.push((d.to_string(), DomainEventKind::Shutdown, SHUTDOWN_HOST));
+    }
+    events.push((d.to_string(), DomainEventKind::Stopped, STOPPED_DESTROYED));
+    events
+}
+
+fn domain_lifecycle_events(ctx: &Ctx) {
+    use DomainEventKind::{Defined, Undefined};
+    let (subscription, rx) = subscribe_own_events(ctx);
+    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    let d = name.as_str();
+    expect_events(&rx, "define", &[(d, Defined, DEFINED_ADDED)]);
+    ctx.hv.domain_start(d).unwrap();
+    expect_events(&rx, "start", &start_events(ctx, d));
+    ctx.hv.domain_destroy(d).unwrap();
+    expect_events(&rx, "destroy", &destroy_events(ctx, d));
+    ctx.hv.domain_start(d).unwrap();
+    expect_events(&rx, "start again", &start_events(ctx, d));
+    // Undefining a running domain leaves it running, transient; destroying it then
+    // removes it without another Undefined event.
+    ctx.hv.domain_undefine(d, UndefineFlags::default()).unwrap();
+    expect_events(&rx, "undefine while running", &[(d, Undefined, UNDEFINED_REMOVED)]);
+    ctx.hv.domain_destroy(d).unwrap();
+    expect_events(&rx, "destroy of the now transient domain", &destroy_events(ctx, d));
+    // Define, redefine (an update of the same domain: same name and UUID) and undefine a
+    // stopped domain.
+    let uuid = "5f0c3c1e-0d7e-4a39-9a6c-0123456789c1";
+    let again = ctx.define(&domain_xml(&ctx.name("dom"), Some(uuid), None, ""));
+    assert_eq!(again, name);
+    expect_events(&rx, "define after removal", &[(d, Defined, DEFINED_ADDED)]);
+    let changed = "<c:x xmlns:c='urn:capl:conformance'>1</c:x>";
+    assert_eq!(ctx.hv.domain_define(&domain_xml(d, Some(uuid), Some(changed), "")).unwrap(), name);
+    expect_events(&rx, "redefine", &[(d, Defined, DEFINED_UPDATED)]);
+    ctx.hv.domain_undefine(d, UndefineFlags::default()).unwrap();
+    expect_events(&rx, "undefine while stopped", &[(d, Undefined, UNDEFINED_REMOVED)]);
+    expect_no_more_events(&rx, "the last transition");
+    // After the subscription is dropped, transitions deliver nothing more.
+    drop(subscription);
+    ctx.define(&domain_xml(&ctx.name("after"), None, None, ""));
+    expect_no_more_events(&rx, "dropping the subscription");
 }
