@@ -323,6 +323,10 @@ impl HostAdmin for LibvirtHypervisor {
         let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
         doms.iter().map(|d| d.name().map_err(from_virt)).collect()
     }
+
+    fn domain_shutdown(&self, name: &str) -> Result<()> {
+        self.domain(name)?.shutdown().map_err(from_virt)
+    }
 }
 
 /// The `virNetworkUpdate` flags for a network in this state.

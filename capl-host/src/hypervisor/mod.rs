@@ -304,4 +304,8 @@ pub trait HostAdmin: Hypervisor {
 
     /// All domains, active and inactive.
     fn domain_list(&self) -> Result<Vec<String>>;
+
+    /// `virDomainShutdown`: asks the guest to power off (ACPI power button on QEMU);
+    /// returns once asked, not once the guest is off.
+    fn domain_shutdown(&self, name: &str) -> Result<()>;
 }

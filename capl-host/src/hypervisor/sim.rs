@@ -296,6 +296,10 @@ impl HostAdmin for SimHypervisor {
     fn domain_list(&self) -> Result<Vec<String>> {
         self.conn.list_all_domains().map_err(|e| self.err(e))
     }
+
+    fn domain_shutdown(&self, name: &str) -> Result<()> {
+        self.conn.domain_shutdown(name).map_err(|e| self.err(e))
+    }
 }
 
 #[cfg(test)]

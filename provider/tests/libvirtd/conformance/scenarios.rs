@@ -137,6 +137,15 @@ pub const ALL: &[Scenario] = &[
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_LEASES)],
     },
     Scenario { name: "domain lifecycle events", run: domain_lifecycle_events, not_on: &[] },
+    Scenario {
+        name: "domain guest shutdown events",
+        run: domain_guest_shutdown_events,
+        not_on: &[(
+            Backend::RealLibvirtd,
+            "virDomainShutdown only presses QEMU's ACPI power button, and the suite's guests (no OS, or the \
+             tiny test guest, which has no ACPI handler) never power off: no guest shutdown to observe",
+        )],
+    },
 ];
 
 fn capabilities_offer_qemu(ctx: &Ctx) {
@@ -746,6 +755,8 @@ const STARTED_BOOTED: i32 = 0;
 const RESUMED_UNPAUSED: i32 = 0;
 const STOPPED_DESTROYED: i32 = 1;
 const SHUTDOWN_HOST: i32 = 2;
+const SHUTDOWN_GUEST: i32 = 1;
+const STOPPED_SHUTDOWN: i32 = 0;
 
 /// The events of a start. QEMU starts with its CPUs paused and libvirt reports them
 /// resumed (QEMU's RESUME event) before the domain started; the test driver has no
@@ -804,4 +815,25 @@ fn domain_lifecycle_events(ctx: &Ctx) {
     drop(subscription);
     ctx.define(&domain_xml(&ctx.name("after"), None, None, ""));
     expect_no_more_events(&rx, "dropping the subscription");
+}
+
+/// A guest that powers off when asked: QEMU reports the guest's own shutdown, then the
+/// process ends (libvirt-sim models QEMU's pair; the test driver reports the stop only).
+fn domain_guest_shutdown_events(ctx: &Ctx) {
+    let (_subscription, rx) = subscribe_own_events(ctx);
+    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    let d = name.as_str();
+    ctx.hv.domain_start(d).unwrap();
+    let mut expected = vec![(d.to_string(), DomainEventKind::Defined, DEFINED_ADDED)];
+    expected.extend(start_events(ctx, d));
+    expect_events(&rx, "define and start", &expected);
+    ctx.hv.domain_shutdown(d).unwrap();
+    let mut expected = Vec::new();
+    if ctx.backend != Backend::TestDriver {
+        expected.push((d.to_string(), DomainEventKind::Shutdown, SHUTDOWN_GUEST));
+    }
+    expected.push((d.to_string(), DomainEventKind::Stopped, STOPPED_SHUTDOWN));
+    expect_events(&rx, "guest shutdown", &expected);
+    assert_eq!(ctx.hv.domain_state(d).unwrap(), DomainState::Shutoff);
+    expect_no_more_events(&rx, "the guest shutdown");
 }
