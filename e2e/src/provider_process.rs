@@ -67,6 +67,9 @@ impl ProviderProcess {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        // Its own process group: a Ctrl-C of the demo must not stop the provider
+        // before the cluster it runs is deleted (PR_SET_PDEATHSIG ends it with the harness).
+        command.process_group(0);
         // SAFETY: prctl is async-signal-safe; the child dies with the harness.
         unsafe {
             command.pre_exec(|| {

@@ -36,6 +36,11 @@ impl SupervisedProcess {
         for (key, value) in envs {
             command.env(key, value);
         }
+        // A process group of its own: a Ctrl-C in the terminal reaches the test
+        // or demo process, which stops its children in order (the demo deletes
+        // its cluster first, which needs the API server); PR_SET_PDEATHSIG
+        // below still ends them when that process dies.
+        command.process_group(0);
         let parent = std::process::id();
         // SAFETY: the closure runs between fork and exec and only calls the async-signal-safe
         // prctl and getppid; it allocates nothing except when building the error.

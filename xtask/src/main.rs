@@ -7,6 +7,7 @@
 mod bench_sim;
 mod control_plane;
 mod demo;
+mod demo_check;
 mod deploy;
 mod docker;
 mod e2e;

@@ -15,7 +15,10 @@
 //!    each backend: libvirt-sim, `test:///default` and the real libvirtd);
 //! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
 //!    table (skipped only when a test name filter was given);
-//! 6. the private libvirtd is stopped again (unless `--keep-host`).
+//! 6. the private libvirtd is stopped again (unless `--keep-host`);
+//! 7. `cargo xtask demo` is started and stopped with Ctrl-C once its two
+//!    machines run: it must delete everything and stop the private libvirtd
+//!    it started ([`crate::demo_check`]; not with `--keep-host` or a filter).
 
 use std::time::Instant;
 
@@ -63,6 +66,12 @@ pub fn run(args: Args) -> Result<()> {
     if !args.keep_host {
         step("stop private libvirtd", libvirt_host::down)?;
     }
+    // The README's demo, stopped with Ctrl-C: it needs the daemon stopped first.
+    let result = if !args.keep_host && extra.is_empty() {
+        result.and(step("demo: Ctrl-C cleans up", crate::demo_check::ctrl_c_cleans_up))
+    } else {
+        result
+    };
     eprintln!("xtask test: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
 }
