@@ -24,6 +24,11 @@ pub const KUSTOMIZE_VERSION: &str = "v5.7.0";
 /// checks that the two agree).
 pub const CERT_MANAGER_VERSION: &str = "v1.21.1";
 
+/// A test image preloaded in the Kubernetes node image (`cargo xtask node-image`): one layer
+/// with Debian's static busybox (`/bin/busybox`, `/bin/sh`), for pods that need a shell,
+/// `wget` or `httpd` (the workload e2e's pod-to-pod check). Never pulled.
+pub const NODE_TEST_IMAGE: &str = "capl.local/busybox:1.35";
+
 /// Environment variable: a directory in envtest layout (`kube-apiserver`, `etcd`, `kubectl`).
 pub const KUBEBUILDER_ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Environment variable overriding the cache directory of the built control plane.

@@ -134,6 +134,10 @@ const PACKAGES: &[Package] = &[
     pkg("mtools", "writing the test guest's FAT disk without loop devices"),
     pkg("dosfstools", "mkfs.vfat for the test guest's disk"),
     pkg("openssh-server", "the tests' private sshd for qemu+libssh:// and qemu+libssh2:// (and ssh-keygen)"),
+    pkg("mmdebstrap", "the Kubernetes node image's Debian root, made in a directory"),
+    pkg("syslinux-common", "the node image's MBR and boot loader modules"),
+    pkg("e2fsprogs", "mkfs.ext4 -d: the node image's root file system without loop devices"),
+    pkg("fdisk", "sfdisk: the node image's partition table"),
     pkg("netcat-openbsd", "nc -U, libvirt's proxy=netcat over ssh (proxy=auto uses virt-ssh-helper)"),
 ];
 

@@ -24,6 +24,9 @@
 //!   the same containerd running on the build host ([`preload_images`]), so nothing is
 //!   pulled and a guest does not spend minutes of emulated CPU importing them at boot:
 //!   containerd's CRI plugin finds them when it starts.
+//! - A test image [`NODE_TEST_IMAGE`], one layer with Debian's static busybox, for
+//!   checks that need a shell, `wget` or `httpd` in a pod (the workload e2e's
+//!   pod-to-pod check); imported like the others.
 //! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
 //!   settings, cloud-init's datasource list).
 //!
@@ -50,7 +53,7 @@ use xshell::{Shell, cmd};
 #[allow(dead_code, clippy::duplicate_mod)]
 mod versions;
 
-use versions::{KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION};
+use versions::{KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION, NODE_TEST_IMAGE};
 
 /// Release of `github.com/containerd/containerd/v2` built for the node.
 pub const CONTAINERD_VERSION: &str = "v2.4.2";
@@ -159,7 +162,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
         .quiet()
         .read()
         .context("`kubeadm config images list` failed")?;
-    let images = parse_image_list(&list)?;
+    let mut images = parse_image_list(&list)?;
     for image in &images {
         match image.name.as_str() {
             "etcd" => build_etcd(&sh, &go_dir, &bin, &etcd_module_version(&image.tag))?,
@@ -169,10 +172,12 @@ pub fn build(force: bool) -> Result<PathBuf> {
             other => bail!("kubeadm asks for an image this builder does not know how to make: {other} ({image:?})"),
         }
     }
+    images.extend(parse_image_list(NODE_TEST_IMAGE)?);
     eprintln!("node-image: Go binaries ready in {:.0?} ({})", go_started.elapsed(), bin.display());
 
     // 2. The cache key: versions, image list, every file of hack/node-image, this file.
     let mut inputs = vec![
+        NODE_TEST_IMAGE.to_string(),
         KUBERNETES_VERSION.to_string(),
         KUBERNETES_STAGING_VERSION.to_string(),
         CONTAINERD_VERSION.to_string(),
@@ -529,6 +534,12 @@ fn image_layer(sh: &Shell, root: &Path, bin: &Path, image: &ImageRef, layer: &Pa
         "coredns" => {
             install_file(&bin.join("coredns"), &layer.join("coredns"), 0o755)?;
             Ok(vec!["/coredns".into()])
+        }
+        "busybox" => {
+            // Statically linked: no libraries to copy.
+            install_file(&root.join("bin/busybox"), &layer.join("bin/busybox"), 0o755)?;
+            std::os::unix::fs::symlink("busybox", layer.join("bin/sh"))?;
+            Ok(vec!["/bin/sh".into()])
         }
         "etcd" => {
             install_file(&bin.join("etcd"), &layer.join("usr/local/bin/etcd"), 0o755)?;
