@@ -334,7 +334,11 @@ impl TestEnv {
     /// v1beta2 is used here.
     pub async fn install_capi_crds(&self) -> Result<Vec<String>> {
         let dir = self.assets.capi_crds_dir()?;
-        crd_install::install(&self.client(), read_crd_dir(&dir)?, Conversion::StripWebhook).await
+        let mut crds = read_crd_dir(&dir)?;
+        for crd in &mut crds {
+            add_kubeadm_contract_labels(crd);
+        }
+        crd_install::install(&self.client(), crds, Conversion::StripWebhook).await
     }
 
     /// Creates namespace `name`; fails if it exists.
@@ -438,5 +442,26 @@ async fn wait_for_readyz(
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The contract labels CAPI's kustomize configuration puts on the kubeadm bootstrap and
+/// control plane providers' CRDs (`cluster.x-k8s.io/v1beta1: v1beta1`,
+/// `cluster.x-k8s.io/v1beta2: v1beta2`, as in their release components), which the
+/// module's `config/crd/bases` files lack. CAPI core resolves an `apiGroup`/`kind`
+/// reference (a Machine's bootstrap `configRef`, a ClusterClass's templates) to a
+/// version through these labels; without them it refuses the reference.
+fn add_kubeadm_contract_labels(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
+    let group = crd.spec.group.as_str();
+    if group != "bootstrap.cluster.x-k8s.io" && group != "controlplane.cluster.x-k8s.io" {
+        return;
+    }
+    let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+    for contract in ["v1beta1", "v1beta2"] {
+        if crd.spec.versions.iter().any(|v| v.name == contract) {
+            labels.insert(format!("cluster.x-k8s.io/{contract}"), contract.to_string());
+        }
     }
 }

@@ -421,3 +421,105 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
     assert!(!ok && out.trim().is_empty(), "a missing variable fails");
     assert!(err.contains("CAPL_LIBVIRT_URI"), "the error names the variable: {err}");
 }
+
+/// The topology flavor as a user applies it (the ClusterClass, then the generated Cluster),
+/// with CAPI core and the kubeadm providers running with their webhooks: CAPI's topology
+/// controller renders the KubeadmControlPlane and the workers' KubeadmConfigTemplate
+/// through the ClusterClass patches, with the endpoint's keepalived and the pod network
+/// (the node image's programs) wired to the Cluster's values.
+#[tokio::test]
+async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
+    let env = testenv::TestEnv::start().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    let capi = env
+        .start_capi(testenv::CapiOptions::new().with_kubeadm_providers().feature_gates("ClusterTopology=true"))
+        .await
+        .expect("CAPI core and kubeadm managers");
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace("topology").await.unwrap();
+    let client = env.client();
+    let repo = LocalRepository::release("v0.1.0");
+    let mut docs = parse_documents(&std::fs::read_to_string(repo.dir().join("clusterclass-libvirt.yaml")).unwrap());
+    let vars: Vec<(&str, &str)> = CLUSTER_VARIABLES
+        .iter()
+        .copied()
+        .filter(|(n, _)| *n != "KUBERNETES_VERSION")
+        .chain([("CAPL_POD_CIDR", "10.77.0.0/16")])
+        .collect();
+    let (ok, out, err) = repo.clusterctl(
+        &env,
+        &[
+            "generate",
+            "cluster",
+            "lab",
+            "--infrastructure",
+            "libvirt:v0.1.0",
+            "--flavor",
+            "topology",
+            "-n",
+            &namespace,
+            "--kubernetes-version",
+            "v1.36.3",
+            "--control-plane-machine-count",
+            "1",
+            "--worker-machine-count",
+            "1",
+        ],
+        &vars,
+    );
+    assert!(ok, "clusterctl generate cluster --flavor topology: {err}");
+    docs.extend(parse_documents(&out));
+    for mut doc in docs {
+        doc["metadata"]["namespace"] = namespace.clone().into();
+        let api_version = doc["apiVersion"].as_str().unwrap().to_string();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+        let gvk = GroupVersionKind::gvk(group, version, doc["kind"].as_str().unwrap());
+        let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+        let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+        api.patch(&name, &PatchParams::apply("topology-test"), &Patch::Apply(&doc))
+            .await
+            .unwrap_or_else(|e| panic!("applying {gvk:?} {name}: {e}\n{}", capi.log_tail(20)));
+    }
+
+    let gvk = |group: &str, kind: &str| GroupVersionKind::gvk(group, "v1beta2", kind);
+    let (kcp_resource, _) =
+        pinned_kind(&client, &gvk("controlplane.cluster.x-k8s.io", "KubeadmControlPlane")).await.unwrap();
+    let kcps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &kcp_resource);
+    let (kct_resource, _) =
+        pinned_kind(&client, &gvk("bootstrap.cluster.x-k8s.io", "KubeadmConfigTemplate")).await.unwrap();
+    let kcts: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &kct_resource);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let (kcp, worker_config) = loop {
+        let kcp = kcps.list(&Default::default()).await.unwrap().items.into_iter().next();
+        let kct = kcts.list(&Default::default()).await.unwrap().items.into_iter().find(|t| {
+            t.metadata.labels.as_ref().is_some_and(|l| l.contains_key("topology.cluster.x-k8s.io/deployment-name"))
+        });
+        if let (Some(kcp), Some(kct)) = (kcp, kct) {
+            break (kcp, kct);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the topology controller rendered no KubeadmControlPlane and worker KubeadmConfigTemplate within 120 s:\n{}",
+            capi.log_tail(30)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let spec = &kcp.data["spec"]["kubeadmConfigSpec"];
+    assert_eq!(
+        spec["preKubeadmCommands"],
+        serde_json::json!(["capl-control-plane-vip 192.168.122.10 6443", "systemctl enable --now capl-pod-network"]),
+        "{spec}"
+    );
+    let pod_network = serde_json::json!([{
+        "path": "/etc/capl/pod-network.env", "permissions": "0644", "content": "CLUSTER_CIDR=10.77.0.0/16\n"
+    }]);
+    assert_eq!(spec["files"], pod_network, "{spec}");
+    assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
+    let worker = &worker_config.data["spec"]["template"]["spec"];
+    assert_eq!(worker["files"], pod_network, "{worker}");
+    assert_eq!(
+        worker["preKubeadmCommands"],
+        serde_json::json!(["systemctl enable --now capl-pod-network"]),
+        "{worker}"
+    );
+}
