@@ -36,7 +36,8 @@
 //! `~/.cache/cluster-api-provider-libvirt/node-image/<kubernetes>-<key>/node.qcow2`,
 //! where the key hashes every input: the pinned versions, every file of
 //! `hack/node-image` and this source file. Go binaries are cached per version under
-//! `.../node-image/go/`. Needs root (mmdebstrap, chroot), Go, `mmdebstrap`,
+//! `.../node-image/go/`, and the Debian root as a tarball under `.../node-image/debian-root/`
+//! (keyed by `packages` and `rootfs.sh`; only the newest is kept). Needs root (mmdebstrap, chroot), Go, `mmdebstrap`,
 //! `syslinux`, `syslinux-common`, `mtools`, `dosfstools`, `e2fsprogs`, `fdisk`, `qemu-utils`.
 
 use std::collections::BTreeMap;
@@ -205,12 +206,33 @@ pub fn build(force: bool) -> Result<PathBuf> {
     fs::create_dir_all(&work)?;
     let root = work.join("root");
 
-    // 3. Debian root directory.
+    // 3. Debian root directory: made by mmdebstrap, or unpacked from the tarball of the
+    // last one made from the same package list and script (a change to the overlay or
+    // the programs then costs seconds instead of a new mmdebstrap run).
     let t = Instant::now();
     let rootfs_sh = hack.join("rootfs.sh");
     let packages = hack.join("packages");
-    cmd!(sh, "{rootfs_sh} {packages} {root}").run().context("mmdebstrap (hack/node-image/rootfs.sh) failed")?;
-    eprintln!("node-image: Debian root in {:.0?}", t.elapsed());
+    let root_key = short_hash(&[&fs::read_to_string(&rootfs_sh)?, &fs::read_to_string(&packages)?]);
+    let root_tar = cache.join("debian-root").join(format!("{root_key}.tar"));
+    if root_tar.is_file() {
+        fs::create_dir_all(&root)?;
+        cmd!(sh, "tar -C {root} --numeric-owner -xpf {root_tar}")
+            .quiet()
+            .run()
+            .context("unpacking the cached Debian root")?;
+        eprintln!("node-image: Debian root unpacked from {} in {:.0?}", root_tar.display(), t.elapsed());
+    } else {
+        cmd!(sh, "{rootfs_sh} {packages} {root}").run().context("mmdebstrap (hack/node-image/rootfs.sh) failed")?;
+        eprintln!("node-image: Debian root in {:.0?}", t.elapsed());
+        let dir = root_tar.parent().expect("has a parent");
+        if dir.exists() {
+            fs::remove_dir_all(dir)?; // only the newest root is kept
+        }
+        fs::create_dir_all(dir)?;
+        let partial = dir.join(format!("{root_key}.tar.partial"));
+        cmd!(sh, "tar -C {root} --numeric-owner -cpf {partial} .").quiet().run().context("saving the Debian root")?;
+        fs::rename(&partial, &root_tar)?;
+    }
 
     // 4. Our files, the node binaries and the container images.
     let t = Instant::now();
