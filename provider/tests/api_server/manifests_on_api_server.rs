@@ -510,13 +510,22 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
         serde_json::json!(["capl-control-plane-vip 192.168.122.10 6443", "systemctl enable --now capl-pod-network"]),
         "{spec}"
     );
-    let pod_network = serde_json::json!([{
+    let pod_network = serde_json::json!({
         "path": "/etc/capl/pod-network.env", "permissions": "0644", "content": "CLUSTER_CIDR=10.77.0.0/16\n"
-    }]);
-    assert_eq!(spec["files"], pod_network, "{spec}");
+    });
+    let file = |spec: &serde_json::Value, path: &str| {
+        spec["files"].as_array().and_then(|files| files.iter().find(|f| f["path"] == path).cloned())
+    };
+    assert_eq!(file(spec, "/etc/capl/pod-network.env"), Some(pod_network.clone()), "{spec}");
+    let rbac = file(spec, "/etc/capl/pod-network-rbac.yaml").expect("the pod network's RBAC file");
+    assert!(rbac["content"].as_str().unwrap().contains("name: system:nodes"), "{rbac}");
+    assert!(
+        spec["postKubeadmCommands"][0].as_str().unwrap().contains("apply -f /etc/capl/pod-network-rbac.yaml"),
+        "{spec}"
+    );
     assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
     let worker = &worker_config.data["spec"]["template"]["spec"];
-    assert_eq!(worker["files"], pod_network, "{worker}");
+    assert_eq!(worker["files"], serde_json::json!([pod_network]), "{worker}");
     assert_eq!(
         worker["preKubeadmCommands"],
         serde_json::json!(["systemctl enable --now capl-pod-network"]),
