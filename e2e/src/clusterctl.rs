@@ -173,8 +173,19 @@ impl LocalRepository {
     /// [`CLUSTERCTL_BOUND`] (then kills it); returns what it printed, or an
     /// error with its log.
     pub fn clusterctl_output(&self, args: &[&str]) -> Result<ClusterctlOutput> {
+        self.clusterctl_output_env(args, &[])
+    }
+
+    /// [`LocalRepository::clusterctl`] with these environment variables set (the
+    /// variables `clusterctl generate cluster` substitutes); returns stdout.
+    pub fn clusterctl_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<String> {
+        Ok(self.clusterctl_output_env(args, env)?.stdout)
+    }
+
+    fn clusterctl_output_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<ClusterctlOutput> {
         let mut child = Command::new(&self.clusterctl)
             .args(args)
+            .envs(env.iter().copied())
             .arg("--config")
             .arg(&self.config)
             .env("XDG_CONFIG_HOME", &self.root)

@@ -161,3 +161,122 @@ fn ready_message(lm: &kube::api::DynamicObject) -> String {
         .unwrap_or_default()
         .replace('\n', " ")
 }
+
+/// `cargo xtask demo --workload`: a real Kubernetes cluster (one control-plane machine,
+/// one worker) from the default template, as the `workload` e2e scenario makes it.
+/// Prints machine phases, kubeadm progress and node readiness as they change, then how
+/// to use the workload cluster; Ctrl-C deletes it and stops everything.
+pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, ListParams};
+
+    use crate::scenario_workload::{CLUSTER as WL, apply_cluster, kubeadm_control_plane, workload_kubeconfig};
+
+    let started = Instant::now();
+    let at = move || format!("[{:>6.1}s]", started.elapsed().as_secs_f64());
+    println!(
+        "{} starting: local kube-apiserver + etcd, CAPI core, kubeadm bootstrap and control plane, the provider",
+        at()
+    );
+    let mut stack = Stack::start(config).await?;
+    let ns = stack.namespace("demo").await?;
+    let client = stack.client();
+    println!("{} {}; KUBECONFIG={}", at(), stack.management.describe(), stack.management.kubeconfig_path().display());
+    println!("{} provider log: {}", at(), stack.provider.log_path().display());
+    let result = async {
+        apply_cluster(&stack, &ns, |m| println!("{} {m}", at()))?;
+        println!("{} under software emulation kubeadm init takes about 5 minutes, a worker's join 3 more", at());
+        let kcps: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kubeadm_control_plane());
+        let kubeconfig_path = stack.work_dir.join(format!("{WL}.kubeconfig"));
+        let mut workload: Option<kube::Client> = None;
+        let mut shown: BTreeMap<String, String> = BTreeMap::new();
+        let mut announced = false;
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut show = |key: &str, line: String| {
+            if shown.get(key) != Some(&line) {
+                println!("{} {line}", at());
+                shown.insert(key.to_string(), line);
+            }
+        };
+        loop {
+            for machine in objects::list(&client, &ns, Kind::Machine).await? {
+                let name = objects::name(&machine);
+                let phase = objects::str_at(&machine, &["status", "phase"]).unwrap_or("-").to_string();
+                let node = objects::str_at(&machine, &["status", "nodeRef", "name"]).unwrap_or("-").to_string();
+                let ip = objects::internal_ip(&machine).unwrap_or_else(|| "-".into());
+                show(&name, format!("machine {name}: phase={phase} ip={ip} node={node}"));
+            }
+            if let Some(kcp) = kcps.get_opt(&format!("{WL}-control-plane")).await? {
+                let initialized = kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true;
+                let available = objects::condition(&kcp, "Available").map(|c| c.0).unwrap_or("-").to_string();
+                show("kcp", format!("KubeadmControlPlane: initialized={initialized} Available={available}"));
+                if initialized && workload.is_none() {
+                    let (config, text) = workload_kubeconfig(&client, &ns).await?;
+                    std::fs::write(&kubeconfig_path, text)?;
+                    let mut config =
+                        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+                            .await?;
+                    config.connect_timeout = Some(Duration::from_secs(5));
+                    config.read_timeout = Some(Duration::from_secs(10));
+                    workload = Some(kube::Client::try_from(config)?);
+                    println!(
+                        "{} kubeadm init done; the workload cluster answers at https://{}:6443 (kubeconfig {})",
+                        at(),
+                        stack.placement.endpoint_host,
+                        kubeconfig_path.display()
+                    );
+                }
+            }
+            let mut ready_nodes = 0;
+            if let Some(workload) = &workload
+                && let Ok(nodes) = Api::<Node>::all(workload.clone()).list(&ListParams::default()).await
+            {
+                for node in &nodes.items {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    let ready = node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    ready_nodes += usize::from(ready);
+                    show(&format!("node/{name}"), format!("node {name}: Ready={ready}"));
+                }
+            }
+            if ready_nodes == 2 && !announced {
+                announced = true;
+                println!("{} the workload cluster is ready: both Nodes are Ready", at());
+                if exit_after_ready {
+                    break;
+                }
+                println!("{} try: kubectl --kubeconfig {} get nodes -o wide", at(), kubeconfig_path.display());
+                println!(
+                    "{}  or: kubectl --kubeconfig {} get clusters,machines,libvirtmachines -A",
+                    at(),
+                    stack.management.kubeconfig_path().display()
+                );
+                println!("{} press Ctrl-C to delete the cluster and stop everything", at());
+            }
+            stack.provider.ensure_running()?;
+            tokio::select! {
+                _ = &mut ctrl_c => { println!(); break; }
+                _ = term.recv() => { println!(); break; }
+                _ = tokio::time::sleep(Duration::from_secs(3)) => {}
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(err) = &result {
+        println!("{} the demo failed: {err:#}", at());
+        crate::scenario_workload::report_guests(&stack, &ns);
+    }
+    println!("{} deleting Cluster {WL}: KCP and CAPI delete the Machines, the provider their VMs", at());
+    let leftovers = stack.shutdown().await?;
+    if !leftovers.is_empty() {
+        println!("{} removed what the provider left behind: {}", at(), leftovers.join(", "));
+    }
+    println!("{} done: everything stopped and removed", at());
+    result
+}

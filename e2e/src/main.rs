@@ -33,6 +33,9 @@ enum Command {
         /// Clean up and exit once both machines run (for non-interactive checks).
         #[arg(long)]
         exit_after_ready: bool,
+        /// A real Kubernetes cluster (kubeadm control plane and a worker) instead of two plain machines.
+        #[arg(long)]
+        workload: bool,
     },
 }
 
@@ -41,7 +44,8 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { only, kind } => run(&only, kind).await,
-        Command::Demo { hypervisor, exit_after_ready } => match StackConfig::from_env(hypervisor == "sim") {
+        Command::Demo { hypervisor, exit_after_ready, workload } => match StackConfig::from_env(hypervisor == "sim") {
+            Ok(config) if workload => e2e::demo::run_workload(&config, exit_after_ready).await.map(|()| true),
             Ok(config) => e2e::demo::run(&config, exit_after_ready).await.map(|()| true),
             Err(err) => Err(err),
         },

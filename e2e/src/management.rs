@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use testenv::{CapiManager, TestEnv};
+use testenv::{CapiManager, CapiOptions, TestEnv};
 
 use crate::repo_root;
 
@@ -70,7 +70,12 @@ impl Management {
         match kind {
             ManagementKind::Local => {
                 let env = TestEnv::start().await.context("starting the local control plane")?;
-                let capi = env.start_capi_manager().await.context("starting the CAPI core manager")?;
+                // With the kubeadm bootstrap and control plane providers (and their
+                // webhooks): the workload scenario's cluster is a kubeadm one.
+                let capi = env
+                    .start_capi(CapiOptions::new().with_kubeadm_providers())
+                    .await
+                    .context("starting the CAPI core, kubeadm bootstrap and kubeadm control plane managers")?;
                 env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
                     .await
                     .context("installing the provider's CRDs from config/crd/bases")?;

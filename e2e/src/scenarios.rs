@@ -61,6 +61,11 @@ pub fn all() -> Vec<Scenario> {
             id: "delete",
             run: |s| Box::pin(cluster_deletion(s)),
         },
+        Scenario {
+            name: "workload cluster: kubeadm control plane and workers from the template",
+            id: "workload",
+            run: |s| Box::pin(crate::scenario_workload::workload(s)),
+        },
         // Last: it adds clusterctl's inventory to the stack's management cluster.
         Scenario {
             name: "clusterctl move to a second management cluster",
@@ -116,15 +121,15 @@ async fn create_machine(stack: &Stack, ns: &str, cluster: &str, name: &str) -> R
 
 /// What a running machine looks like from its LibvirtMachine.
 #[derive(Debug, Clone)]
-struct Running {
-    name: String,
-    uid: String,
-    domain: String,
-    ip: String,
-    mac: String,
+pub(crate) struct Running {
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    pub(crate) domain: String,
+    pub(crate) ip: String,
+    pub(crate) mac: String,
 }
 
-fn running_facts(lm: &DynamicObject) -> Option<Running> {
+pub(crate) fn running_facts(lm: &DynamicObject) -> Option<Running> {
     let ready = objects::condition(lm, "Ready").map(|c| c.0) == Some("True");
     let provider_id = lm.data["spec"]["providerID"].as_str()?;
     let uid = objects::uid(lm);
@@ -204,7 +209,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Host checks of a running machine: domain running with UUID = UID, one
 /// DHCP host reserving the address, the lease holding it.
-async fn check_on_host(stack: &Stack, run: &Running) -> Result<()> {
+pub(crate) async fn check_on_host(stack: &Stack, run: &Running) -> Result<()> {
     let host = stack.libvirt()?;
     let state = host.domain_state(&run.domain)?;
     ensure!(state == "running", "domain {} is {state:?}, expected running", run.domain);
@@ -278,7 +283,7 @@ pub(crate) async fn wait_host_objects(stack: &Stack, ns: &str, domains: &[&str])
 }
 
 /// Deletes the scenario's Clusters and waits for the provider to clean up.
-async fn clean_up(stack: &Stack, ns: &str) -> Result<()> {
+pub(crate) async fn clean_up(stack: &Stack, ns: &str) -> Result<()> {
     delete_all_clusters(&stack.client(), ns).await?;
     if stack.host.is_some() {
         wait_host_objects(stack, ns, &[]).await?;

@@ -330,17 +330,25 @@ fn check_test_host(host: &HostView) -> Result<()> {
 /// (`<key>` is the image's cache directory name: kernel and script hash),
 /// unless a volume of that name exists. Returns the volume name.
 fn upload_guest_image(host: &HostView, image: &Path) -> Result<String> {
+    upload_base_image(host, image, "guest", "cargo xtask guest-image")
+}
+
+/// Uploads `image` into the base pool as `capl-e2e-<kind>-<key>.qcow2` (`<key>`:
+/// the name of the image's cache directory, which hashes its inputs) unless a
+/// volume of that name exists; `builder` is the command that makes the image.
+/// Returns the volume name.
+pub fn upload_base_image(host: &HostView, image: &Path, kind: &str, builder: &str) -> Result<String> {
     let key = image
         .parent()
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "image".into());
-    let volume = format!("capl-e2e-guest-{key}.qcow2");
+    let volume = format!("capl-e2e-{kind}-{key}.qcow2");
     if host.volume_exists(TEST_BASE_POOL, &volume) {
         return Ok(volume);
     }
     let size = std::fs::metadata(image)
-        .with_context(|| format!("the guest image {} is missing: run `cargo xtask guest-image`", image.display()))?
+        .with_context(|| format!("the {kind} image {} is missing: run `{builder}`", image.display()))?
         .len();
     let image_path = image.display().to_string();
     host.virsh(&["vol-create-as", TEST_BASE_POOL, &volume, &format!("{size}b"), "--format", "qcow2"])?;

@@ -9,6 +9,12 @@
 //! libvirtd is stopped too when this demo started it (a daemon that was
 //! already running, e.g. for tests, is left running).
 //!
+//! `--workload` makes a real Kubernetes cluster instead (the e2e `workload`
+//! scenario's: `clusterctl generate cluster` from the default template, a kubeadm
+//! control plane and a worker booting the node image of `cargo xtask node-image`),
+//! narrates machine phases, kubeadm progress and node readiness, and says how to
+//! reach the workload cluster.
+//!
 //! `--hypervisor sim` runs the provider on its embedded simulated libvirt
 //! host: no libvirtd, no guest image, no root needed at run time.
 
@@ -17,7 +23,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{control_plane, e2e, guest_image, libvirt_host, repo_root};
+use crate::{control_plane, e2e, guest_image, libvirt_host, node_image, repo_root};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,11 +33,18 @@ pub struct Args {
     /// Clean up and exit as soon as both machines run (for scripts and CI).
     #[arg(long)]
     exit_after_ready: bool,
+    /// A real Kubernetes cluster from the default template (kubeadm control plane and a
+    /// worker on the Kubernetes node image) instead of two plain machines; libvirt only.
+    #[arg(long)]
+    workload: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let sim = args.hypervisor == "sim";
+    if sim && args.workload {
+        bail!("--workload needs real guests (kubeadm runs in them): drop --hypervisor sim");
+    }
     eprintln!("demo: preparing (the first run installs packages and builds the control plane; later runs reuse them)");
     libvirt_host::deps()?;
     control_plane::run(control_plane::Command::Build)?;
@@ -43,6 +56,10 @@ pub fn run(args: Args) -> Result<()> {
         let uri = libvirt_host::up()?;
         runner_env.push((libvirt_host::URI_ENV, uri));
         runner_env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
+        if args.workload {
+            let node_image = node_image::build(false)?;
+            runner_env.push(("CAPL_NODE_IMAGE", node_image.display().to_string()));
+        }
     }
     let bins = e2e::build_binaries()?;
     eprintln!("demo: prepared in {:.0} s; starting the demo", started.elapsed().as_secs_f64());
@@ -54,6 +71,9 @@ pub fn run(args: Args) -> Result<()> {
         .envs(runner_env);
     if args.exit_after_ready {
         command.arg("--exit-after-ready");
+    }
+    if args.workload {
+        command.arg("--workload");
     }
     let mut child = command.spawn().with_context(|| format!("starting {}", bins.e2e.display()))?;
     // Ctrl-C reaches the whole foreground process group: the demo cleans up on

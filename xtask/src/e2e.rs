@@ -3,7 +3,8 @@
 //! Prepares everything the e2e suite needs, in order, reusing what exists:
 //! 1. host packages (`host deps`);
 //! 2. the local control plane (`control-plane build`);
-//! 3. the guest image (`guest-image`);
+//! 3. the guest image (`guest-image`) and, when the `workload` scenario runs,
+//!    the Kubernetes node image (`node-image`);
 //! 4. the private libvirtd with its network and pools (`host up`);
 //! 5. the provider binary and the `capl-e2e` runner (`cargo build`);
 //!
@@ -25,11 +26,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
+use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, step};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, move); repeatable.
+    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, move); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
@@ -55,6 +56,11 @@ pub fn run(args: Args) -> Result<()> {
         step("control plane", || control_plane::run(control_plane::Command::Build))?;
     }
     let image = step("guest image", || guest_image::build(false))?;
+    let node_image = if args.only.is_empty() || args.only.iter().any(|o| o == "workload") {
+        Some(step("Kubernetes node image", || node_image::build(false))?)
+    } else {
+        None
+    };
     let uri = step("private libvirtd", libvirt_host::up)?;
     let bins = step("build provider and e2e runner", build_binaries)?;
 
@@ -62,6 +68,9 @@ pub fn run(args: Args) -> Result<()> {
     sh.change_dir(repo_root());
     sh.set_var(libvirt_host::URI_ENV, &uri);
     sh.set_var("CAPL_GUEST_IMAGE", &image);
+    if let Some(node_image) = &node_image {
+        sh.set_var("CAPL_NODE_IMAGE", node_image);
+    }
     sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
     sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
     let runner = &bins.e2e;

@@ -1,0 +1,587 @@
+//! The `workload` scenario (issue 13): a real Kubernetes cluster on libvirt VMs.
+//!
+//! `clusterctl generate cluster` renders the release's default flavor (the
+//! `templates/cluster-template.yaml` a user gets) for one control-plane machine
+//! and one worker, with only the variables `templates/README.md` documents;
+//! `kubectl apply` gives it to the management cluster, where CAPI core, the
+//! kubeadm bootstrap (CABPK) and control plane (KCP) managers (with their
+//! webhooks) and this provider run. The machines boot the Kubernetes node image
+//! (`cargo xtask node-image`) on the private libvirtd under software emulation
+//! and run real `kubeadm init` / `kubeadm join`. Checked from outside, as a user
+//! would:
+//! - KCP becomes Initialized and Available; both Machines reach phase Running
+//!   with a nodeRef;
+//! - through the endpoint (keepalived's address), with the kubeconfig of the
+//!   `<cluster>-kubeconfig` Secret, both Nodes are Ready with `spec.providerID`
+//!   equal to their LibvirtMachine's;
+//! - a Pod on the worker fetches a page from a Pod on the control-plane node;
+//! - the MachineDeployment scaled to 2 joins a second worker; scaled back to 1,
+//!   the removed machine's domain, disk, seed ISO and DHCP entry are gone;
+//! - deleting the Cluster leaves nothing of the namespace's on the host.
+//!
+//! A failure prints the tail of each guest's serial console (kernel, cloud-init
+//! and kubeadm output) and where the full logs are kept.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use testenv::control_plane_versions::{KUBERNETES_VERSION, NODE_TEST_IMAGE};
+use testenv::test_host::{TLS_CA_CERT, TLS_PORT};
+
+use crate::clusterctl::LocalRepository;
+use crate::objects::{self, Kind};
+use crate::scenarios::{Running, check_on_host, running_facts, say};
+use crate::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
+use crate::wait::{Check, until};
+
+/// The environment variable with the node image's path (`cargo xtask node-image` prints it).
+pub const NODE_IMAGE_ENV: &str = "CAPL_NODE_IMAGE";
+const ID: &str = "workload";
+pub(crate) const CLUSTER: &str = "wl";
+/// The release clusterctl renders the template from.
+const RELEASE_VERSION: &str = "v0.1.0";
+
+// Ceilings, not expectations: QEMU emulates every instruction on a 2-core machine.
+/// From `kubectl apply` to the control-plane VM running with its address.
+const VM_STARTED: Duration = Duration::from_secs(600);
+/// From the VM running to `kubeadm init` done (KCP Initialized); measured about 5 min.
+const KUBEADM_INIT: Duration = Duration::from_secs(1500);
+/// For a worker to be created, boot, join and become Ready.
+const WORKER_JOINED: Duration = Duration::from_secs(1200);
+/// For Nodes, Pods and conditions to settle once their machine runs.
+const SETTLE: Duration = Duration::from_secs(600);
+
+pub(crate) fn kubeadm_control_plane() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("controlplane.cluster.x-k8s.io", "v1beta2", "KubeadmControlPlane"),
+        "kubeadmcontrolplanes",
+    )
+}
+
+/// base64 of `bytes`, as Kubernetes writes Secret data.
+fn base64(bytes: &[u8]) -> Result<String> {
+    let value = serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec()))?;
+    value.as_str().map(str::to_string).context("ByteString did not serialize to a string")
+}
+
+/// One row of the timing table.
+struct Timings {
+    started: Instant,
+    rows: Vec<(&'static str, f64)>,
+}
+
+impl Timings {
+    fn mark(&mut self, what: &'static str) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        say(ID, format!("{what} at {seconds:.0} s"));
+        self.rows.push((what, seconds));
+    }
+
+    fn table(&self) -> String {
+        let width = self.rows.iter().map(|(w, _)| w.len()).max().unwrap_or(5);
+        let mut out = format!("{:<width$}  {:>7}\n", "event", "seconds");
+        for (what, seconds) in &self.rows {
+            out.push_str(&format!("{what:<width$}  {seconds:>7.0}\n"));
+        }
+        out
+    }
+}
+
+pub async fn workload(stack: &mut Stack) -> Result<String> {
+    let ns = stack.namespace(ID).await?;
+    let result = run(stack, &ns).await;
+    if let Err(err) = &result {
+        report_workload(&stack.client(), &ns).await;
+        report_guests(stack, &ns);
+        return Err(anyhow::anyhow!("{err:#}"));
+    }
+    result
+}
+
+/// Uploads the node image (`$CAPL_NODE_IMAGE`) into the base pool, renders the default
+/// flavor with `clusterctl generate cluster` for cluster [`CLUSTER`] (one control-plane
+/// machine, one worker) in `ns`, and applies it with `kubectl apply`, as a user does.
+/// Returns the rendered manifest.
+pub(crate) fn apply_cluster(stack: &Stack, ns: &str, say: impl Fn(String)) -> Result<PathBuf> {
+    let image_path = std::env::var_os(NODE_IMAGE_ENV).map(PathBuf::from).with_context(|| {
+        format!(
+            "a workload cluster needs the Kubernetes node image: run `cargo xtask node-image` (as root) and set \
+             {NODE_IMAGE_ENV} to the path it prints (`cargo xtask e2e` and `cargo xtask demo --workload` do both)"
+        )
+    })?;
+    let t = Instant::now();
+    let image = upload_base_image(stack.libvirt()?, &image_path, "node", "cargo xtask node-image")?;
+    say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
+    let manifest = generate_cluster(stack, ns, &image)?;
+    kubectl_apply(stack, &manifest)?;
+    say(format!(
+        "clusterctl generate cluster {CLUSTER} | kubectl apply: {} (1 control-plane machine, 1 worker, endpoint {})",
+        manifest.display(),
+        stack.placement.endpoint_host
+    ));
+    Ok(manifest)
+}
+
+async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
+    // What a user does: render the template with clusterctl, apply it with kubectl.
+    let started = Instant::now();
+    apply_cluster(stack, ns, |m| say(ID, m))?;
+    let mut timings = Timings { started, rows: Vec::new() };
+
+    let client = stack.client();
+    let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
+    let kcp_name = format!("{CLUSTER}-control-plane");
+
+    // 1. The control-plane VM runs.
+    let cp = until("the control-plane LibvirtMachine to run with an address", VM_STARTED, || async {
+        let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
+        let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
+        Ok(match running.into_iter().next() {
+            Some(run) => Check::Done(run),
+            None => Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; ")),
+        })
+    })
+    .await?;
+    timings.mark("control-plane VM started");
+    check_on_host(stack, &cp).await?;
+
+    // 2. kubeadm init done: KCP Initialized.
+    until(&format!("KubeadmControlPlane {kcp_name} to be initialized (kubeadm init)"), KUBEADM_INIT, || async {
+        let kcp = kcp_api.get_opt(&kcp_name).await?;
+        Ok(match kcp {
+            Some(kcp) if kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true => Check::Done(()),
+            Some(kcp) => Check::Pending(format!("status {}", compact(&kcp.data["status"]))),
+            None => Check::Pending("no KubeadmControlPlane".into()),
+        })
+    })
+    .await?;
+    timings.mark("kubeadm init done (KCP initialized)");
+
+    // 3. The workload cluster through the endpoint.
+    let workload = workload_client(&client, ns).await?;
+    let nodes_api: Api<Node> = Api::all(workload.clone());
+    wait_nodes(&nodes_api, 1, false, SETTLE).await?;
+    timings.mark("first Node Ready");
+
+    // 4. The worker joins.
+    let nodes = wait_nodes_ready(&nodes_api, 2, WORKER_JOINED).await?;
+    timings.mark("worker joined (Node Ready)");
+    let machines = wait_machines_running(&client, ns, 2).await?;
+    check_provider_ids(&client, ns, &nodes).await?;
+    until(&format!("KubeadmControlPlane {kcp_name} to be Available"), SETTLE, || async {
+        let kcp = kcp_api.get_opt(&kcp_name).await?.context("the KubeadmControlPlane is gone")?;
+        Ok(match objects::condition(&kcp, "Available") {
+            Some(("True", _)) => Check::Done(()),
+            other => Check::Pending(format!("Available {other:?}")),
+        })
+    })
+    .await?;
+    timings.mark("KCP Available, both Machines Running with a nodeRef");
+    say(ID, format!("Machines {machines:?}"));
+
+    // 5. A Pod on the worker reaches a Pod on the control-plane node.
+    let reply = pod_to_pod(&workload, &nodes).await?;
+    timings.mark("Pod on the worker reached a Pod on the control-plane node");
+
+    // 6. Scale the MachineDeployment to 2 and back to 1.
+    let md = format!("{CLUSTER}-md-0");
+    let before: Vec<String> = domains(stack, ns)?;
+    objects::merge_patch(&client, ns, Kind::MachineDeployment, &md, json!({"spec": {"replicas": 2}})).await?;
+    say(ID, format!("MachineDeployment {md} scaled to 2"));
+    wait_nodes_ready(&nodes_api, 3, WORKER_JOINED).await?;
+    wait_machines_running(&client, ns, 3).await?;
+    timings.mark("second worker joined (scaled to 2)");
+    let with_three = domains(stack, ns)?;
+    ensure!(with_three.len() == 3, "three machines must be three domains, found {with_three:?} (before: {before:?})");
+    objects::merge_patch(&client, ns, Kind::MachineDeployment, &md, json!({"spec": {"replicas": 1}})).await?;
+    say(ID, "scaled back to 1");
+    let removed = until("one worker's Machine, LibvirtMachine and domain to be removed", SETTLE, || async {
+        let machines = objects::list(&client, ns, Kind::Machine).await?;
+        let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
+        let now = domains(stack, ns)?;
+        Ok(if machines.len() == 2 && lms.len() == 2 && now.len() == 2 {
+            Check::Done(with_three.iter().find(|d| !now.contains(d)).cloned())
+        } else {
+            Check::Pending(format!("{} Machines, {} LibvirtMachines, domains {now:?}", machines.len(), lms.len()))
+        })
+    })
+    .await?
+    .context("no domain disappeared")?;
+    check_nothing_of(stack, &removed)?;
+    wait_nodes_ready(&nodes_api, 2, SETTLE).await?;
+    timings.mark("scaled back to 1 (VM, disk, ISO, reservation gone)");
+
+    // 7. Deleting the Cluster leaves nothing on the host.
+    crate::scenarios::clean_up(stack, ns).await?;
+    let left = domains(stack, ns)?;
+    ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
+    timings.mark("Cluster deleted, nothing left on the host");
+
+    let table = timings.table();
+    eprintln!("  [{ID}] timing (seconds since kubectl apply):\n{table}");
+    Ok(format!("nodes {:?}; pod-to-pod reply {reply:?}; removed on scale-down: {removed}\n{table}", node_names(&nodes)))
+}
+
+/// Runs `clusterctl generate cluster` against the release of this checkout
+/// with the variables a user sets for the private libvirtd; checks that
+/// `--list-variables` lists every variable without a default it needed.
+fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
+    let dir = stack.work_dir.join("workload");
+    let repository = LocalRepository::release(&dir.join("repository"), RELEASE_VERSION)?;
+    let ca = std::fs::read(TLS_CA_CERT)
+        .with_context(|| format!("reading {TLS_CA_CERT}: start the private libvirtd with `cargo xtask host up`"))?;
+    let signer = testenv::remote_access::host_ca()?;
+    let (cert, key) = signer.client_cert("capl-e2e-workload", "capl-e2e")?;
+    let infrastructure = format!("libvirt:{RELEASE_VERSION}");
+    let kubeconfig = stack.management.kubeconfig_path().display().to_string();
+    let listed = repository.clusterctl(&[
+        "generate",
+        "cluster",
+        CLUSTER,
+        "--infrastructure",
+        &infrastructure,
+        "--target-namespace",
+        ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--list-variables",
+    ])?;
+    let variables: Vec<(&str, String)> = vec![
+        ("CAPL_LIBVIRT_URI", format!("qemu+tls://127.0.0.1:{TLS_PORT}/system")),
+        ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
+        ("CAPL_TLS_CLIENT_CRT_B64", base64(cert.as_bytes())?),
+        ("CAPL_TLS_CLIENT_KEY_B64", base64(key.as_bytes())?),
+        ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", stack.placement.endpoint_host.clone()),
+        ("CAPL_IMAGE", image.to_string()),
+        ("CAPL_NETWORK", TEST_NETWORK.to_string()),
+        ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
+        ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
+    ];
+    for (name, _) in &variables {
+        ensure!(
+            listed.contains(name),
+            "`clusterctl generate cluster --list-variables` does not list {name}, which the template uses:\n{listed}"
+        );
+    }
+    let mut args = vec![
+        "generate",
+        "cluster",
+        CLUSTER,
+        "--infrastructure",
+        &infrastructure,
+        "--target-namespace",
+        ns,
+        "--kubernetes-version",
+        KUBERNETES_VERSION,
+        "--control-plane-machine-count",
+        "1",
+        "--worker-machine-count",
+        "1",
+    ];
+    args.extend(["--kubeconfig", &kubeconfig]);
+    let env: Vec<(&str, &str)> = variables.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let rendered = repository.clusterctl_env(&args, &env)?;
+    let path = dir.join("cluster.yaml");
+    std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+fn kubectl_apply(stack: &Stack, manifest: &Path) -> Result<()> {
+    let kubectl = testenv::Assets::locate()?.kubectl().context("kubectl is not in the control-plane directory")?;
+    let output = std::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(stack.management.kubeconfig_path())
+        .args(["apply", "--request-timeout=60s", "-f"])
+        .arg(manifest)
+        .output()
+        .with_context(|| format!("running {}", kubectl.display()))?;
+    if !output.status.success() {
+        bail!("kubectl apply -f {} failed: {}", manifest.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(())
+}
+
+/// A client of the workload cluster from the `<cluster>-kubeconfig` Secret CAPI writes.
+pub(crate) async fn workload_client(client: &Client, ns: &str) -> Result<Client> {
+    let (kubeconfig, _) = workload_kubeconfig(client, ns).await?;
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(Duration::from_secs(30));
+    Ok(Client::try_from(config)?)
+}
+
+/// The workload cluster's kubeconfig (parsed and as text) from the `<cluster>-kubeconfig`
+/// Secret, waiting for CAPI to write it.
+pub(crate) async fn workload_kubeconfig(client: &Client, ns: &str) -> Result<(Kubeconfig, String)> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let name = format!("{CLUSTER}-kubeconfig");
+    let secret = until(&format!("Secret {ns}/{name}"), SETTLE, || async {
+        Ok(match secrets.get_opt(&name).await? {
+            Some(secret) => Check::Done(secret),
+            None => Check::Pending("absent".into()),
+        })
+    })
+    .await?;
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .with_context(|| format!("Secret {ns}/{name} has no key `value`"))?;
+    let text = std::str::from_utf8(&value.0)?.to_string();
+    Ok((Kubeconfig::from_yaml(&text)?, text))
+}
+
+/// Waits until exactly `count` Nodes exist and all are Ready; returns them.
+async fn wait_nodes_ready(nodes: &Api<Node>, count: usize, timeout: Duration) -> Result<Vec<Node>> {
+    wait_nodes(nodes, count, true, timeout).await
+}
+
+/// Waits until at least `count` Nodes are Ready, and (`exact`) no other Node exists.
+async fn wait_nodes(nodes: &Api<Node>, count: usize, exact: bool, timeout: Duration) -> Result<Vec<Node>> {
+    let what = if exact { format!("exactly {count} Nodes, all Ready") } else { format!("{count} Ready Node(s)") };
+    until(&format!("{what} in the workload cluster"), timeout, || async {
+        let list = match nodes.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            // The endpoint may not answer for a moment (an API server restarting).
+            Err(err) => return Ok(Check::Pending(format!("listing Nodes: {err}"))),
+        };
+        let ready = |n: &Node| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        };
+        let ready_count = list.iter().filter(|n| ready(n)).count();
+        Ok(if ready_count >= count && (!exact || list.len() == count) {
+            Check::Done(list)
+        } else {
+            let seen: Vec<String> = list
+                .iter()
+                .map(|n| format!("{} ready={}", n.metadata.name.clone().unwrap_or_default(), ready(n)))
+                .collect();
+            Check::Pending(format!("{seen:?}"))
+        })
+    })
+    .await
+}
+
+/// Waits until the namespace has `count` Machines, all Running with a nodeRef; returns
+/// `machine -> node`.
+async fn wait_machines_running(client: &Client, ns: &str, count: usize) -> Result<BTreeMap<String, String>> {
+    until(&format!("{count} Machines Running with a nodeRef"), SETTLE, || async {
+        let machines = objects::list(client, ns, Kind::Machine).await?;
+        let running: BTreeMap<String, String> = machines
+            .iter()
+            .filter(|m| m.data["status"]["phase"] == "Running")
+            .filter_map(|m| Some((objects::name(m), objects::str_at(m, &["status", "nodeRef", "name"])?.to_string())))
+            .collect();
+        Ok(if machines.len() == count && running.len() == count {
+            Check::Done(running)
+        } else {
+            let seen: Vec<String> = machines
+                .iter()
+                .map(|m| {
+                    format!("{} {} node={}", objects::name(m), m.data["status"]["phase"], m.data["status"]["nodeRef"])
+                })
+                .collect();
+            Check::Pending(format!("{seen:?}"))
+        })
+    })
+    .await
+}
+
+/// Every Node's providerID equals the LibvirtMachine's whose address it has.
+async fn check_provider_ids(client: &Client, ns: &str, nodes: &[Node]) -> Result<()> {
+    let lms = objects::list(client, ns, Kind::LibvirtMachine).await?;
+    let by_id: BTreeMap<String, String> = lms
+        .iter()
+        .filter_map(|lm| Some((objects::str_at(lm, &["spec", "providerID"])?.to_string(), objects::name(lm))))
+        .collect();
+    for node in nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let id = node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        ensure!(
+            by_id.contains_key(&id),
+            "Node {name} has providerID {id:?}, which no LibvirtMachine of {ns} has (theirs: {:?})",
+            by_id.keys().collect::<Vec<_>>()
+        );
+    }
+    Ok(())
+}
+
+fn node_names(nodes: &[Node]) -> Vec<String> {
+    nodes.iter().filter_map(|n| n.metadata.name.clone()).collect()
+}
+
+fn is_control_plane(node: &Node) -> bool {
+    node.metadata.labels.as_ref().is_some_and(|l| l.contains_key("node-role.kubernetes.io/control-plane"))
+}
+
+/// An HTTP server Pod (busybox httpd) on the control-plane node and a client Pod
+/// (busybox nc) on a worker; returns what the client fetched.
+async fn pod_to_pod(workload: &Client, nodes: &[Node]) -> Result<String> {
+    let cp = nodes.iter().find(|n| is_control_plane(n)).context("no control-plane Node")?;
+    let worker = nodes.iter().find(|n| !is_control_plane(n)).context("no worker Node")?;
+    let cp_name = cp.metadata.name.clone().unwrap_or_default();
+    let worker_name = worker.metadata.name.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    let marker = format!("capl-e2e-pong-from-{cp_name}");
+    let server: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "capl-e2e-server" },
+        "spec": {
+            "nodeName": cp_name,
+            "tolerations": [{ "operator": "Exists" }],
+            "containers": [{
+                "name": "httpd", "image": NODE_TEST_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c",
+                    format!("mkdir -p /tmp/www && echo {marker} > /tmp/www/index.html && exec busybox httpd -f -p 8080 -h /tmp/www")],
+                "ports": [{ "containerPort": 8080 }]
+            }]
+        }
+    }))?;
+    pods.create(&PostParams::default(), &server).await.context("creating the server Pod in the workload cluster")?;
+    let server_ip = until("the server Pod to run with an IP", SETTLE, || async {
+        let pod = pods.get("capl-e2e-server").await?;
+        let status = pod.status.clone().unwrap_or_default();
+        Ok(match (status.phase.as_deref(), status.pod_ip.clone()) {
+            (Some("Running"), Some(ip)) => Check::Done(ip),
+            _ => Check::Pending(pod_state(&pod)),
+        })
+    })
+    .await?;
+    say(ID, format!("server Pod on {cp_name} at {server_ip}"));
+    let client_pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "capl-e2e-client" },
+        "spec": {
+            "nodeName": worker_name,
+            "restartPolicy": "OnFailure",
+            "containers": [{
+                // busybox nc, not wget: Debian's static busybox crashes in wget (glibc's
+                // NSS cannot load in a static binary when wget looks up the service).
+                "name": "client", "image": NODE_TEST_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c",
+                    format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 {server_ip} 8080")]
+            }]
+        }
+    }))?;
+    pods.create(&PostParams::default(), &client_pod)
+        .await
+        .context("creating the client Pod in the workload cluster")?;
+    until("the client Pod on the worker to fetch the server's page", SETTLE, || async {
+        let pod = pods.get("capl-e2e-client").await?;
+        Ok(match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => Check::Done(()),
+            _ => Check::Pending(pod_state(&pod)),
+        })
+    })
+    .await?;
+    let reply = pods.logs("capl-e2e-client", &LogParams::default()).await.context("reading the client Pod's log")?;
+    let reply = reply.lines().last().unwrap_or_default().to_string();
+    ensure!(reply.contains(&marker), "the client Pod on {worker_name} printed {reply:?}, expected {marker:?}");
+    for name in ["capl-e2e-client", "capl-e2e-server"] {
+        let _ = pods.delete(name, &DeleteParams::default()).await;
+    }
+    say(ID, format!("Pod on {worker_name} fetched {:?} from {server_ip}", reply.trim()));
+    Ok(reply.trim().to_string())
+}
+
+fn pod_state(pod: &Pod) -> String {
+    let status = pod.status.clone().unwrap_or_default();
+    let containers: Vec<String> = status
+        .container_statuses
+        .unwrap_or_default()
+        .iter()
+        .map(|c| format!("{} restarts={} state={:?}", c.name, c.restart_count, c.state))
+        .collect();
+    format!("phase {:?}, {containers:?}", status.phase)
+}
+
+/// The domains of the namespace on the host.
+fn domains(stack: &Stack, ns: &str) -> Result<Vec<String>> {
+    stack.libvirt()?.domains_with_prefix(ns)
+}
+
+/// Fails if `domain`, a volume of it or its DHCP entry is still on the host.
+fn check_nothing_of(stack: &Stack, domain: &str) -> Result<()> {
+    let host = stack.libvirt()?;
+    let volumes: Vec<String> = host
+        .volumes(TEST_DISK_POOL)?
+        .into_iter()
+        .filter(|v| v.starts_with(domain) || v.starts_with(&format!("cloudinit-{domain}")))
+        .collect();
+    let reservations: Vec<String> =
+        host.dhcp_hosts(TEST_NETWORK)?.into_iter().filter(|h| h.name == domain).map(|h| h.ip).collect();
+    ensure!(
+        volumes.is_empty() && reservations.is_empty(),
+        "the removed machine {domain} left volumes {volumes:?} and DHCP reservations {reservations:?}"
+    );
+    Ok(())
+}
+
+/// On failure: what the workload cluster says about its Nodes and Pods, if it answers.
+pub(crate) async fn report_workload(client: &Client, ns: &str) {
+    let lookup = async {
+        let workload = tokio::time::timeout(Duration::from_secs(20), workload_client(client, ns)).await??;
+        let nodes = tokio::time::timeout(
+            Duration::from_secs(30),
+            Api::<Node>::all(workload.clone()).list(&ListParams::default()),
+        )
+        .await??;
+        for node in nodes.items {
+            let conditions: Vec<String> = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| format!("{}={} {}", c.type_, c.status, c.message.unwrap_or_default()))
+                .collect();
+            eprintln!("--- workload Node {}: {conditions:?}", node.metadata.name.unwrap_or_default());
+        }
+        let pods =
+            tokio::time::timeout(Duration::from_secs(30), Api::<Pod>::all(workload).list(&ListParams::default()))
+                .await??;
+        for pod in pods.items {
+            eprintln!(
+                "--- workload Pod {}/{} on {}: {}",
+                pod.metadata.namespace.clone().unwrap_or_default(),
+                pod.metadata.name.clone().unwrap_or_default(),
+                pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+                pod_state(&pod)
+            );
+        }
+        anyhow::Ok(())
+    };
+    if let Err(err) = lookup.await {
+        eprintln!("--- the workload cluster could not be asked about its Nodes and Pods: {err:#}");
+    }
+}
+
+/// On failure: the tail of every guest console of the namespace and where the logs are.
+pub(crate) fn report_guests(stack: &Stack, ns: &str) {
+    let Ok(domains) = domains(stack, ns) else { return };
+    for domain in domains {
+        let log = stack.console_log(&domain);
+        let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+        eprintln!("--- serial console of {domain} (last {} lines) ---\n{}", tail.len(), tail.join("\n"));
+    }
+    if let Some(dir) = &stack.console_dir {
+        eprintln!(
+            "e2e: the guests' full serial consoles (kernel, cloud-init and kubeadm output) are kept in {}",
+            dir.display()
+        );
+    }
+}
+
+fn compact(value: &Value) -> String {
+    let text = value.to_string();
+    if text.len() > 600 { format!("{}...", &text[..600]) } else { text }
+}
