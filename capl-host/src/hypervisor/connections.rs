@@ -57,6 +57,32 @@
 //! call is in flight. Keepalive starts only once a connection is open; the
 //! connect timeout covers the time before.
 //!
+//! # Domain events
+//!
+//! With an event sink set ([`Connections::set_event_sink`]), every connection
+//! the cache opens subscribes to domain lifecycle events
+//! ([`Hypervisor::subscribe_domain_events`]) before any call uses it, inside
+//! the connect (so within its timeout), and hands each event to the sink as
+//! [`HostEvent::Domain`]. The subscription lives exactly as long as the cached
+//! connection: dropping the connection (it died, a call timed out on it, its
+//! host was forgotten) drops the subscription, on a thread of its own since
+//! deregistering is a call to the host. A connection whose subscription
+//! failed is used all the same and replaced by the next
+//! [`Connections::check_connections`].
+//!
+//! Events sent while no connection was subscribed are lost, so a new
+//! connection to a host that had one before (a reconnect) is announced as
+//! [`HostEvent::Reconnected`] once its subscription is in place: the receiver
+//! looks at everything on that host again. A first connection needs no such
+//! look: whatever is observed through it is observed after its subscription.
+//!
+//! Nothing reconnects a host on its own, and a host whose machines are all
+//! healthy gets no calls for a long time, so [`Connections::check_connections`]
+//! (the manager runs it every few seconds) finds cached connections that died
+//! (`is_alive`, which makes no round trip: keepalive or the closed socket
+//! decides it) or have no subscription, and reconnects them, and reconnects
+//! hosts that lost their connection, backing off while they refuse.
+//!
 //! # Remote URIs
 //!
 //! Connections are opened non-interactively (`virConnectOpen`, no auth
@@ -94,13 +120,33 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, watch};
 
 use super::libvirt::{LibvirtHypervisor, from_virt};
-use super::{ErrorKind, Hypervisor, HypervisorError, Result};
+use super::{DomainEvent, ErrorKind, EventSubscription, Hypervisor, HypervisorError, Result};
+
+/// What a [`Connections`] cache tells its event sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEvent {
+    /// A lifecycle event of a domain on the host opened with `uri`.
+    Domain { uri: String, event: DomainEvent },
+    /// The host opened with `uri` has a new, subscribed connection after it
+    /// had another: events in between were lost.
+    Reconnected { uri: String },
+}
+
+/// Receives the cache's [`HostEvent`]s. It runs on the backend's event thread
+/// (or a connect's blocking thread): it must be quick and must not block.
+pub type HostEventSink = Arc<dyn Fn(HostEvent) + Send + Sync + 'static>;
+
+/// The longest wait between two reconnects of a host that refuses them in
+/// [`Connections::check_connections`].
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// The first wait after a failed reconnect; it doubles with each failure.
+const RECONNECT_BACKOFF_MIN: Duration = Duration::from_secs(5);
 
 /// The error type of a closure run by [`HostHandle::call`]: a bare
 /// [`HypervisorError`], or an error of the host layer that wraps one
@@ -252,6 +298,10 @@ pub struct Connections {
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
     opened: AtomicU64,
     attempts: AtomicU64,
+    /// Where domain events go; shared with the subscriptions' callbacks
+    /// (which must not hold the cache itself).
+    sink: Arc<RwLock<Option<HostEventSink>>>,
+    subscriptions: AtomicU64,
 }
 
 impl Connections {
@@ -267,7 +317,84 @@ impl Connections {
             hosts: Mutex::new(HashMap::new()),
             opened: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
+            sink: Arc::new(RwLock::new(None)),
+            subscriptions: AtomicU64::new(0),
         }
+    }
+
+    /// Sends the domain events of every connection opened from now on to
+    /// `sink` (replacing an earlier sink, which gets nothing more). A
+    /// connection opened before has no subscription and is replaced by the
+    /// next [`Connections::check_connections`].
+    pub fn set_event_sink(&self, sink: HostEventSink) {
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn has_sink(&self) -> bool {
+        self.sink.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    fn emit(sink: &RwLock<Option<HostEventSink>>, event: HostEvent) {
+        let sink = sink.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(sink) = sink {
+            sink(event);
+        }
+    }
+
+    /// Subscribes `conn` (just opened for `uri`) to domain events for the
+    /// sink; `None` without a sink or when subscribing failed (logged).
+    fn subscribe(&self, uri: &str, conn: &dyn Hypervisor) -> Option<EventSubscription> {
+        if !self.has_sink() {
+            return None;
+        }
+        let sink = Arc::downgrade(&self.sink);
+        let from = uri.to_string();
+        let subscribed = conn.subscribe_domain_events(Box::new(move |event| {
+            if let Some(sink) = sink.upgrade() {
+                Self::emit(&sink, HostEvent::Domain { uri: from.clone(), event });
+            }
+        }));
+        match subscribed {
+            Ok(subscription) => {
+                self.subscriptions.fetch_add(1, Ordering::SeqCst);
+                Some(subscription)
+            }
+            Err(e) => {
+                tracing::warn!(%uri, error = %e, "cannot subscribe to domain lifecycle events; the connection is replaced at the next check");
+                None
+            }
+        }
+    }
+
+    /// Event subscriptions made so far, over all hosts (for tests and metrics).
+    pub fn subscriptions_made(&self) -> u64 {
+        self.subscriptions.load(Ordering::SeqCst)
+    }
+
+    /// One look at every host's connection, for the domain events: a cached
+    /// connection that is no longer alive, or has no event subscription while
+    /// a sink is set, is dropped and a new one opened (which subscribes and is
+    /// announced as [`HostEvent::Reconnected`]); a host that had a connection
+    /// and lost it is reconnected, at most every 5 s doubling up to
+    /// [`RECONNECT_BACKOFF_MAX`] while connects fail. No call is made on the
+    /// host but the connect: `is_alive` makes no round trip, and runs on the
+    /// blocking pool within a call slot (a host whose slots are all taken is
+    /// left to its calls) and the call timeout. Returns how many connects it
+    /// started.
+    pub async fn check_connections(self: &Arc<Self>) -> usize {
+        if !self.has_sink() {
+            return 0;
+        }
+        let slots: Vec<Arc<HostSlot>> =
+            self.hosts.lock().expect("connection cache lock poisoned").values().cloned().collect();
+        let mut started = 0;
+        for slot in slots {
+            let handle = HostHandle { cache: self.clone(), slot };
+            if handle.check().await {
+                started += 1;
+            }
+        }
+        started
     }
 
     /// Sets how long one call and one connect may take (both must be above zero).
@@ -347,7 +474,33 @@ impl Connections {
 #[derive(Default)]
 struct SlotState {
     conn: Option<Arc<dyn Hypervisor>>,
+    /// The domain-event subscription of `conn`, if it has one.
+    subscription: Option<Subscription>,
     connecting: Option<Attempt>,
+    /// Whether a connection was ever opened for this host.
+    connected_before: bool,
+    /// Connects that failed in a row, and when the last one ended.
+    failed_connects: u32,
+    last_failure: Option<Instant>,
+}
+
+/// A connection's event subscription. Dropping it deregisters on a thread of
+/// its own: deregistering is a call to the host, which may not answer, and
+/// it is dropped where no call may block (under the slot's lock, on a
+/// runtime worker).
+struct Subscription(Option<EventSubscription>);
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(subscription) = self.0.take() {
+            let spawned =
+                std::thread::Builder::new().name("libvirt-event-deregister".into()).spawn(move || drop(subscription));
+            if let Err(e) = spawned {
+                // Never block here; the subscription's callback then lives on until the process ends.
+                tracing::warn!(error = %e, "cannot spawn a thread to deregister domain events");
+            }
+        }
+    }
 }
 
 /// A connect running on the blocking pool; every caller that needs the
@@ -376,6 +529,7 @@ impl HostSlot {
         if state.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
             tracing::warn!(uri = %self.uri, "libvirt connection {why}; the next call reconnects");
             state.conn = None;
+            state.subscription = None;
         }
     }
 }
@@ -548,7 +702,10 @@ impl HostHandle {
                 .unwrap_or_else(|_| {
                     Err(HypervisorError::new(ErrorKind::Other, 0, format!("connecting to {} panicked", slot.uri)))
                 });
-            {
+            // Subscribed before anyone can use the connection, so that whatever
+            // is observed through it is observed after its subscription.
+            let subscription = result.as_ref().ok().and_then(|conn| cache.subscribe(&slot.uri, conn.as_ref()));
+            let reconnected = {
                 let mut state = slot.state();
                 if state.connecting.as_ref().is_some_and(|a| a.id == id) {
                     state.connecting = None;
@@ -556,14 +713,82 @@ impl HostHandle {
                 match &result {
                     Ok(conn) => {
                         cache.opened.fetch_add(1, Ordering::SeqCst);
-                        state.conn = Some(conn.clone());
+                        let subscribed = subscription.is_some();
+                        // A connection that is not cached (a late connect that lost
+                        // the race with another) must not keep its subscription.
+                        let stale = std::mem::replace(&mut state.subscription, Some(Subscription(subscription)));
+                        let old = state.conn.replace(conn.clone());
+                        let reconnected = std::mem::replace(&mut state.connected_before, true) && subscribed;
+                        state.failed_connects = 0;
+                        state.last_failure = None;
+                        drop(state);
+                        drop((stale, old));
+                        reconnected
                     }
-                    Err(e) => tracing::warn!(uri = %slot.uri, error = %e, "cannot connect to libvirt"),
+                    Err(e) => {
+                        tracing::warn!(uri = %slot.uri, error = %e, "cannot connect to libvirt");
+                        state.failed_connects = state.failed_connects.saturating_add(1);
+                        state.last_failure = Some(Instant::now());
+                        false
+                    }
                 }
+            };
+            if reconnected {
+                tracing::info!(uri = %slot.uri, "reconnected to libvirt and subscribed to domain events again");
+                Connections::emit(&cache.sink, HostEvent::Reconnected { uri: slot.uri.clone() });
             }
             tx.send_replace(Some(result));
         }));
         Attempt { id, started: Instant::now(), done }
+    }
+
+    /// [`Connections::check_connections`] for this host; true when it started a connect.
+    async fn check(&self) -> bool {
+        let (conn, subscribed, wants_connection) = {
+            let state = self.slot.state();
+            let backoff = state.last_failure.is_some_and(|at| {
+                let wait = RECONNECT_BACKOFF_MIN
+                    .saturating_mul(1 << state.failed_connects.saturating_sub(1).min(8))
+                    .min(RECONNECT_BACKOFF_MAX);
+                at.elapsed() < wait
+            });
+            (
+                state.conn.clone(),
+                state.subscription.as_ref().is_some_and(|s| s.0.is_some()),
+                state.connected_before && state.connecting.is_none() && !backoff,
+            )
+        };
+        match conn {
+            Some(conn) => {
+                // Within a call slot, so that stuck checks stay bounded like stuck calls.
+                let Ok(permit) = self.slot.permits.clone().try_acquire_owned() else { return false };
+                let probe = conn.clone();
+                let alive = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    probe.is_alive()
+                });
+                let why = match tokio::time::timeout(self.cache.call_timeout, alive).await {
+                    Ok(Ok(true)) if subscribed => return false,
+                    Ok(Ok(true)) => "has no domain event subscription",
+                    Ok(_) => "is dead",
+                    Err(_) => "gave no answer whether it is alive",
+                };
+                self.slot.evict(&conn, why);
+                self.reconnect()
+            }
+            None if wants_connection => self.reconnect(),
+            None => false,
+        }
+    }
+
+    /// Starts a connect unless one runs; true when it started one.
+    fn reconnect(&self) -> bool {
+        let mut state = self.slot.state();
+        if state.conn.is_some() || state.connecting.is_some() {
+            return false;
+        }
+        state.connecting = Some(self.start_connect());
+        true
     }
 
     /// Calls currently admitted on this host, including calls that timed out
@@ -749,6 +974,124 @@ mod tests {
 
         host.faults().release(Op::GetCapabilities);
         capabilities(&handle).await.unwrap();
+        host.unregister();
+    }
+
+    /// The events a cache's sink received, and a way to wait for them.
+    #[derive(Clone, Default)]
+    struct Received(Arc<Mutex<Vec<HostEvent>>>);
+
+    impl Received {
+        fn sink(&self) -> HostEventSink {
+            let events = self.0.clone();
+            Arc::new(move |e| events.lock().unwrap().push(e))
+        }
+
+        async fn wait_for(&self, what: &str, found: impl Fn(&[HostEvent]) -> bool) {
+            let deadline = Instant::now() + BOUND;
+            while !found(&self.0.lock().unwrap()) {
+                assert!(Instant::now() < deadline, "no {what} among {:?}", self.0.lock().unwrap());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        fn reconnects(&self) -> usize {
+            self.0.lock().unwrap().iter().filter(|e| matches!(e, HostEvent::Reconnected { .. })).count()
+        }
+    }
+
+    fn domain_event(events: &[HostEvent], domain: &str) -> bool {
+        events.iter().any(|e| matches!(e, HostEvent::Domain { event, .. } if event.domain == domain))
+    }
+
+    const DOMAIN: &str = "<domain type='qemu'><name>ev</name><memory unit='MiB'>32</memory><devices/></domain>";
+
+    /// A connection subscribes before its first call; a dead one is found by
+    /// the check, replaced, subscribed again and announced as a reconnect,
+    /// once; a live, subscribed one is left alone and costs the host nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_subscribe_and_a_reconnect_is_announced_once() {
+        let uri = "sim:///capl-connections-events";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+        let received = Received::default();
+        cache.set_event_sink(received.sink());
+        let handle = cache.host(uri);
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(host.counters().calls(Op::DomainEventRegister), 1);
+        assert_eq!(cache.subscriptions_made(), 1);
+
+        let other = crate::hypervisor::sim::SimHypervisor::connect(uri).unwrap();
+        other.domain_define(DOMAIN).unwrap();
+        received.wait_for("event of domain ev", |e| domain_event(e, "ev")).await;
+        assert!(received.0.lock().unwrap().iter().all(|e| matches!(e, HostEvent::Domain { uri: u, .. } if u == uri)));
+        assert_eq!(received.reconnects(), 0, "a first connection is no reconnect");
+
+        let calls = host.counters().snapshot();
+        assert_eq!(cache.check_connections().await, 0, "a live, subscribed connection is left alone");
+        assert_eq!(host.counters().snapshot(), calls, "the check made a call on the host");
+
+        host.drop_connections();
+        assert_eq!(cache.check_connections().await, 1, "a dead connection is replaced");
+        received.wait_for("a reconnect", |e| e.iter().any(|e| matches!(e, HostEvent::Reconnected { .. }))).await;
+        assert_eq!(host.counters().connections_opened(), 3, "the test's, the first and the new");
+        assert_eq!(host.counters().calls(Op::DomainEventRegister), 2);
+
+        received.0.lock().unwrap().clear();
+        let other = crate::hypervisor::sim::SimHypervisor::connect(uri).unwrap();
+        other.domain_start("ev").unwrap();
+        received.wait_for("an event on the new connection", |e| domain_event(e, "ev")).await;
+        assert_eq!(cache.check_connections().await, 0);
+        assert_eq!(received.reconnects(), 0);
+        host.unregister();
+    }
+
+    /// A host that refuses the reconnect is tried again only after a backoff.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_reconnect_backs_off() {
+        let uri = "sim:///capl-connections-events-refused";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+        let received = Received::default();
+        cache.set_event_sink(received.sink());
+        let handle = cache.host(uri);
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+
+        host.unregister();
+        assert_eq!(cache.check_connections().await, 1, "the dead connection is replaced");
+        let deadline = Instant::now() + BOUND;
+        while handle.connecting() {
+            assert!(Instant::now() < deadline, "the connect never returned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(cache.check_connections().await, 0, "retried before the backoff");
+        assert_eq!(cache.connect_attempts(), 2);
+
+        host.register();
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        received.wait_for("a reconnect", |e| e.iter().any(|e| matches!(e, HostEvent::Reconnected { .. }))).await;
+        assert_eq!(received.reconnects(), 1);
+        host.unregister();
+    }
+
+    /// Connections opened before the sink was set have no subscription: the
+    /// check replaces them, and the replacement is announced.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_opened_before_the_sink_is_replaced() {
+        let uri = "sim:///capl-connections-events-late-sink";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+        let handle = cache.host(uri);
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(cache.check_connections().await, 0, "without a sink nothing is checked");
+        assert_eq!(host.counters().calls(Op::DomainEventRegister), 0);
+
+        let received = Received::default();
+        cache.set_event_sink(received.sink());
+        assert_eq!(cache.check_connections().await, 1);
+        received.wait_for("a reconnect", |e| e.iter().any(|e| matches!(e, HostEvent::Reconnected { .. }))).await;
+        assert_eq!(host.counters().calls(Op::DomainEventRegister), 1);
+        assert_eq!(host.counters().connections_opened(), 2);
         host.unregister();
     }
 }

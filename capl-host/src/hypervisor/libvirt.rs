@@ -454,6 +454,9 @@ fn subscribe_lifecycle(
         subscribers.remove(&id);
         if subscribers.is_empty()
             && let Some(callback_id) = registration.take()
+            // A closed connection frees its registrations itself; asking it would
+            // only wait for an error.
+            && matches!(conn.is_alive(), Ok(true))
         {
             // SAFETY: `conn` is valid; `callback_id` came from `register_hub` on this
             // connection. A failure (a broken connection) leaves the boxed hub to be
