@@ -76,9 +76,14 @@ struct Flags {
     /// How long opening a libvirt connection may take before callers are told the host does not answer.
     #[arg(long, value_parser = parse_timeout, default_value = "15s")]
     libvirt_connect_timeout: Duration,
+    /// How often a running, healthy machine is looked at on its host without a
+    /// reason: its domain's lifecycle events bring it back at once; this only
+    /// covers events that were lost. E.g. 10m, 1h.
+    #[arg(long, value_parser = parse_timeout, default_value = "10m")]
+    resync_interval: Duration,
 }
 
-/// A timeout flag: a number with the unit ms, s or m ("30s", "500ms", "2m"); above zero.
+/// A duration flag: a number with the unit ms, s, m or h ("30s", "500ms", "2m", "1h"); above zero.
 fn parse_timeout(value: &str) -> Result<Duration, String> {
     let value = value.trim();
     let split = value.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(value.len());
@@ -88,6 +93,7 @@ fn parse_timeout(value: &str) -> Result<Duration, String> {
         "ms" => number / 1000.0,
         "s" => number,
         "m" => number * 60.0,
+        "h" => number * 3600.0,
         _ => return Err(format!("{value:?} has no unit: write e.g. 30s, 500ms or 2m")),
     };
     let timeout = Duration::try_from_secs_f64(secs).map_err(|e| format!("{value:?}: {e}"))?;
@@ -193,6 +199,7 @@ async fn run() -> Result<()> {
             credentials_dirs: flags.credentials_dirs.clone(),
         },
         credentials_scratch_dir: flags.credentials_scratch_dir.clone(),
+        resync_interval: flags.resync_interval,
         ..Settings::default()
     };
     let metrics = Metrics::default();
@@ -366,6 +373,7 @@ mod tests {
         assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_timeout("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_timeout("6h"), Ok(Duration::from_secs(6 * 3600)));
         assert!(parse_timeout("30").unwrap_err().contains("no unit"));
         assert!(parse_timeout("0s").unwrap_err().contains("above zero"));
         assert!(parse_timeout("soon").is_err());
@@ -376,5 +384,6 @@ mod tests {
         let flags = Flags::parse_from(["cluster-api-provider-libvirt"]);
         assert_eq!(flags.libvirt_call_timeout, DEFAULT_CALL_TIMEOUT);
         assert_eq!(flags.libvirt_connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(flags.resync_interval, capl::controller::DEFAULT_RESYNC_INTERVAL);
     }
 }

@@ -287,6 +287,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         }
     }
     let user_uri = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
+    if location.is_some() && !matches!(snapshot.host, Host::Failed { .. }) {
+        // A reconnect is announced under the URI opened; its machines record the user's.
+        ctx.note_opened_uri(&opened, &user_uri);
+    }
     let host_view = |result: &Result<Option<MachineReport>, HostError>, object: &LibvirtMachine| {
         let mut view = host_view(result, object);
         if let Host::Failed { message, .. } = &mut view {
@@ -472,6 +476,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             None
         }
         Requeue::WaitingForAddress => Some(ctx.lease_backoff(&uid)),
+        Requeue::Resync => {
+            ctx.lease_found(&uid);
+            Some(ctx.settings.resync_interval)
+        }
         Requeue::After(after) => {
             ctx.lease_found(&uid);
             Some(after)

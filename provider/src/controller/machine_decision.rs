@@ -105,6 +105,10 @@ pub enum Requeue {
     Never,
     /// The guest has no DHCP lease yet: back off between looks.
     WaitingForAddress,
+    /// Running and healthy: nothing to wait for. The domain's lifecycle
+    /// events bring the machine back when the domain changes on the host; a
+    /// long resync (`Settings::resync_interval`) covers events that were lost.
+    Resync,
     After(Duration),
 }
 
@@ -124,10 +128,6 @@ pub const RETRY_AFTER_PERMANENT_FAILURE: Duration = Duration::from_secs(300);
 pub const RETRY_AFTER_TRANSIENT_FAILURE: Duration = Duration::from_secs(20);
 /// How often to look at a domain in a state we do not act on (paused, ...).
 pub const RECHECK_ODD_STATE: Duration = Duration::from_secs(60);
-/// How often to look at a running machine: nothing on the Kubernetes side
-/// changes when a domain is stopped on the host, so only a periodic look
-/// notices it (3 libvirt calls per look).
-pub const RECHECK_RUNNING: Duration = Duration::from_secs(60);
 /// How often to look for a lost domain (one lookup): an admin who restores
 /// it on the host (e.g. `virsh define` from a backup) sees the machine
 /// recover without touching the objects.
@@ -285,7 +285,7 @@ fn decide_running(
     let created = ConditionUpdate::true_(MACHINE_CREATED, reasons::DOMAIN_CREATED, "");
     let (action, running, requeue) = match state {
         DomainState::Running | DomainState::Blocked => {
-            let requeue = if has_address { Requeue::After(RECHECK_RUNNING) } else { Requeue::WaitingForAddress };
+            let requeue = if has_address { Requeue::Resync } else { Requeue::WaitingForAddress };
             let message = if has_address { "" } else { "waiting for the guest's DHCP lease" };
             let action = if !has_address && lease_refresh_due {
                 MachineAction::RefreshReservation
@@ -572,7 +572,11 @@ mod tests {
             host: Host::Present { state: DomainState::Running, has_address: true },
             ..ready_machine()
         };
-        assert_eq!(decide(&addressed).requeue, Requeue::After(RECHECK_RUNNING), "a running machine is looked at again");
+        assert_eq!(
+            decide(&addressed).requeue,
+            Requeue::Resync,
+            "a healthy machine waits for its domain's events and the long resync"
+        );
     }
 
     #[test]

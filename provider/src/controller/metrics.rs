@@ -21,6 +21,11 @@ struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
     operation: String,
 }
@@ -33,6 +38,8 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     durations: Family<ControllerLabels, Histogram>,
     host_operations: Family<OperationLabels, Histogram>,
+    domain_events: Family<OutcomeLabels, Counter>,
+    host_relists: Counter,
 }
 
 impl Default for Metrics {
@@ -58,7 +65,27 @@ impl Default for Metrics {
             "Duration of host operations (each a sequence of libvirt calls), by operation",
             host_operations.clone(),
         );
-        Self { registry: Arc::new(registry), reconciles, errors, durations, host_operations }
+        let domain_events = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "domain_events",
+            "Domain lifecycle events received from libvirt hosts, by outcome: reconcile (a LibvirtMachine's domain) or ignored (not ours)",
+            domain_events.clone(),
+        );
+        let host_relists = Counter::default();
+        registry.register(
+            "host_relists",
+            "Times every LibvirtMachine of a host was reconciled because its domain events may have been lost (a reconnect)",
+            host_relists.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            reconciles,
+            errors,
+            durations,
+            host_operations,
+            domain_events,
+            host_relists,
+        }
     }
 }
 
@@ -77,6 +104,16 @@ impl Metrics {
         self.host_operations
             .get_or_create(&OperationLabels { operation: operation.into() })
             .observe(took.as_secs_f64());
+    }
+
+    /// A domain event received; `ours`: it concerns a LibvirtMachine.
+    pub fn domain_event(&self, ours: bool) {
+        let outcome = if ours { "reconcile" } else { "ignored" };
+        self.domain_events.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
+    }
+
+    pub fn host_relisted(&self) {
+        self.host_relists.inc();
     }
 
     /// The text exposition format.

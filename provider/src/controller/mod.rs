@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod cluster_decision;
 pub mod condition_list;
 pub mod credentials;
+pub mod domain_events;
 pub mod host_failure;
 pub mod machine;
 pub mod machine_decision;
@@ -37,6 +38,16 @@ pub use capl_host::uri_policy::UriPolicy;
 
 /// How often [`forget_unused`] runs by default.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
+/// How often a running, healthy LibvirtMachine is looked at without a reason,
+/// by default (`--resync-interval`). Its domain's lifecycle events bring it
+/// back at once when the domain changes on the host, and a reconnect re-lists
+/// the host's machines; the resync only covers events that were lost some
+/// other way.
+pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(600);
+/// How often the host connections are checked for the domain events: a
+/// connection that died is replaced (and its host's machines re-listed)
+/// within this much of keepalive or the closed socket noticing it.
+pub const CONNECTION_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Bounds of the interval between looks at a guest that has no lease yet.
 const LEASE_LOOK_MIN: Duration = Duration::from_secs(2);
 const LEASE_LOOK_MAX: Duration = Duration::from_secs(10);
@@ -60,6 +71,9 @@ pub struct Settings {
     /// How often per-host and per-machine state no object refers to any more
     /// is forgotten ([`forget_unused`]).
     pub sweep_interval: Duration,
+    /// How often a running, healthy machine is looked at without an event
+    /// ([`DEFAULT_RESYNC_INTERVAL`]).
+    pub resync_interval: Duration,
     /// Where the credentials of `credentialsRef` Secrets are written
     /// (`--credentials-scratch-dir`); see [`capl_host::credentials`].
     pub credentials_scratch_dir: std::path::PathBuf,
@@ -74,6 +88,7 @@ impl Default for Settings {
             concurrency: 10,
             uri_policy: UriPolicy::default(),
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            resync_interval: DEFAULT_RESYNC_INTERVAL,
             credentials_scratch_dir: capl_host::credentials::DEFAULT_SCRATCH_DIR.into(),
         }
     }
@@ -93,6 +108,9 @@ pub struct Context {
     /// When a reservation on a network (URI, network) was last written again
     /// for a guest waiting for its lease.
     lease_refreshes: Mutex<HashMap<(String, String), std::time::Instant>>,
+    /// The URI each opened URI stands for (they differ by the files of a
+    /// credentials Secret), for re-listing a host's machines after a reconnect.
+    opened_uris: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -109,7 +127,23 @@ impl Context {
             credentials,
             lease_waits: Mutex::new(HashMap::new()),
             lease_refreshes: Mutex::new(HashMap::new()),
+            opened_uris: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notes that `opened` was opened for the host the objects name `uri`.
+    fn note_opened_uri(&self, opened: &str, uri: &str) {
+        if opened != uri {
+            let mut uris = self.opened_uris.lock().expect("opened URIs lock");
+            if uris.get(opened).is_none_or(|known| known != uri) {
+                uris.insert(opened.to_string(), uri.to_string());
+            }
+        }
+    }
+
+    /// The URI the objects name for the host opened as `opened`.
+    fn user_uri(&self, opened: &str) -> String {
+        self.opened_uris.lock().expect("opened URIs lock").get(opened).cloned().unwrap_or_else(|| opened.to_string())
     }
 
     /// When to look again while a guest has no lease yet: half the time it
@@ -272,7 +306,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             .default_backoff()
             .touched_objects()
             .predicate_filter(not_status, PredicateConfig::default());
-    let machine_controller = Controller::for_stream(machines_stream, libvirt_machines.clone()).with_config(config);
+    // Domain lifecycle events of every host connection -> the LibvirtMachines of their domains.
+    let (sink, events) = domain_events::sink();
+    ctx.connections.set_event_sink(sink);
+    let event_reconciles = domain_events::reconciles(
+        events,
+        libvirt_machines.clone(),
+        {
+            let ctx = ctx.clone();
+            move |opened| ctx.user_uri(opened)
+        },
+        ctx.metrics.clone(),
+    );
+    let machine_controller = Controller::for_stream(machines_stream, libvirt_machines.clone())
+        .with_config(config)
+        .reconcile_on(event_reconciles);
     let for_sweep = libvirt_machines.clone();
     let for_cluster = libvirt_machines.clone();
     let for_libvirt_cluster = libvirt_machines.clone();
@@ -317,7 +365,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
         }
     };
-    tokio::join!(cluster_controller, machine_controller, sweep);
+    let check_connections = {
+        let ctx = ctx.clone();
+        let shutdown = shutdown_signal.clone();
+        async move {
+            let mut every = tokio::time::interval(CONNECTION_CHECK_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {
+                        ctx.connections.check_connections().await;
+                    }
+                    _ = shutdown.clone() => break,
+                }
+            }
+        }
+    };
+    tokio::join!(cluster_controller, machine_controller, sweep, check_connections);
 }
 
 /// What a reconcile of one of our objects depends on, hashed: everything but
@@ -380,6 +444,8 @@ pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: 
     ctx.credentials.forget(|ns, name| secrets.contains(&(Some(ns.to_string()), name)));
     // A URI with credential files is kept while they are the Secret's current ones.
     let forgotten = ctx.connections.forget_hosts(|uri| uris.contains(uri) || ctx.credentials.is_current(uri));
+    let held: HashSet<String> = ctx.connections.host_uris().into_iter().collect();
+    ctx.opened_uris.lock().expect("opened URIs lock").retain(|opened, _| held.contains(opened));
     let uids: HashSet<String> = machines.iter().filter_map(|lm| lm.metadata.uid.clone()).collect();
     let mut waits = ctx.lease_waits.lock().expect("lease backoff lock");
     waits.retain(|uid, _| uids.contains(uid));

@@ -1,0 +1,236 @@
+//! Domain lifecycle events from the libvirt hosts -> reconciles of the
+//! LibvirtMachines whose domains they concern.
+//!
+//! The connection cache subscribes every host connection to libvirt's
+//! lifecycle events and hands them to the sink made here (see
+//! `capl_host::hypervisor::connections`). An event on a domain that is a
+//! LibvirtMachine's (its name is the one `capl_host::naming` derives from the
+//! machine's namespace, name and identity) reconciles that machine; events
+//! on other domains are ignored. A reconnect, after which events may have
+//! been lost, reconciles every LibvirtMachine on that host once.
+//!
+//! The sink runs on libvirt's event thread and must not block, so it only
+//! puts the event into a bounded queue. When the queue is full the event is
+//! dropped and every LibvirtMachine is reconciled once the queue drains (as
+//! after a reconnect), so an event is never lost without a look.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::mpsc;
+
+use super::machine::machine_identity;
+use super::metrics::Metrics;
+use crate::api::LibvirtMachine;
+use capl_host::hypervisor::connections::{HostEvent, HostEventSink};
+
+/// Events queued between libvirt's event thread and the controller.
+const QUEUE: usize = 4096;
+
+/// The receiving side of [`sink`].
+pub struct Receiver {
+    queue: mpsc::Receiver<HostEvent>,
+    /// Set when an event was dropped because the queue was full.
+    overflowed: Arc<AtomicBool>,
+}
+
+/// A sink for the connection cache, and the receiver for [`reconciles`].
+pub fn sink() -> (HostEventSink, Receiver) {
+    let (tx, queue) = mpsc::channel(QUEUE);
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let flag = overflowed.clone();
+    let sink: HostEventSink = Arc::new(move |event| {
+        if tx.try_send(event).is_err() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
+    (sink, Receiver { queue, overflowed })
+}
+
+/// What one host event asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wanted {
+    Nothing,
+    One(ObjectRef<LibvirtMachine>),
+    /// Every LibvirtMachine recorded on the host with this (user's) URI.
+    Host(String),
+    /// Every LibvirtMachine (events were dropped).
+    All,
+}
+
+/// The reconciles the host events ask for, for `Controller::reconcile_on`.
+/// `user_uri` maps a URI the manager opened to the one the objects name.
+pub fn reconciles(
+    receiver: Receiver,
+    machines: Store<LibvirtMachine>,
+    user_uri: impl Fn(&str) -> String + Send + 'static,
+    metrics: Metrics,
+) -> impl Stream<Item = ObjectRef<LibvirtMachine>> + Send + 'static {
+    let Receiver { queue, overflowed } = receiver;
+    let mut names = DomainNames::default();
+    futures::stream::unfold(queue, |mut queue| async move { queue.recv().await.map(|event| (event, queue)) })
+        .flat_map(move |event| {
+            let wanted = match event {
+                HostEvent::Domain { event, .. } => {
+                    let found = names.machine_of(&machines, &event.domain);
+                    metrics.domain_event(found.is_some());
+                    match found {
+                        Some(machine) => {
+                            tracing::debug!(domain = %event.domain, kind = event.kind.as_str(), detail = event.detail, machine = %machine, "domain event: reconciling its LibvirtMachine");
+                            Wanted::One(machine)
+                        }
+                        None => Wanted::Nothing,
+                    }
+                }
+                HostEvent::Reconnected { uri } => Wanted::Host(user_uri(&uri)),
+            };
+            let wanted = if overflowed.swap(false, Ordering::SeqCst) { Wanted::All } else { wanted };
+            let refs = match wanted {
+                Wanted::Nothing => Vec::new(),
+                Wanted::One(machine) => vec![machine],
+                Wanted::Host(uri) => {
+                    metrics.host_relisted();
+                    let on_host = machines_on_host(&machines, &uri);
+                    tracing::info!(%uri, machines = on_host.len(), "reconnected to the host: reconciling its machines, whose domain events may have been lost");
+                    on_host
+                }
+                Wanted::All => {
+                    metrics.host_relisted();
+                    tracing::warn!("domain events were dropped (the queue was full): reconciling every machine");
+                    machines.state().iter().map(|m| ObjectRef::from_obj(m.as_ref())).collect()
+                }
+            };
+            futures::stream::iter(refs)
+        })
+}
+
+/// The LibvirtMachines that recorded `uri` as their host.
+pub fn machines_on_host(machines: &Store<LibvirtMachine>, uri: &str) -> Vec<ObjectRef<LibvirtMachine>> {
+    machines
+        .state()
+        .iter()
+        .filter(|m| m.status.as_ref().and_then(|s| s.host_uri.as_deref()) == Some(uri))
+        .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect()
+}
+
+/// The domain name of each LibvirtMachine, remembered per UID and identity
+/// (computing it hashes).
+#[derive(Default)]
+struct DomainNames {
+    by_uid: HashMap<String, (Option<String>, String)>,
+}
+
+impl DomainNames {
+    /// The LibvirtMachine whose domain is `domain`, if any.
+    fn machine_of(&mut self, machines: &Store<LibvirtMachine>, domain: &str) -> Option<ObjectRef<LibvirtMachine>> {
+        let all = machines.state();
+        if self.by_uid.len() > 2 * all.len() + 64 {
+            // Forget machines that are gone.
+            self.by_uid.clear();
+        }
+        all.iter()
+            .find(|m| self.domain_of(m).is_some_and(|name| name == domain))
+            .map(|m| ObjectRef::from_obj(m.as_ref()))
+    }
+
+    fn domain_of(&mut self, machine: &LibvirtMachine) -> Option<&str> {
+        let uid = machine.uid()?;
+        let provider_id = machine.spec.provider_id.clone();
+        let fresh = self.by_uid.get(&uid).is_some_and(|(p, _)| *p == provider_id);
+        if !fresh {
+            // A provider ID this provider did not set: nothing of ours exists under it.
+            let identity = machine_identity(machine).ok()?;
+            let name = capl_host::naming::domain_name(&machine.namespace()?, &machine.name_any(), &identity);
+            self.by_uid.insert(uid.clone(), (provider_id, name));
+        }
+        self.by_uid.get(&uid).map(|(_, name)| name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capl_host::hypervisor::{DomainEvent, DomainEventKind};
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    fn machine(name: &str, uid: &str, provider_id: Option<&str>, host: &str) -> LibvirtMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "LibvirtMachine",
+            "metadata": { "name": name, "namespace": "ns", "uid": uid },
+            "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": "base.qcow2", "providerID": provider_id },
+            "status": { "hostURI": host },
+        }))
+        .unwrap()
+    }
+
+    fn event(uri: &str, domain: &str) -> HostEvent {
+        HostEvent::Domain {
+            uri: uri.into(),
+            event: DomainEvent { domain: domain.into(), kind: DomainEventKind::Stopped, detail: 1 },
+        }
+    }
+
+    fn store(machines: &[LibvirtMachine]) -> Store<LibvirtMachine> {
+        let mut writer = Writer::<LibvirtMachine>::default();
+        for m in machines {
+            writer.apply_watcher_event(&watcher::Event::Apply(m.clone()));
+        }
+        writer.as_reader()
+    }
+
+    async fn reconciles_for(events: Vec<HostEvent>, machines: &[LibvirtMachine], overflow: bool) -> Vec<String> {
+        let (sink, receiver) = sink();
+        let store = store(machines);
+        if overflow {
+            receiver.overflowed.store(true, Ordering::SeqCst);
+        }
+        for e in events {
+            sink(e);
+        }
+        // The stream ends once the queue is drained and the sink is gone.
+        drop(sink);
+        let user_uri = |opened: &str| opened.split('?').next().unwrap_or_default().to_string();
+        reconciles(receiver, store, user_uri, Metrics::default()).map(|r| r.name).collect().await
+    }
+
+    #[tokio::test]
+    async fn an_event_reconciles_the_machine_of_its_domain_only() {
+        let a = machine("a", "uid-a", None, "qemu:///h1");
+        let b = machine("b", "uid-b", Some("libvirt://5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10"), "qemu:///h1");
+        let domain_a = capl_host::naming::domain_name("ns", "a", "uid-a");
+        // With a provider ID, the identity is its UUID, not the UID.
+        let domain_b = capl_host::naming::domain_name("ns", "b", "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10");
+        let stale_b = capl_host::naming::domain_name("ns", "b", "uid-b");
+        let events = vec![
+            event("qemu:///h1", &domain_a),
+            event("qemu:///h1", "someone-elses-vm"),
+            event("qemu:///h1", &domain_b),
+            event("qemu:///h1", &stale_b),
+        ];
+        assert_eq!(reconciles_for(events, &[a, b], false).await, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_reconnect_reconciles_the_machines_of_that_host_and_an_overflow_all() {
+        let machines = [
+            machine("a", "uid-a", None, "qemu+tls://h1/system"),
+            machine("b", "uid-b", None, "qemu+tls://h2/system"),
+            machine("c", "uid-c", None, "qemu+tls://h1/system"),
+        ];
+        let reconnect = HostEvent::Reconnected { uri: "qemu+tls://h1/system?pkipath=/run/x".into() };
+        let mut on_h1 = reconciles_for(vec![reconnect.clone()], &machines, false).await;
+        on_h1.sort();
+        assert_eq!(on_h1, ["a", "c"]);
+        let mut all = reconciles_for(vec![event("qemu+tls://h1/system", "not-ours")], &machines, true).await;
+        all.sort();
+        assert_eq!(all, ["a", "b", "c"], "an overflow looks at every machine");
+    }
+}
