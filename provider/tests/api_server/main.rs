@@ -17,6 +17,7 @@ mod reconcile_cluster;
 mod reconcile_credentials;
 mod reconcile_deletion;
 mod reconcile_domain_lost;
+mod reconcile_events;
 mod reconcile_gates;
 mod reconcile_hung_host;
 mod reconcile_machine;

@@ -124,8 +124,9 @@ async fn a_foreign_domain_at_our_name_is_left_and_the_rest_removed() {
     let domain = domain_of(&w, "worker-0").await;
 
     let hv = w.inspect();
-    hv.domain_destroy(&domain).unwrap();
+    // Undefined first: the domain's events never show the provider a stopped domain it would start.
     hv.domain_undefine(&domain, UndefineFlags::all()).unwrap();
+    hv.domain_destroy(&domain).unwrap();
     hv.domain_define(&format!(
         "<domain type='qemu'><name>{domain}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
          <os><type arch='x86_64' machine='pc'>hvm</type></os></domain>"

@@ -78,15 +78,17 @@ async fn a_lost_domain_is_reported_never_recreated_and_the_machine_still_deletes
     let domain = domain_of(&w, "worker-0").await;
     settle(&manager).await;
 
-    // Behind the provider's back the domain goes; its disk, seed ISO and DHCP reservation stay.
+    // Behind the provider's back the domain goes; its disk, seed ISO and DHCP
+    // reservation stay. Undefined first, so that the domain's events never
+    // show the provider a stopped domain it would start.
+    let before = w.calls();
     let hv = w.inspect();
-    hv.domain_destroy(&domain).unwrap();
     hv.domain_undefine(&domain, UndefineFlags::all()).unwrap();
+    hv.domain_destroy(&domain).unwrap();
     let left = w.host_objects();
     assert_eq!((left.domains.len(), left.volumes.len(), left.dhcp_hosts.len()), (0, 2, 1), "{left:?}");
-    let before = w.calls();
 
-    touch_machine(&w, "worker-0", "1").await;
+    // The domain's events reconcile the machine; nothing touches the objects.
     let lm = w.wait_for::<LibvirtMachine>("worker-0", "Ready=False with reason DomainLost", is_lost).await;
     let message = assert_reported_lost(&w, &lm, &domain);
     w.wait_event("worker-0", "Warning", "DomainLost", &message).await;
@@ -137,15 +139,14 @@ async fn a_domain_that_vanishes_before_its_start_is_not_created() {
     settle(&manager).await;
 
     let hv = w.inspect();
-    hv.domain_destroy(&domain).unwrap();
-    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Shutoff);
     let before = w.calls();
     // Each domain XML read (the ownership check) waits 2 s: the look reads it
     // once, the start a second time. The test reads no domain XML itself.
+    // Set before the destroy, whose event reconciles the machine at once.
     let reads = w.host.counters().calls(Op::DomainGetXml);
     w.host.faults().set_latency(Op::DomainGetXml, Duration::from_secs(2));
+    hv.domain_destroy(&domain).unwrap();
 
-    touch_machine(&w, "worker-0", "1").await;
     let started = Instant::now();
     while w.host.counters().calls(Op::DomainGetXml) < reads + 2 {
         assert!(started.elapsed() < WAIT, "the reconciler did not look at the domain and start it");
@@ -177,11 +178,11 @@ async fn starting_a_stopped_domain_creates_nothing() {
     let domain = domain_of(&w, "worker-0").await;
     settle(&manager).await;
     let hv = w.inspect();
-    hv.domain_destroy(&domain).unwrap();
     let left = w.host_objects();
     let before = w.calls();
+    // The destroy's event reconciles the machine; nothing touches the objects.
+    hv.domain_destroy(&domain).unwrap();
 
-    touch_machine(&w, "worker-0", "1").await;
     w.wait_event("worker-0", "Normal", "DomainStarted", &format!("started domain {domain} on {}", w.uri)).await;
     w.wait_for::<LibvirtMachine>("worker-0", "Ready again", machine_ready).await;
     settle(&manager).await;

@@ -167,27 +167,6 @@ async fn status_writes_cause_no_reconcile_and_no_host_call() {
     }
 }
 
-/// A domain stopped on the host is started again at the next reconcile
-/// (here triggered by a change to the Machine), with a DomainStarted event.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stopped_domain_is_started_again() {
-    let w = World::new("rc-stopped").await;
-    let _manager = w.start_manager();
-    provisioned_cluster(&w, "demo").await;
-    ready_machine_objects(&w, "demo", "worker-0").await;
-    w.wait_for::<LibvirtMachine>("worker-0", "a Ready machine", machine_ready).await;
-    let domain = domain_of(&w, "worker-0").await;
-    let hv = w.inspect();
-    hv.domain_destroy(&domain).unwrap();
-    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Shutoff);
-
-    let _: Machine = w.merge("worker-0", json!({ "metadata": { "labels": { "touched": "1" } } })).await;
-    w.wait_event("worker-0", "Normal", "DomainStarted", &format!("started domain {domain} on {}", w.uri)).await;
-    w.wait_for::<LibvirtMachine>("worker-0", "Ready again", machine_ready).await;
-    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
-    assert_eq!(w.host_objects().domains, vec![domain]);
-}
-
 /// While the guest has no lease the reconciler looks again with a growing
 /// backoff, not in a loop; the address is reported once the lease comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,6 +365,36 @@ impl Manager {
             .unwrap_or(0)
     }
 
+    /// The value of the counter `metric` (its exposition name with labels,
+    /// e.g. `capl_domain_events_total{outcome="reconcile"}`); 0 before its first count.
+    pub fn counter(&self, metric: &str) -> u64 {
+        let wanted = format!("{metric} ");
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&wanted).map(|n| n.trim().parse::<u64>().expect("a counter value")))
+            .unwrap_or(0)
+    }
+
+    /// Domain events that reconciled a LibvirtMachine (`ours`) or were ignored.
+    pub fn domain_events(&self, ours: bool) -> u64 {
+        let outcome = if ours { "reconcile" } else { "ignored" };
+        self.counter(&format!("capl_domain_events_total{{outcome=\"{outcome}\"}}"))
+    }
+
+    /// Waits until no LibvirtMachine reconcile has run for 5 s; returns the count.
+    pub async fn settle(&self) -> u64 {
+        let mut reconciles = self.reconciles("libvirtmachine");
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let now = self.reconciles("libvirtmachine");
+            if now == reconciles {
+                return now;
+            }
+            reconciles = now;
+        }
+    }
+
     /// Kills the manager the hard way: the task is dropped wherever it is.
     pub async fn kill(mut self) {
         self.stop.take();
