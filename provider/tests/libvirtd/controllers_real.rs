@@ -1,23 +1,26 @@
 //! The controllers end to end against the private test libvirtd, with the
 //! local kube-apiserver (`testenv`): a whole cluster file deleted the way
 //! `kubectl delete -f` does it (every object in file order, without waiting)
-//! leaves nothing of ours on the real daemon.
+//! leaves nothing of ours on the real daemon; a domain destroyed behind the
+//! provider's back is started again because of libvirt's lifecycle event.
 //!
 //! Needs both `cargo xtask host up` and the local control plane
 //! (`cargo xtask control-plane build`); without either it fails naming the
-//! command. The guests boot from an empty base image, so they never get an
-//! address: the test needs their domains, disks, seeds and reservations, not
-//! a running guest.
+//! command. In the deletion test the guests boot from an empty base image,
+//! so they never get an address: it needs their domains, disks, seeds and
+//! reservations, not a running guest. The event test boots the test guest
+//! (`cargo xtask guest-image`), since only a machine with an address is
+//! healthy and left to its events.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
-use capl::controller::UriPolicy;
-use capl_host::hypervisor::HostAdmin;
+use capl::controller::{Settings, UriPolicy};
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST, LibvirtConnector};
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{DomainState, HostAdmin, Hypervisor};
 use capl_host::{InfraSpec, check_infrastructure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -25,11 +28,11 @@ use serde_json::json;
 use testenv::test_host;
 
 use crate::api_support::{
-    Manager, World, cloud_config, cluster_json, create_bootstrap_secret, has, libvirt_cluster_json,
-    libvirt_machine_json, machine_conditions, machine_json,
+    Manager, World, cloud_config, cluster_json, create_bootstrap_secret, domain_of, has, libvirt_cluster_json,
+    libvirt_machine_json, machine_conditions, machine_json, machine_ready, manager_settings,
 };
 use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
-use crate::real_support::{CleanUp, ours_on_host};
+use crate::real_support::{CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {
@@ -110,4 +113,69 @@ async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd(
         );
     }
     assert!(hv.volume_list(&fx.base_pool).unwrap().contains(&fx.image), "the base image stays");
+}
+
+/// A running, healthy machine on the real libvirtd whose domain is destroyed
+/// behind the provider's back (`virsh destroy`): libvirt's lifecycle event
+/// reconciles it and the domain is started again. The resync is hours away
+/// and nothing touches the Kubernetes objects, so only the event can cause
+/// that reconcile; the events are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_destroyed_on_the_real_libvirtd_is_started_again_because_of_its_event() {
+    let _daemon = crate::share_real_daemon().await;
+    let (uri, hv) = connect_checked();
+    let image = guest_image_volume(&hv);
+    let fx = fixture(&image);
+    let w = World::new("real-events").await;
+    let _cleanup = CleanUp { uri: uri.clone(), fx: fx.clone(), tags: vec![w.ns.clone()] };
+    let connections = Arc::new(Connections::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST));
+    // The test daemon is reached through socket=, which only --allow-unsafe-uris admits.
+    let settings = Settings {
+        uri_policy: UriPolicy::allow_all(),
+        resync_interval: Duration::from_secs(6 * 3600),
+        ..manager_settings(&w.ns)
+    };
+    let manager = Manager::start_with_settings(w.client.clone(), connections, settings);
+
+    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
+    let mut lc = libvirt_cluster_json("demo-lc", &uri, Some(("demo", &c.uid().unwrap())));
+    lc["spec"]["network"] = json!(fx.network);
+    lc["spec"]["basePool"] = json!(fx.base_pool);
+    lc["spec"]["domainPool"] = json!(fx.domain_pool);
+    let _: LibvirtCluster = w.apply(lc).await;
+    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+    let name = "worker-0";
+    create_bootstrap_secret(&w, "worker-0-bootstrap", cloud_config(name)).await;
+    let m: Machine = w.apply(machine_json(name, "demo", name, Some("worker-0-bootstrap"))).await;
+    let mut lm = libvirt_machine_json(name, "demo", Some((name, &m.uid().unwrap())));
+    lm["spec"]["image"] = json!(image);
+    lm["spec"]["memoryMiB"] = json!(256);
+    lm["spec"]["diskGiB"] = json!(1);
+    let _: LibvirtMachine = w.apply(lm).await;
+    // The guest boots under TCG and asks for its lease: slower than the simulator.
+    let boot = Duration::from_secs(240);
+    w.wait_for_within::<LibvirtMachine>(boot, name, "a Ready machine with an address", machine_ready).await;
+    let domain = domain_of(&w, name).await;
+    let reconciles = manager.settle().await;
+    let events = manager.domain_events(true);
+
+    hv.domain_destroy(&domain).unwrap();
+    let destroyed = Instant::now();
+    let note = format!("started domain {domain} on {uri}");
+    w.wait_event(name, "Normal", "DomainStarted", &note).await;
+    println!("the destroyed domain was started again {:.1} s after the destroy", destroyed.elapsed().as_secs_f64());
+    w.wait_for_within::<LibvirtMachine>(boot, name, "Ready again", machine_ready).await;
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
+    let runs = manager.settle().await - reconciles;
+    let received = manager.domain_events(true) - events;
+    println!("destroy on the real libvirtd: {received} domain events, {runs} reconciles");
+    // Stopped (destroyed) and, for the start, Resumed and Started, at least.
+    assert!(received >= 3, "{received} events of the machine's domain");
+    assert!((1..=10).contains(&runs), "{runs} reconciles for one destroy");
+    // (Other tests' domains on the shared daemon send events too; the manager ignores them.)
+    assert_eq!(manager.connections.connections_opened(), 1, "one connection for the whole test");
+
+    w.delete::<LibvirtMachine>(name).await;
+    w.wait_gone::<LibvirtMachine>(name).await;
+    assert_eq!(ours_on_host(&hv, &fx, &w.ns), Vec::<String>::new(), "left on the real libvirtd");
 }
