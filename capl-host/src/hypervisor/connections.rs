@@ -714,13 +714,19 @@ impl HostHandle {
                     Ok(conn) => {
                         cache.opened.fetch_add(1, Ordering::SeqCst);
                         let subscribed = subscription.is_some();
+                        if cache.has_sink() && !subscribed {
+                            // Counts as a failure for the backoff of the check that replaces it.
+                            state.failed_connects = state.failed_connects.saturating_add(1);
+                            state.last_failure = Some(Instant::now());
+                        } else {
+                            state.failed_connects = 0;
+                            state.last_failure = None;
+                        }
                         // A connection that is not cached (a late connect that lost
                         // the race with another) must not keep its subscription.
                         let stale = std::mem::replace(&mut state.subscription, Some(Subscription(subscription)));
                         let old = state.conn.replace(conn.clone());
                         let reconnected = std::mem::replace(&mut state.connected_before, true) && subscribed;
-                        state.failed_connects = 0;
-                        state.last_failure = None;
                         drop(state);
                         drop((stale, old));
                         reconnected
@@ -744,7 +750,7 @@ impl HostHandle {
 
     /// [`Connections::check_connections`] for this host; true when it started a connect.
     async fn check(&self) -> bool {
-        let (conn, subscribed, wants_connection) = {
+        let (conn, subscribed, backoff, wants_connection) = {
             let state = self.slot.state();
             let backoff = state.last_failure.is_some_and(|at| {
                 let wait = RECONNECT_BACKOFF_MIN
@@ -755,6 +761,7 @@ impl HostHandle {
             (
                 state.conn.clone(),
                 state.subscription.as_ref().is_some_and(|s| s.0.is_some()),
+                backoff,
                 state.connected_before && state.connecting.is_none() && !backoff,
             )
         };
@@ -768,7 +775,8 @@ impl HostHandle {
                     probe.is_alive()
                 });
                 let why = match tokio::time::timeout(self.cache.call_timeout, alive).await {
-                    Ok(Ok(true)) if subscribed => return false,
+                    // A host that refused the last subscription is asked again after the backoff.
+                    Ok(Ok(true)) if subscribed || backoff => return false,
                     Ok(Ok(true)) => "has no domain event subscription",
                     Ok(_) => "is dead",
                     Err(_) => "gave no answer whether it is alive",
@@ -1091,6 +1099,32 @@ mod tests {
         assert_eq!(cache.check_connections().await, 1);
         received.wait_for("a reconnect", |e| e.iter().any(|e| matches!(e, HostEvent::Reconnected { .. }))).await;
         assert_eq!(host.counters().calls(Op::DomainEventRegister), 1);
+        assert_eq!(host.counters().connections_opened(), 2);
+        host.unregister();
+    }
+
+    /// A host that refuses the subscription: the connection is used all the
+    /// same, and replaced (subscribing again) only after the backoff, not at
+    /// every check.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_subscription_keeps_the_connection_and_is_retried_after_a_backoff() {
+        let uri = "sim:///capl-connections-events-refused-subscription";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4));
+        let received = Received::default();
+        cache.set_event_sink(received.sink());
+        host.fail_nth(Op::DomainEventRegister, 1, Error::new(ErrorCode::NoSupport, "no events here"));
+        let handle = cache.host(uri);
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(cache.subscriptions_made(), 0);
+        assert_eq!(cache.check_connections().await, 0, "replaced before the backoff");
+        handle.call(|h| h.capabilities_xml()).await.unwrap();
+        assert_eq!(host.counters().connections_opened(), 1, "the unsubscribed connection is used");
+
+        tokio::time::sleep(RECONNECT_BACKOFF_MIN).await;
+        assert_eq!(cache.check_connections().await, 1);
+        received.wait_for("a reconnect", |e| e.iter().any(|e| matches!(e, HostEvent::Reconnected { .. }))).await;
+        assert_eq!(cache.subscriptions_made(), 1);
         assert_eq!(host.counters().connections_opened(), 2);
         host.unregister();
     }

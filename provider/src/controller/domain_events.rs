@@ -9,6 +9,12 @@
 //! on other domains are ignored. A reconnect, after which events may have
 //! been lost, reconciles every LibvirtMachine on that host once.
 //!
+//! A connection that breaks again and again (a flaky network) must not have
+//! every machine of its host reconciled again and again: a host is re-listed
+//! at once after a reconnect, and at most once per [`RELIST_MIN_GAP`]
+//! after that; a reconnect within the gap re-lists at its end (never later),
+//! so no reconnect goes without a look.
+//!
 //! The sink runs on libvirt's event thread and must not block, so it only
 //! puts the event into a bounded queue. When the queue is full the event is
 //! dropped and every LibvirtMachine is reconciled once the queue drains (as
@@ -17,6 +23,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
@@ -31,16 +38,25 @@ use capl_host::hypervisor::connections::{HostEvent, HostEventSink};
 /// Events queued between libvirt's event thread and the controller.
 const QUEUE: usize = 4096;
 
+/// The least time between two re-lists of one host (the first re-list after
+/// a reconnect is at once): a flaky connection costs its host at most what
+/// looking at every machine once a minute costs.
+pub const RELIST_MIN_GAP: Duration = Duration::from_secs(60);
+
 /// The receiving side of [`sink`].
 pub struct Receiver {
     queue: mpsc::Receiver<HostEvent>,
     /// Set when an event was dropped because the queue was full.
     overflowed: Arc<AtomicBool>,
+    /// For a re-list put off to the end of its gap; weak, so that the stream
+    /// ends once the sink is gone.
+    again: mpsc::WeakSender<HostEvent>,
 }
 
 /// A sink for the connection cache, and the receiver for [`reconciles`].
 pub fn sink() -> (HostEventSink, Receiver) {
     let (tx, queue) = mpsc::channel(QUEUE);
+    let again = tx.downgrade();
     let overflowed = Arc::new(AtomicBool::new(false));
     let flag = overflowed.clone();
     let sink: HostEventSink = Arc::new(move |event| {
@@ -48,7 +64,7 @@ pub fn sink() -> (HostEventSink, Receiver) {
             flag.store(true, Ordering::SeqCst);
         }
     });
-    (sink, Receiver { queue, overflowed })
+    (sink, Receiver { queue, overflowed, again })
 }
 
 /// What one host event asks for.
@@ -63,15 +79,18 @@ enum Wanted {
 }
 
 /// The reconciles the host events ask for, for `Controller::reconcile_on`.
-/// `user_uri` maps a URI the manager opened to the one the objects name.
+/// `user_uri` maps a URI the manager opened to the one the objects name;
+/// `relist_gap` is [`RELIST_MIN_GAP`] but in tests.
 pub fn reconciles(
     receiver: Receiver,
     machines: Store<LibvirtMachine>,
     user_uri: impl Fn(&str) -> String + Send + 'static,
     metrics: Metrics,
+    relist_gap: Duration,
 ) -> impl Stream<Item = ObjectRef<LibvirtMachine>> + Send + 'static {
-    let Receiver { queue, overflowed } = receiver;
+    let Receiver { queue, overflowed, again } = receiver;
     let mut names = DomainNames::default();
+    let mut relists = Relists::default();
     futures::stream::unfold(queue, |mut queue| async move { queue.recv().await.map(|event| (event, queue)) })
         .flat_map(move |event| {
             let wanted = match event {
@@ -86,7 +105,13 @@ pub fn reconciles(
                         None => Wanted::Nothing,
                     }
                 }
-                HostEvent::Reconnected { uri } => Wanted::Host(user_uri(&uri)),
+                HostEvent::Reconnected { uri } => {
+                    if relists.due(&uri, relist_gap, &again) {
+                        Wanted::Host(user_uri(&uri))
+                    } else {
+                        Wanted::Nothing
+                    }
+                }
             };
             let wanted = if overflowed.swap(false, Ordering::SeqCst) { Wanted::All } else { wanted };
             let refs = match wanted {
@@ -106,6 +131,40 @@ pub fn reconciles(
             };
             futures::stream::iter(refs)
         })
+}
+
+/// When each host was last re-listed, and whether a re-list waits for the
+/// end of its gap.
+#[derive(Default)]
+struct Relists {
+    hosts: HashMap<String, (Instant, bool)>,
+}
+
+impl Relists {
+    /// Whether host `uri` (opened URI) is to be re-listed now. If it was
+    /// re-listed less than `gap` ago, the re-list is put off to the end of the
+    /// gap (a `Reconnected` sent again through `again`), once.
+    fn due(&mut self, uri: &str, gap: Duration, again: &mpsc::WeakSender<HostEvent>) -> bool {
+        let now = Instant::now();
+        match self.hosts.get_mut(uri) {
+            Some((last, deferred)) if now.duration_since(*last) < gap => {
+                if !*deferred && let Some(tx) = again.upgrade() {
+                    *deferred = true;
+                    let (at, uri) = (*last + gap, uri.to_string());
+                    tracing::info!(%uri, "reconnected again: the host's machines are looked at once the re-list gap ends");
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at.into()).await;
+                        let _ = tx.send(HostEvent::Reconnected { uri }).await;
+                    });
+                }
+                false
+            }
+            _ => {
+                self.hosts.insert(uri.to_string(), (now, false));
+                true
+            }
+        }
+    }
 }
 
 /// The LibvirtMachines that recorded `uri` as their host.
@@ -198,7 +257,7 @@ mod tests {
         // The stream ends once the queue is drained and the sink is gone.
         drop(sink);
         let user_uri = |opened: &str| opened.split('?').next().unwrap_or_default().to_string();
-        reconciles(receiver, store, user_uri, Metrics::default()).map(|r| r.name).collect().await
+        reconciles(receiver, store, user_uri, Metrics::default(), RELIST_MIN_GAP).map(|r| r.name).collect().await
     }
 
     #[tokio::test]
@@ -232,5 +291,31 @@ mod tests {
         let mut all = reconciles_for(vec![event("qemu+tls://h1/system", "not-ours")], &machines, true).await;
         all.sort();
         assert_eq!(all, ["a", "b", "c"], "an overflow looks at every machine");
+    }
+
+    /// Reconnects in a row re-list the host at once, then once more at the
+    /// end of the gap however many came within it; never more, never none.
+    #[tokio::test]
+    async fn reconnects_within_the_gap_re_list_once_at_its_end() {
+        let machines = [machine("a", "uid-a", None, "qemu:///h1"), machine("b", "uid-b", None, "qemu:///h2")];
+        let (sink, receiver) = sink();
+        let metrics = Metrics::default();
+        let gap = Duration::from_millis(300);
+        let started = Instant::now();
+        for _ in 0..3 {
+            sink(HostEvent::Reconnected { uri: "qemu:///h1".into() });
+        }
+        // The sink stays, as in the manager: the stream is watched for three gaps.
+        let seen: Vec<(String, Duration)> =
+            reconciles(receiver, store(&machines), |u| u.to_string(), metrics.clone(), gap)
+                .map(|r| (r.name, started.elapsed()))
+                .take_until(tokio::time::sleep(gap * 3))
+                .collect()
+                .await;
+        drop(sink);
+        let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "a"], "{seen:?}");
+        assert!(seen[1].1 >= gap, "the second re-list came {:?} after the first reconnect", seen[1].1);
+        assert!(metrics.encode().contains("capl_host_relists_total 2"), "{}", metrics.encode());
     }
 }

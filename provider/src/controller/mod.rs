@@ -317,6 +317,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             move |opened| ctx.user_uri(opened)
         },
         ctx.metrics.clone(),
+        domain_events::RELIST_MIN_GAP,
     );
     let machine_controller = Controller::for_stream(machines_stream, libvirt_machines.clone())
         .with_config(config)
