@@ -724,7 +724,7 @@ impl HostHandle {
                         }
                         // A connection that is not cached (a late connect that lost
                         // the race with another) must not keep its subscription.
-                        let stale = std::mem::replace(&mut state.subscription, Some(Subscription(subscription)));
+                        let stale = state.subscription.replace(Subscription(subscription));
                         let old = state.conn.replace(conn.clone());
                         let reconnected = std::mem::replace(&mut state.connected_before, true) && subscribed;
                         drop(state);
