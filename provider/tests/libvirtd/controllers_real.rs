@@ -28,11 +28,11 @@ use serde_json::json;
 use testenv::test_host;
 
 use crate::api_support::{
-    Manager, World, cloud_config, cluster_json, create_bootstrap_secret, domain_of, has, libvirt_cluster_json,
-    libvirt_machine_json, machine_conditions, machine_json, machine_ready, manager_settings,
+    Manager, World, cloud_config, create_bootstrap_secret, domain_of, has, libvirt_machine_json, machine_conditions,
+    machine_json, machine_ready, manager_settings,
 };
 use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
-use crate::real_support::{CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host};
+use crate::real_support::{CleanUp, connect_checked, demo_cluster, fixture, guest_image_volume, ours_on_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {
@@ -62,13 +62,7 @@ async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd(
     // The test daemon is reached through socket=, which only --allow-unsafe-uris admits.
     let _manager = Manager::start_with_policy(w.client.clone(), &w.ns, connections, UriPolicy::allow_all());
 
-    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
-    let mut lc = libvirt_cluster_json("demo-lc", &uri, Some(("demo", &c.uid().unwrap())));
-    lc["spec"]["network"] = json!(fx.network);
-    lc["spec"]["basePool"] = json!(fx.base_pool);
-    lc["spec"]["domainPool"] = json!(fx.domain_pool);
-    let _: LibvirtCluster = w.apply(lc).await;
-    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+    demo_cluster(&w, &fx, &uri).await;
     let machines = ["cp-0", "worker-0"];
     for name in machines {
         let secret = format!("{name}-bootstrap");
@@ -137,13 +131,7 @@ async fn a_domain_destroyed_on_the_real_libvirtd_is_started_again_because_of_its
     };
     let manager = Manager::start_with_settings(w.client.clone(), connections, settings);
 
-    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
-    let mut lc = libvirt_cluster_json("demo-lc", &uri, Some(("demo", &c.uid().unwrap())));
-    lc["spec"]["network"] = json!(fx.network);
-    lc["spec"]["basePool"] = json!(fx.base_pool);
-    lc["spec"]["domainPool"] = json!(fx.domain_pool);
-    let _: LibvirtCluster = w.apply(lc).await;
-    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+    demo_cluster(&w, &fx, &uri).await;
     let name = "worker-0";
     create_bootstrap_secret(&w, "worker-0-bootstrap", cloud_config(name)).await;
     let m: Machine = w.apply(machine_json(name, "demo", name, Some("worker-0-bootstrap"))).await;

@@ -36,11 +36,13 @@ use serde_json::json;
 use testenv::test_host;
 
 use crate::api_support::{
-    Manager, World, cloud_config, cluster_json, condition, create_bootstrap_secret, libvirt_cluster_json,
-    libvirt_machine_json, machine_conditions, machine_json, machine_ready,
+    Manager, World, cloud_config, condition, create_bootstrap_secret, libvirt_machine_json, machine_conditions,
+    machine_json, machine_ready,
 };
 use crate::host_support::{Fixture, dhcp_hosts};
-use crate::real_support::{CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts};
+use crate::real_support::{
+    CleanUp, connect_checked, demo_cluster, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts,
+};
 
 const MACHINES: [&str; 3] = ["m0", "m1", "m2"];
 /// Bound of each wait on the daemon's processes.
@@ -247,13 +249,7 @@ async fn machines_converge_through_a_killed_libvirtd_and_a_killed_dnsmasq() {
     let manager = Manager::start_with_policy(w.client.clone(), &w.ns, connections, UriPolicy::allow_all());
     let started = Instant::now();
 
-    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
-    let mut lc = libvirt_cluster_json("demo-lc", &uri, Some(("demo", &c.uid().unwrap())));
-    lc["spec"]["network"] = json!(fx.network);
-    lc["spec"]["basePool"] = json!(fx.base_pool);
-    lc["spec"]["domainPool"] = json!(fx.domain_pool);
-    let _: LibvirtCluster = w.apply(lc).await;
-    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+    demo_cluster(&w, &fx, &uri).await;
     for name in MACHINES {
         let secret = format!("{name}-bootstrap");
         create_bootstrap_secret(&w, &secret, cloud_config(name)).await;

@@ -5,11 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use capl::api::LibvirtCluster;
+use capl::api::capi::Cluster;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::{ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 use capl_host::{InfraSpec, check_infrastructure};
+use kube::ResourceExt;
+use serde_json::json;
 use testenv::test_host;
 
+use crate::api_support::{World, cluster_json, libvirt_cluster_json};
 use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts};
 
 /// The environment variable that names the guest image (what `cargo xtask
@@ -32,6 +37,18 @@ pub fn connect_checked() -> (String, LibvirtHypervisor) {
         panic!("the test libvirtd at {uri} is not set up ({e}): run `{}`", test_host::UP_COMMAND);
     }
     (uri, hv)
+}
+
+/// Cluster `demo` with LibvirtCluster `demo-lc` at `uri` on the fixture's network and
+/// pools, the Cluster marked infrastructure-provisioned as CAPI core would mark it.
+pub async fn demo_cluster(w: &World, fx: &Fixture, uri: &str) {
+    let c: Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
+    let mut lc = libvirt_cluster_json("demo-lc", uri, Some(("demo", &c.uid().unwrap())));
+    lc["spec"]["network"] = json!(fx.network);
+    lc["spec"]["basePool"] = json!(fx.base_pool);
+    lc["spec"]["domainPool"] = json!(fx.domain_pool);
+    let _: LibvirtCluster = w.apply(lc).await;
+    let _: Cluster = w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
 }
 
 /// The test host's network and pools with base image `image`.
