@@ -235,11 +235,7 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
             {
                 for node in &nodes.items {
                     let name = node.metadata.name.clone().unwrap_or_default();
-                    let ready = node
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    let ready = crate::scenario_workload::node_ready(node);
                     ready_nodes += usize::from(ready);
                     show(&format!("node/{name}"), format!("node {name}: Ready={ready}"));
                 }

@@ -241,7 +241,7 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
     let (cert, key) = signer.client_cert("capl-e2e-workload", "capl-e2e")?;
     let infrastructure = format!("libvirt:{RELEASE_VERSION}");
     let kubeconfig = stack.management.kubeconfig_path().display().to_string();
-    let listed = repository.clusterctl(&[
+    let generate = [
         "generate",
         "cluster",
         CLUSTER,
@@ -251,8 +251,8 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
         ns,
         "--kubeconfig",
         &kubeconfig,
-        "--list-variables",
-    ])?;
+    ];
+    let listed = repository.clusterctl(&[&generate[..], &["--list-variables"]].concat())?;
     let variables: Vec<(&str, String)> = vec![
         ("CAPL_LIBVIRT_URI", format!("qemu+tls://127.0.0.1:{TLS_PORT}/system")),
         ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
@@ -270,22 +270,18 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
             "`clusterctl generate cluster --list-variables` does not list {name}, which the template uses:\n{listed}"
         );
     }
-    let mut args = vec![
-        "generate",
-        "cluster",
-        CLUSTER,
-        "--infrastructure",
-        &infrastructure,
-        "--target-namespace",
-        ns,
-        "--kubernetes-version",
-        KUBERNETES_VERSION,
-        "--control-plane-machine-count",
-        "1",
-        "--worker-machine-count",
-        "1",
-    ];
-    args.extend(["--kubeconfig", &kubeconfig]);
+    let args = [
+        &generate[..],
+        &[
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+            "--control-plane-machine-count",
+            "1",
+            "--worker-machine-count",
+            "1",
+        ],
+    ]
+    .concat();
     let env: Vec<(&str, &str)> = variables.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let rendered = repository.clusterctl_env(&args, &env)?;
     let path = dir.join("cluster.yaml");
@@ -352,19 +348,13 @@ async fn wait_nodes(nodes: &Api<Node>, count: usize, exact: bool, timeout: Durat
             // The endpoint may not answer for a moment (an API server restarting).
             Err(err) => return Ok(Check::Pending(format!("listing Nodes: {err}"))),
         };
-        let ready = |n: &Node| {
-            n.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        };
-        let ready_count = list.iter().filter(|n| ready(n)).count();
+        let ready_count = list.iter().filter(|n| node_ready(n)).count();
         Ok(if ready_count >= count && (!exact || list.len() == count) {
             Check::Done(list)
         } else {
             let seen: Vec<String> = list
                 .iter()
-                .map(|n| format!("{} ready={}", n.metadata.name.clone().unwrap_or_default(), ready(n)))
+                .map(|n| format!("{} ready={}", n.metadata.name.clone().unwrap_or_default(), node_ready(n)))
                 .collect();
             Check::Pending(format!("{seen:?}"))
         })
@@ -414,6 +404,14 @@ async fn check_provider_ids(client: &Client, ns: &str, nodes: &[Node]) -> Result
         );
     }
     Ok(())
+}
+
+/// Whether the Node's Ready condition is True.
+pub(crate) fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn node_names(nodes: &[Node]) -> Vec<String> {
