@@ -28,7 +28,9 @@
 //!   checks that need a shell, `wget` or `httpd` in a pod (the workload e2e's
 //!   pod-to-pod check); imported like the others.
 //! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
-//!   settings, cloud-init's datasource list).
+//!   settings, cloud-init's datasource list, the endpoint's and the pod network's
+//!   scripts, and `capl-node-report`, which prints container restarts and the API
+//!   server's liveness to the serial console so a failed run's console log shows them).
 //!
 //! The disk (`hack/node-image/disk.sh`): an MBR, a FAT partition with syslinux, the
 //! kernel and its initramfs, and an ext4 root written by `mkfs.ext4 -d`: no loop
@@ -246,7 +248,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
         install_file(&bin.join(name), &root.join("usr/local/bin").join(name), 0o755)?;
     }
     let chroot_root = root.clone();
-    for unit in ["containerd.service", "kubelet.service"] {
+    for unit in ["containerd.service", "kubelet.service", "capl-node-report.service"] {
         cmd!(sh, "chroot {chroot_root} systemctl enable {unit}").quiet().run()?;
     }
     let archives_dir = work.join("archives");
