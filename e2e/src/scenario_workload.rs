@@ -263,6 +263,9 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
         ("CAPL_NETWORK", TEST_NETWORK.to_string()),
         ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
         ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
+        // Three guests whose CPUs QEMU emulates share 2 host cores: workers with one
+        // vCPU each leave the control plane (2 vCPUs) enough to keep answering.
+        ("CAPL_WORKER_VCPU", "1".to_string()),
     ];
     for (name, _) in &variables {
         ensure!(
