@@ -11,4 +11,5 @@
 
 pub mod api;
 pub mod controller;
+pub mod counted_host;
 pub mod manifests;

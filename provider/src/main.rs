@@ -40,6 +40,10 @@ struct Flags {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// With --hypervisor sim: a /22 network (10.20.0.0/22, 1,009 DHCP addresses) instead of
+    /// the /24 with 100, for runs with hundreds of machines (the benchmarks).
+    #[arg(long)]
+    sim_large_network: bool,
     /// Which hypervisor backend to talk to: real libvirt, or an embedded simulated host (demos, tests).
     #[arg(long, value_enum, default_value_t = Backend::Libvirt)]
     hypervisor: Backend,
@@ -166,12 +170,19 @@ async fn run() -> Result<()> {
     let connector: Arc<dyn capl_host::hypervisor::connections::Connector> = match flags.hypervisor {
         Backend::Libvirt => Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
         Backend::Sim => {
-            let host = capl_host::sim_host::register(&flags.sim_uri).context("building the simulated host")?;
+            let host = if flags.sim_large_network {
+                capl_host::sim_host::register_large(&flags.sim_uri)
+            } else {
+                capl_host::sim_host::register(&flags.sim_uri)
+            }
+            .context("building the simulated host")?;
             tracing::info!(uri = %flags.sim_uri, network = capl_host::sim_host::NETWORK, "simulated libvirt host ready");
             std::mem::forget(host); // lives as long as the process
             Arc::new(capl_host::hypervisor::sim::SimConnector)
         }
     };
+    let metrics = Metrics::default();
+    let connector = Arc::new(capl::counted_host::CountingConnector::new(connector, metrics.clone()));
     anyhow::ensure!(flags.max_calls_per_host > 0, "--max-calls-per-host must be at least 1");
     let connections = Arc::new(
         Connections::new(connector, flags.max_calls_per_host)
@@ -202,7 +213,6 @@ async fn run() -> Result<()> {
         resync_interval: flags.resync_interval,
         ..Settings::default()
     };
-    let metrics = Metrics::default();
     let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));
 
     // Ready means "able to serve": the API server answers. Leadership is the
@@ -213,9 +223,20 @@ async fn run() -> Result<()> {
     tokio::spawn(mark_ready_when_api_answers(client.clone(), ready_tx));
     let probe = Probe { metrics: metrics.clone(), ready: ready_rx };
     if let Some(addr) = parse_addr(&flags.metrics_bind_address)? {
-        let router = Router::new()
+        let mut router = Router::new()
             .route("/metrics", get(|State(p): State<Probe>| async move { p.metrics.encode() }))
             .with_state(probe.clone());
+        if matches!(flags.hypervisor, Backend::Sim) {
+            // What the simulated host holds, for leak checks: it lives in this process only.
+            let uri = flags.sim_uri.clone();
+            router = router.route(
+                "/sim/inventory",
+                get(move || {
+                    let uri = uri.clone();
+                    async move { tokio::task::spawn_blocking(move || sim_inventory(&uri)).await.unwrap_or_default() }
+                }),
+            );
+        }
         tokio::spawn(async move { serve(addr, router).await.map_err(|e| tracing::error!(%e, "metrics server")) });
     }
     if let Some(addr) = parse_addr(&flags.health_probe_bind_address)? {
@@ -359,6 +380,29 @@ async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term.recv() => {}
     }
+}
+
+/// The simulated host's domains, volumes of the domain pool and DHCP hosts
+/// of the network, one `<kind> <name>` a line (the `/sim/inventory` route).
+fn sim_inventory(uri: &str) -> String {
+    use capl_host::hypervisor::{HostAdmin, Hypervisor};
+    let Ok(host) = capl_host::hypervisor::sim::SimHypervisor::connect(uri) else {
+        return "error cannot connect to the simulated host\n".into();
+    };
+    let mut out = String::new();
+    for domain in host.domain_list().unwrap_or_default() {
+        out.push_str(&format!("domain {domain}\n"));
+    }
+    for volume in host.volume_list(capl_host::sim_host::DOMAIN_POOL).unwrap_or_default() {
+        out.push_str(&format!("volume {volume}\n"));
+    }
+    let xml = host.network_xml(capl_host::sim_host::NETWORK).unwrap_or_default();
+    let hosts = capl_host::network_xml::parse_network(&xml).ok().and_then(|n| n.ipv4).map(|ip| ip.hosts);
+    for entry in hosts.unwrap_or_default() {
+        let ip = entry.ip.map(|ip| ip.to_string()).unwrap_or_default();
+        out.push_str(&format!("dhcp_host {} {ip}\n", entry.name.unwrap_or_default()));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -371,8 +371,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let result = if plan.action == MachineAction::Create {
                     // The bootstrap data was read when the host said the domain is absent.
                     let seed = std::mem::take(&mut user_data);
-                    timed(ctx, "create", host.call(move |h| host_machine::create_machine(h, &spec, &seed).map(Some)))
-                        .await
+                    let metrics = ctx.metrics.clone();
+                    let create = move |h: &dyn capl_host::hypervisor::Hypervisor| {
+                        let mut took = |step: host_machine::CreateStep, d| metrics.create_step(step.name(), d);
+                        host_machine::create_machine_timed(h, &spec, &seed, &mut took).map(Some)
+                    };
+                    timed(ctx, "create", host.call(create)).await
                 } else {
                     timed(ctx, "start", host.call(move |h| host_machine::start_machine(h, &spec))).await
                 };

@@ -40,6 +40,19 @@ pub struct Metrics {
     host_operations: Family<OperationLabels, Histogram>,
     domain_events: Family<OutcomeLabels, Counter>,
     host_relists: Counter,
+    create_steps: Family<StepLabels, Histogram>,
+    libvirt_calls: Family<CallLabels, Counter>,
+    connections_opened: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    call: &'static str,
 }
 
 impl Default for Metrics {
@@ -77,8 +90,23 @@ impl Default for Metrics {
             "Times every LibvirtMachine of a host was reconciled because its domain events may have been lost (a reconnect)",
             host_relists.clone(),
         );
+        let create_steps = Family::<StepLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        registry.register(
+            "create_step_duration_seconds",
+            "Duration of each step of creating a machine on its host (disk, iso_volume, iso_upload, reservation, define, autostart, start)",
+            create_steps.clone(),
+        );
+        let libvirt_calls = Family::<CallLabels, Counter>::default();
+        registry.register("libvirt_calls", "libvirt calls made, by call", libvirt_calls.clone());
+        let connections_opened = Counter::default();
+        registry.register("libvirt_connections_opened", "libvirt connections opened", connections_opened.clone());
         Self {
             registry: Arc::new(registry),
+            create_steps,
+            libvirt_calls,
+            connections_opened,
             reconciles,
             errors,
             durations,
@@ -114,6 +142,21 @@ impl Metrics {
 
     pub fn host_relisted(&self) {
         self.host_relists.inc();
+    }
+
+    /// One create step of one machine ran for `took`.
+    pub fn create_step(&self, step: &'static str, took: Duration) {
+        self.create_steps.get_or_create(&StepLabels { step }).observe(took.as_secs_f64());
+    }
+
+    /// One libvirt call was made (see [`crate::counted_host`]).
+    pub fn libvirt_call(&self, call: &'static str) {
+        self.libvirt_calls.get_or_create(&CallLabels { call }).inc();
+    }
+
+    /// One libvirt connection was opened.
+    pub fn connection_opened(&self) {
+        self.connections_opened.inc();
     }
 
     /// The text exposition format.
