@@ -13,6 +13,7 @@
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
 //! started by `cargo xtask e2e` and `cargo xtask demo`, and `tests/e2e.rs`.
 
+pub mod bench;
 pub mod clusterctl;
 pub mod demo;
 pub mod host_view;

@@ -25,6 +25,14 @@ enum Command {
         #[arg(long)]
         kind: bool,
     },
+    /// A benchmark of issue 15 (started by `cargo xtask bench`): prints a table, writes JSON.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+        /// Where the JSON goes.
+        #[arg(long, default_value = "target/bench")]
+        out: std::path::PathBuf,
+    },
     /// One cluster, two machines, narrated; Ctrl-C cleans up.
     Demo {
         /// Use the provider's embedded simulated libvirt host.
@@ -39,11 +47,70 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum Bench {
+    /// 1,000 machines on the simulated host through the API server: created at once, then deleted.
+    Scale {
+        #[arg(long, default_value_t = 1000)]
+        machines: usize,
+        /// The manager's --concurrency.
+        #[arg(long, default_value_t = 10)]
+        concurrency: u16,
+    },
+    /// The scale benchmark's machines left alone for a while: what they cost per minute.
+    Steady {
+        #[arg(long, default_value_t = 1000)]
+        machines: usize,
+        /// How long to leave them alone, in minutes.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
+        #[arg(long, default_value_t = 10)]
+        concurrency: u16,
+    },
+    /// 20 machines on the private libvirtd, one after another: each create step beside virsh doing it.
+    Overhead {
+        #[arg(long, default_value_t = 20)]
+        machines: usize,
+    },
+    /// 100 DHCP reservations at once on one real network of the private libvirtd.
+    Contention {
+        #[arg(long, default_value_t = 100)]
+        machines: usize,
+    },
+}
+
+async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
+    let provider_binary = StackConfig::from_env(true)?.provider_binary;
+    match which {
+        Bench::Scale { machines, concurrency } => {
+            let args = e2e::bench::scale::Args { machines, steady: None, provider_binary, out, concurrency };
+            e2e::bench::scale::run(&args).await
+        }
+        Bench::Steady { machines, minutes, concurrency } => {
+            let steady = Some(std::time::Duration::from_secs_f64(minutes * 60.0));
+            let args = e2e::bench::scale::Args { machines, steady, provider_binary, out, concurrency };
+            e2e::bench::scale::run(&args).await
+        }
+        Bench::Overhead { machines } => {
+            let config = StackConfig::from_env(false)?;
+            let e2e::stack::Backend::Libvirt { uri } = config.backend else { unreachable!("from_env(false)") };
+            let guest_image = config.guest_image.ok_or_else(|| anyhow::anyhow!("no guest image"))?;
+            let args = e2e::bench::overhead::Args { uri, guest_image, provider_binary, machines, out };
+            e2e::bench::overhead::run(&args).await
+        }
+        Bench::Contention { machines } => {
+            let uri = testenv::test_host::uri().map_err(anyhow::Error::msg)?;
+            tokio::task::spawn_blocking(move || e2e::bench::contention::run(&uri, machines, &out)).await?
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { only, kind } => run(&only, kind).await,
+        Command::Bench { which, out } => bench(which, out).await,
         Command::Demo { hypervisor, exit_after_ready, workload } => match StackConfig::from_env(hypervisor == "sim") {
             Ok(config) if workload => e2e::demo::run_workload(&config, exit_after_ready).await.map(|()| true),
             Ok(config) => e2e::demo::run(&config, exit_after_ready).await.map(|()| true),

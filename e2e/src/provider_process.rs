@@ -58,9 +58,12 @@ impl ProviderProcess {
             .open(&self.log_path)
             .with_context(|| format!("opening {}", self.log_path.display()))?;
         let mut command = Command::new(&self.binary);
+        command.args(&self.args);
+        // Metrics off unless the caller serves them (the benchmarks read them).
+        if !self.args.iter().any(|a| a.starts_with("--metrics-bind-address")) {
+            command.arg("--metrics-bind-address=0");
+        }
         command
-            .args(&self.args)
-            .arg("--metrics-bind-address=0")
             .arg(format!("--health-probe-bind-address=127.0.0.1:{}", self.health_port))
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", std::env::var("CAPL_E2E_PROVIDER_LOG").unwrap_or_else(|_| "info,kube=warn".into()))
@@ -111,6 +114,11 @@ impl ProviderProcess {
             bail!("the provider exited ({status}); end of {}:\n{}", self.log_path.display(), self.log_tail(30));
         }
         Ok(())
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// SIGKILL, as a crash or an OOM kill would end it.

@@ -4,6 +4,7 @@
 //! command line and dispatches. xtask does not depend on the provider crate,
 //! so it builds before libvirt's development headers are installed.
 
+mod bench;
 mod bench_sim;
 mod control_plane;
 mod demo;
@@ -79,6 +80,8 @@ enum Command {
     /// Install, start and stop the private libvirtd used by tests and the demo.
     #[command(subcommand)]
     Host(libvirt_host::Command),
+    /// The provider at scale: scale, steady, overhead, contention (all four without a name); tables and target/bench/*.json.
+    Bench(bench::Args),
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
     BenchSim(bench_sim::Args),
     /// Build (or reuse) the tiny test guest image the e2e tests and the demo boot; print its path.
@@ -108,6 +111,7 @@ fn main() -> Result<()> {
         Command::DockerPush { image } => docker::push(&image),
         Command::ControlPlane(cmd) => control_plane::run(cmd),
         Command::Host(cmd) => libvirt_host::run(cmd),
+        Command::Bench(args) => bench::run(args),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
         Command::NodeImage(args) => node_image::run(args),

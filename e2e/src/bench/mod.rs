@@ -1,0 +1,413 @@
+//! `capl-e2e bench <name>`, started by `cargo xtask bench`: what the provider
+//! costs at scale, measured through the real parts (issue 15).
+//!
+//! - [`scale`]: 1,000 machines on the embedded simulated host, through the
+//!   local kube-apiserver with CAPI core: created at once, then deleted.
+//! - [`steady`]: the same 1,000 left alone: what they cost per minute.
+//! - [`overhead`]: 20 machines on the private libvirtd, each create step
+//!   beside the same step done with virsh.
+//! - [`contention`]: 100 machines at once on one real network.
+//!
+//! Each prints a table and writes `<out>/<name>.json`. Nothing here asserts a
+//! time: the figures are printed; only correctness (leaks, duplicate
+//! addresses) makes a run fail.
+
+pub mod contention;
+pub mod overhead;
+pub mod scale;
+pub mod steady;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kube::Client;
+use serde_json::Value;
+use testenv::{CapiManager, CapiOptions, TestEnv};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::objects::{self, Kind, Placement};
+use crate::provider_process::ProviderProcess;
+use crate::repo_root;
+
+/// Namespaces the benchmarks create start with this (and so do their
+/// domains, volumes and DHCP hosts on a real host).
+pub const NAME_PREFIX: &str = "capl-bench-";
+
+/// Creates in flight at once while a benchmark makes its objects.
+const CREATE_CONCURRENCY: usize = 64;
+
+/// The control plane (kube-apiserver, etcd, CAPI core with its webhooks)
+/// and the manager, started with `provider_args` plus a metrics endpoint.
+pub struct BenchStack {
+    // Fields drop in order: the provider, then CAPI, then the API server.
+    pub provider: ProviderProcess,
+    pub capi: CapiManager,
+    pub env: TestEnv,
+    pub metrics_port: u16,
+    pub work_dir: PathBuf,
+}
+
+impl BenchStack {
+    pub async fn start(provider_binary: &Path, mut provider_args: Vec<String>) -> Result<Self> {
+        let work_dir = std::env::temp_dir().join(format!("capl-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&work_dir)?;
+        let env = TestEnv::start().await.context("starting the local control plane")?;
+        let capi = env.start_capi(CapiOptions::new()).await.context("starting CAPI core")?;
+        env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await?;
+        let metrics_port = free_port()?;
+        provider_args.push(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"));
+        let provider = ProviderProcess::start(
+            provider_binary,
+            provider_args,
+            env.kubeconfig_path(),
+            &work_dir.join("provider.log"),
+        )
+        .await?;
+        Ok(Self { provider, capi, env, metrics_port, work_dir })
+    }
+
+    pub fn client(&self) -> Client {
+        self.env.client()
+    }
+
+    /// The manager's metrics now.
+    pub async fn metrics(&self) -> Result<Metrics> {
+        Ok(Metrics(http_get(self.metrics_port, "/metrics").await?))
+    }
+
+    /// The manager's peak and current memory and its CPU time so far.
+    pub fn process(&self) -> Result<ProcessStats> {
+        ProcessStats::of(self.provider.pid().context("the manager is not running")?)
+    }
+
+    /// kube-apiserver's request counters now (every client: this benchmark, CAPI core, the manager).
+    pub async fn api_requests(&self) -> Result<ApiRequests> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = self.client().request_text(request).await.context("reading kube-apiserver's /metrics")?;
+        Ok(ApiRequests::parse(&text))
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").context("not an HTTP response")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_string())
+}
+
+/// The text exposition of the manager's `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// The sum of the samples of `name` whose labels include all of `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        samples(&self.0, name)
+            .filter(|(l, _)| labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// The samples of `name` summed by the value of `label`.
+    pub fn by_label(&self, name: &str, label: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for (labels, value) in samples(&self.0, name) {
+            *out.entry(labels.get(label).cloned().unwrap_or_default()).or_insert(0.0) += value;
+        }
+        out
+    }
+
+    pub fn reconciles(&self) -> f64 {
+        self.sum("capl_reconciles_total", &[("controller", "libvirtmachine")])
+    }
+
+    pub fn libvirt_calls(&self) -> f64 {
+        self.sum("capl_libvirt_calls_total", &[])
+    }
+
+    pub fn connections_opened(&self) -> f64 {
+        self.sum("capl_libvirt_connections_opened_total", &[])
+    }
+}
+
+/// `name{labels} value` lines of a Prometheus text exposition.
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (BTreeMap<String, String>, f64)> + 'a {
+    text.lines().filter(|l| !l.starts_with('#')).filter_map(move |line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, labels) = match series.split_once('{') {
+            Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if metric != name {
+            return None;
+        }
+        let labels = labels
+            .split("\",")
+            .filter_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                Some((k.trim_matches(',').to_string(), v.trim_matches('"').to_string()))
+            })
+            .collect();
+        Some((labels, value.parse().ok()?))
+    })
+}
+
+/// `apiserver_request_total`, summed by verb, and by verb and resource.
+#[derive(Debug, Clone, Default)]
+pub struct ApiRequests {
+    pub by_verb: BTreeMap<String, f64>,
+    /// `"<VERB> <resource>[/<subresource>]"`.
+    pub by_resource: BTreeMap<String, f64>,
+}
+
+impl ApiRequests {
+    fn parse(text: &str) -> Self {
+        let mut by_resource = BTreeMap::new();
+        for (labels, value) in samples(text, "apiserver_request_total") {
+            let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+            let mut key = format!("{} {}", get("verb"), get("resource"));
+            if !get("subresource").is_empty() {
+                key = format!("{key}/{}", get("subresource"));
+            }
+            *by_resource.entry(key).or_insert(0.0) += value;
+        }
+        Self { by_verb: Metrics(text.to_string()).by_label("apiserver_request_total", "verb"), by_resource }
+    }
+
+    pub fn total(&self) -> f64 {
+        self.by_verb.values().sum()
+    }
+
+    /// Requests since `before`, by verb.
+    pub fn since(&self, before: &ApiRequests) -> ApiRequests {
+        let by_verb = self
+            .by_verb
+            .iter()
+            .map(|(verb, n)| (verb.clone(), n - before.by_verb.get(verb).copied().unwrap_or(0.0)))
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
+        let by_resource = self
+            .by_resource
+            .iter()
+            .map(|(key, n)| (key.clone(), n - before.by_resource.get(key).copied().unwrap_or(0.0)))
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
+        ApiRequests { by_verb, by_resource }
+    }
+
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"by_verb": self.by_verb, "by_verb_and_resource": self.by_resource})
+    }
+
+    /// The `n` largest verb-and-resource counts, "VERB resource n" joined by commas.
+    pub fn top(&self, n: usize) -> String {
+        let mut all: Vec<(&String, &f64)> = self.by_resource.iter().collect();
+        all.sort_by(|a, b| b.1.total_cmp(a.1));
+        all.iter().take(n).map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// A process's memory and CPU from /proc.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessStats {
+    /// VmHWM: the peak resident set, MiB.
+    pub peak_rss_mib: f64,
+    /// VmRSS now, MiB.
+    pub rss_mib: f64,
+    /// utime + stime, seconds.
+    pub cpu_seconds: f64,
+}
+
+impl ProcessStats {
+    pub fn of(pid: u32) -> Result<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kib = |key: &str| -> f64 {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command (which may hold spaces) start at field 3, state.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+        // utime and stime are fields 14 and 15; `fields[0]` is field 3.
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(Self {
+            peak_rss_mib: kib("VmHWM:") / 1024.0,
+            rss_mib: kib("VmRSS:") / 1024.0,
+            cpu_seconds: (ticks(11) + ticks(12)) / hz,
+        })
+    }
+}
+
+/// Creates, at most [`CREATE_CONCURRENCY`] at a time, every object of
+/// `objects` ((kind, document) in the namespace).
+pub async fn create_all(client: &Client, ns: &str, objects: Vec<(Kind, Value)>) -> Result<()> {
+    let results: Vec<Result<()>> = futures::stream::iter(objects)
+        .map(|(kind, object)| {
+            let client = client.clone();
+            async move { objects::create(&client, ns, kind, object).await.map(|_| ()) }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// The objects of `count` machines `m-0000`.. of `cluster`: for each a
+/// bootstrap Secret, a LibvirtMachine and a Machine (CAPI sets the owner reference).
+pub fn machine_objects(ns: &str, cluster: &str, image: &str, count: usize) -> Vec<(Kind, Value)> {
+    let mut out = Vec::with_capacity(count * 3);
+    for i in 0..count {
+        let name = format!("m-{i:04}");
+        let secret = format!("{name}-bootstrap");
+        out.push((Kind::Secret, objects::bootstrap_secret(ns, &secret, cluster, &objects::user_data(cluster))));
+        out.push((Kind::LibvirtMachine, objects::libvirt_machine(ns, &name, cluster, image, None)));
+        out.push((Kind::Machine, objects::machine(ns, &name, cluster, &secret)));
+    }
+    out
+}
+
+/// The Cluster and LibvirtCluster `cluster` on `placement`.
+pub fn cluster_objects(ns: &str, cluster: &str, placement: &Placement) -> Vec<(Kind, Value)> {
+    vec![
+        (Kind::LibvirtCluster, objects::libvirt_cluster(ns, cluster, placement)),
+        (Kind::Cluster, objects::cluster(ns, cluster, false)),
+    ]
+}
+
+/// A LibvirtMachine that is provisioned and has its InternalIP.
+pub fn provisioned_ip(lm: &kube::api::DynamicObject) -> Option<String> {
+    let provisioned = lm.data["status"]["initialization"]["provisioned"] == true;
+    if provisioned { objects::internal_ip(lm) } else { None }
+}
+
+/// Lists the namespace's LibvirtMachines every `every` until `done` says so
+/// (or `timeout` passes); returns the time each machine first satisfied
+/// `ready` (seconds since `since`), and the lists made.
+pub async fn wait_each(
+    client: &Client,
+    ns: &str,
+    count: usize,
+    since: Instant,
+    every: Duration,
+    timeout: Duration,
+    ready: impl Fn(&kube::api::DynamicObject) -> bool,
+) -> Result<(BTreeMap<String, f64>, usize)> {
+    let mut first_seen = BTreeMap::new();
+    let mut lists = 0;
+    loop {
+        let items = objects::list(client, ns, Kind::LibvirtMachine).await?;
+        lists += 1;
+        for lm in &items {
+            if ready(lm) {
+                first_seen.entry(objects::name(lm)).or_insert_with(|| since.elapsed().as_secs_f64());
+            }
+        }
+        if first_seen.len() >= count {
+            return Ok((first_seen, lists));
+        }
+        if since.elapsed() > timeout {
+            bail!("after {timeout:?} only {} of {count} machines were ready", first_seen.len());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The time by which `fraction` of the machines were ready.
+pub fn percentile(times: &BTreeMap<String, f64>, fraction: f64) -> f64 {
+    let mut sorted: Vec<f64> = times.values().copied().collect();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[index]
+}
+
+/// Prints `rows` (name, value) as a two-column table under `title`.
+pub fn print_table(title: &str, rows: &[(String, String)]) {
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    println!("\n{title}");
+    println!("{}", "-".repeat(title.len()));
+    for (k, v) in rows {
+        println!("{k:<width$}  {v}");
+    }
+}
+
+/// Writes `value` as `<out>/<name>.json`; returns the path.
+pub fn write_json(out: &Path, name: &str, value: &Value) -> Result<PathBuf> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// A figure with `digits` decimals.
+pub fn fmt(value: f64, digits: usize) -> String {
+    format!("{value:.digits$}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP capl_reconciles Reconciles\n\
+        capl_reconciles_total{controller=\"libvirtmachine\"} 12\n\
+        capl_reconciles_total{controller=\"libvirtcluster\"} 3\n\
+        capl_libvirt_calls_total{call=\"domain_xml\"} 5\n\
+        capl_libvirt_calls_total{call=\"domain_state\"} 2\n\
+        capl_libvirt_connections_opened_total 1\n\
+        apiserver_request_total{code=\"201\",group=\"\",resource=\"secrets\",verb=\"POST\"} 7\n\
+        apiserver_request_total{code=\"200\",group=\"\",resource=\"secrets\",verb=\"GET\"} 4\n\
+        apiserver_request_total{code=\"404\",group=\"\",resource=\"secrets\",verb=\"GET\"} 1\n";
+
+    #[test]
+    fn prometheus_samples_are_summed_by_name_and_label() {
+        let m = Metrics(TEXT.into());
+        assert_eq!(m.reconciles(), 12.0);
+        assert_eq!(m.libvirt_calls(), 7.0);
+        assert_eq!(m.connections_opened(), 1.0);
+        assert_eq!(m.by_label("capl_libvirt_calls_total", "call").get("domain_state"), Some(&2.0));
+        let api = ApiRequests::parse(TEXT);
+        assert_eq!(api.by_verb.get("GET"), Some(&5.0));
+        assert_eq!(api.total(), 12.0);
+        assert_eq!(api.by_resource.get("GET secrets"), Some(&5.0));
+        let before = ApiRequests { by_verb: [("GET".to_string(), 5.0)].into(), by_resource: BTreeMap::new() };
+        assert_eq!(api.since(&before).total(), 7.0);
+    }
+
+    #[test]
+    fn percentiles_of_ready_times() {
+        let times: BTreeMap<String, f64> = (1..=10).map(|i| (format!("m{i}"), i as f64)).collect();
+        assert_eq!(percentile(&times, 0.5), 5.0);
+        assert_eq!(percentile(&times, 1.0), 10.0);
+        assert_eq!(percentile(&times, 0.9), 9.0);
+    }
+
+    #[test]
+    fn this_process_has_memory_and_cpu() {
+        let stats = ProcessStats::of(std::process::id()).expect("/proc");
+        assert!(stats.peak_rss_mib > 0.0 && stats.peak_rss_mib >= stats.rss_mib * 0.99);
+    }
+}
