@@ -266,22 +266,28 @@ impl Drop for Stack {
 
 /// Removes the run's leftovers from the host (see [`Stack::sweep_host`]).
 pub fn sweep(host: &HostView) -> Vec<String> {
+    sweep_prefix(host, NAME_PREFIX)
+}
+
+/// Removes every domain, volume (and seed ISO) and DHCP host of the test pool and
+/// network whose name starts with `prefix`; returns what it removed.
+pub fn sweep_prefix(host: &HostView, prefix: &str) -> Vec<String> {
     let mut removed = Vec::new();
-    for domain in host.domains_with_prefix(NAME_PREFIX).unwrap_or_default() {
+    for domain in host.domains_with_prefix(prefix).unwrap_or_default() {
         let _ = host.virsh(&["destroy", &domain]);
         if host.virsh(&["undefine", &domain]).is_ok() {
             removed.push(format!("domain {domain}"));
         }
     }
     for volume in host.volumes(TEST_DISK_POOL).unwrap_or_default() {
-        if (volume.starts_with(NAME_PREFIX) || volume.starts_with(&format!("cloudinit-{NAME_PREFIX}")))
+        if (volume.starts_with(prefix) || volume.starts_with(&format!("cloudinit-{prefix}")))
             && host.virsh(&["vol-delete", "--pool", TEST_DISK_POOL, &volume]).is_ok()
         {
             removed.push(format!("volume {volume}"));
         }
     }
     for entry in host.dhcp_hosts(TEST_NETWORK).unwrap_or_default() {
-        if entry.name.starts_with(NAME_PREFIX) {
+        if entry.name.starts_with(prefix) {
             let xml = format!("<host mac='{}' name='{}' ip='{}'/>", entry.mac, entry.name, entry.ip);
             let args = ["net-update", TEST_NETWORK, "delete", "ip-dhcp-host", xml.as_str(), "--live", "--config"];
             if host.virsh(&args).is_ok() {

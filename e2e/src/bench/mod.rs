@@ -174,6 +174,14 @@ pub struct ApiRequests {
     pub by_resource: BTreeMap<String, f64>,
 }
 
+/// The counters of `now` that grew since `before`, by how much.
+fn increase(now: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    now.iter()
+        .map(|(key, n)| (key.clone(), n - before.get(key).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
 impl ApiRequests {
     fn parse(text: &str) -> Self {
         let mut by_resource = BTreeMap::new();
@@ -194,18 +202,8 @@ impl ApiRequests {
 
     /// Requests since `before`, by verb.
     pub fn since(&self, before: &ApiRequests) -> ApiRequests {
-        let by_verb = self
-            .by_verb
-            .iter()
-            .map(|(verb, n)| (verb.clone(), n - before.by_verb.get(verb).copied().unwrap_or(0.0)))
-            .filter(|(_, n)| *n > 0.0)
-            .collect();
-        let by_resource = self
-            .by_resource
-            .iter()
-            .map(|(key, n)| (key.clone(), n - before.by_resource.get(key).copied().unwrap_or(0.0)))
-            .filter(|(_, n)| *n > 0.0)
-            .collect();
+        let by_verb = increase(&self.by_verb, &before.by_verb);
+        let by_resource = increase(&self.by_resource, &before.by_resource);
         ApiRequests { by_verb, by_resource }
     }
 

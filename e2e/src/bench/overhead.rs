@@ -51,7 +51,7 @@ pub async fn run(args: &Args) -> Result<bool> {
     let stack = BenchStack::start(&args.provider_binary, provider_args).await?;
     let result = measure(&stack, &host, &image, args).await;
     drop(stack);
-    let swept = sweep(&host);
+    let swept = crate::stack::sweep_prefix(&host, NAME_PREFIX);
     if !swept.is_empty() {
         eprintln!("removed from the host after the run: {}", swept.join(", "));
     }
@@ -60,34 +60,6 @@ pub async fn run(args: &Args) -> Result<bool> {
         bail!("the run left {} objects on the host: {}", swept.len(), swept.join(", "));
     }
     Ok(ok)
-}
-
-/// Removes every domain, volume and DHCP host whose name starts with [`NAME_PREFIX`].
-pub fn sweep(host: &HostView) -> Vec<String> {
-    let mut removed = Vec::new();
-    for domain in host.domains_with_prefix(NAME_PREFIX).unwrap_or_default() {
-        let _ = host.virsh(&["destroy", &domain]);
-        if host.virsh(&["undefine", &domain]).is_ok() {
-            removed.push(format!("domain {domain}"));
-        }
-    }
-    for volume in host.volumes(TEST_DISK_POOL).unwrap_or_default() {
-        if (volume.starts_with(NAME_PREFIX) || volume.starts_with(&format!("cloudinit-{NAME_PREFIX}")))
-            && host.virsh(&["vol-delete", "--pool", TEST_DISK_POOL, &volume]).is_ok()
-        {
-            removed.push(format!("volume {volume}"));
-        }
-    }
-    for entry in host.dhcp_hosts(TEST_NETWORK).unwrap_or_default() {
-        if entry.name.starts_with(NAME_PREFIX) {
-            let xml = format!("<host mac='{}' name='{}' ip='{}'/>", entry.mac, entry.name, entry.ip);
-            let args = ["net-update", TEST_NETWORK, "delete", "ip-dhcp-host", xml.as_str(), "--live", "--config"];
-            if host.virsh(&args).is_ok() {
-                removed.push(format!("DHCP host {}", entry.name));
-            }
-        }
-    }
-    removed
 }
 
 /// Seconds `virsh <args>` took; fails when it failed.

@@ -257,13 +257,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 
     let capi_clusters: Api<Cluster> = api(&client, &ns);
     let (cluster_store, cluster_writer) = reflector::store::<LibvirtCluster>();
-    let cluster_stream = reflector::reflector(
-        cluster_writer,
-        lean(watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default())),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(not_status, PredicateConfig::default());
+    let cluster_stream = own_objects(api::<LibvirtCluster>(&client, &ns), cluster_writer);
     let cluster_controller = Controller::for_stream(cluster_stream, cluster_store.clone()).with_config(config.clone());
     let libvirt_clusters = cluster_store.clone();
     let cluster_controller = cluster_controller
@@ -290,26 +284,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // the Machines at hand for the Secret mapping.
     let (machine_reader, machine_writer) = reflector::store::<Machine>();
     let machine_stream = watch_mapping::when_inputs_change(
-        reflector::reflector(machine_writer, lean(watcher(api::<Machine>(&client, &ns), watcher::Config::default())))
-            .default_backoff(),
+        reflector::reflector(machine_writer, watch_lean(api::<Machine>(&client, &ns))).default_backoff(),
         watch_mapping::machine_inputs,
     );
-    let cluster_stream = watch_mapping::when_inputs_change(
-        lean(watcher(capi_clusters, watcher::Config::default())).default_backoff(),
-        watch_mapping::cluster_inputs,
-    );
+    let cluster_stream =
+        watch_mapping::when_inputs_change(watch_lean(capi_clusters).default_backoff(), watch_mapping::cluster_inputs);
     let libvirt_cluster_stream = watch_mapping::when_inputs_change(
-        lean(watcher(api::<LibvirtCluster>(&client, &ns), watcher::Config::default())).default_backoff(),
+        watch_lean(api::<LibvirtCluster>(&client, &ns)).default_backoff(),
         watch_mapping::libvirt_cluster_inputs,
     );
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
-    let machines_stream = reflector::reflector(
-        machines_writer,
-        lean(watcher(api::<LibvirtMachine>(&client, &ns), watcher::Config::default())),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(not_status, PredicateConfig::default());
+    let machines_stream = own_objects(api::<LibvirtMachine>(&client, &ns), machines_writer);
     // Domain lifecycle events of every host connection -> the LibvirtMachines of their domains.
     let (sink, events) = domain_events::sink();
     ctx.connections.set_event_sink(sink);
@@ -411,15 +396,34 @@ fn not_status<K: Resource>(object: &K) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// `stream` without the objects' `metadata.managedFields`: nothing reads them,
-/// and on objects that several managers write (a Machine: CAPI core, the
-/// bootstrap provider, the API server's defaulting) they are a large part of
-/// each object kept in a reflector's store (measured: half of the manager's
-/// memory with 1,000 machines; see "Performance" in the README).
-fn lean<K: Resource + Send + 'static>(
-    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send {
-    stream.modify(|object| object.meta_mut().managed_fields = None)
+/// Every object of `api`, watched, without `metadata.managedFields`: nothing
+/// reads them, and on objects that several managers write (a Machine: CAPI
+/// core, the bootstrap provider, the API server's defaulting) they are a large
+/// part of each object kept in a reflector's store (measured: half of the
+/// manager's memory with 1,000 machines; see "Performance" in the README).
+fn watch_lean<K>(api: Api<K>) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(api, watcher::Config::default()).modify(|object| object.meta_mut().managed_fields = None)
+}
+
+/// The objects a controller reconciles, kept in `writer`'s store, and passed on
+/// only when something other than their status changed ([`not_status`]): a
+/// status write of our own does not reconcile again.
+fn own_objects<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    reflector::reflector(writer, watch_lean(api))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(not_status, PredicateConfig::default())
 }
 
 /// Every Secret's metadata in the watched namespaces: which ones exist and
@@ -428,9 +432,7 @@ fn secret_metadata(
     client: &Client,
     namespace: &Option<String>,
 ) -> impl futures::Stream<Item = Result<kube::core::PartialObjectMeta<Secret>, watcher::Error>> + Send + 'static {
-    lean(watcher(api::<kube::core::PartialObjectMeta<Secret>>(client, namespace), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
+    watch_lean(api::<kube::core::PartialObjectMeta<Secret>>(client, namespace)).default_backoff().touched_objects()
 }
 
 /// Forgets what the process keeps per host and per machine once no object
