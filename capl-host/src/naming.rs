@@ -9,7 +9,7 @@
 //! | Provider ID            | `libvirt://<identity>`                                      |
 //! | cloud-init instance-id | the identity                                                |
 //! | Volumes                | `<domain>.qcow2`, `cloudinit-<domain>.iso` in domainPool    |
-//! | MAC address            | `52:54:00` + 3 bytes derived from the domain name           |
+//! | MAC address            | `52:54:00` + 3 bytes derived from the domain name; the next candidate when another entry or guest on the network uses it (see below) |
 //!
 //! # Identity
 //!
@@ -33,6 +33,21 @@
 //! can never adopt the old machine's disk or DHCP entry. The domain name is in
 //! the LibvirtMachine's `status.domainName`.
 //!
+//! # MAC address
+//!
+//! Three bytes leave about 16.7 million MACs: among 1,000 machines on one
+//! network two share one with odds of about 3 %, among 10,000 about 95 %. A
+//! machine therefore has a fixed sequence of [`MAC_CANDIDATES`] MACs
+//! ([`mac_candidates`]): first `52:54:00` + SHA-256 of the domain name (what
+//! every machine used before), then `52:54:00` + SHA-256 of `<domain>#1`,
+//! `<domain>#2`, ... When it reserves its address, the machine takes the first
+//! candidate that no other DHCP host entry of the network and no lease of the
+//! network (a running guest's interface) uses. The MAC it took is in its DHCP
+//! host entry (named after the domain) and its domain's `<interface>`, and is
+//! read back from there ever after; the LibvirtMachine reports it in
+//! `status.macAddress`. An entry is the machine's when its name is the domain
+//! name and its MAC one of the candidates.
+//!
 //! Long names: the DNS label limit is 63 characters, so `<namespace>-<name>`
 //! is cut to 56 characters (63 minus `-` and 6 hash digits) and trailing
 //! dashes are dropped. Characters a DNS label cannot hold (`.` of a DNS
@@ -46,6 +61,9 @@ pub const DNS_LABEL_MAX: usize = 63;
 pub const HASH_LEN: usize = 6;
 /// The locally administered prefix QEMU/KVM uses, also used by libvirt.
 pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
+/// How many MACs a machine may choose from ([`mac_candidates`]). The chance
+/// that all of them are taken on a network of 10,000 machines is below 1e-45.
+pub const MAC_CANDIDATES: usize = 16;
 /// The prefix of every provider ID the provider sets (`libvirt://<identity>`);
 /// the one definition of it.
 pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
@@ -112,9 +130,16 @@ impl MachineNames {
         format!("{SEED_VOLUME_PREFIX}{}{SEED_VOLUME_SUFFIX}", self.domain)
     }
 
-    /// The NIC's MAC address, derived from the domain name.
-    pub fn mac(&self) -> String {
+    /// The first MAC the machine tries: derived from the domain name. The MAC
+    /// it uses is the first of [`Self::mac_candidates`] free on the network
+    /// when it reserved its address, read back from its DHCP entry or domain.
+    pub fn derived_mac(&self) -> String {
         mac_address(&self.domain)
+    }
+
+    /// The MACs the machine may use, in the order it tries them.
+    pub fn mac_candidates(&self) -> Vec<String> {
+        mac_candidates(&self.domain)
     }
 }
 
@@ -164,9 +189,32 @@ pub fn domain_name(namespace: &str, name: &str, identity: &str) -> String {
     if prefix.is_empty() { hash } else { format!("{prefix}-{hash}") }
 }
 
-/// `52:54:00:xx:yy:zz` with the last three bytes from SHA-256 of the domain name.
+/// `52:54:00:xx:yy:zz` with the last three bytes from SHA-256 of the domain
+/// name: the first of [`mac_candidates`].
 pub fn mac_address(domain: &str) -> String {
-    let digest = Sha256::digest(domain.as_bytes());
+    mac_from_hash(domain)
+}
+
+/// The [`MAC_CANDIDATES`] distinct MACs a machine with domain name `domain`
+/// may use, in order: [`mac_address`] of the domain name, then `52:54:00` +
+/// the first three bytes of SHA-256 over `<domain>#1`, `<domain>#2`, ...
+/// (a value already in the list is skipped). The same list on every call, in
+/// every process.
+pub fn mac_candidates(domain: &str) -> Vec<String> {
+    let mut macs = vec![mac_address(domain)];
+    let mut n = 1u32;
+    while macs.len() < MAC_CANDIDATES {
+        let mac = mac_from_hash(&format!("{domain}#{n}"));
+        if !macs.contains(&mac) {
+            macs.push(mac);
+        }
+        n += 1;
+    }
+    macs
+}
+
+fn mac_from_hash(input: &str) -> String {
+    let digest = Sha256::digest(input.as_bytes());
     let bytes = [MAC_PREFIX[0], MAC_PREFIX[1], MAC_PREFIX[2], digest[0], digest[1], digest[2]];
     bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }

@@ -39,6 +39,13 @@ impl MachineRun<'_> {
         }
     }
 
+    /// The MAC of the domain's interface: the one of our MAC candidates it
+    /// has (the one it reserved its address with), else its first interface's.
+    pub(super) fn domain_mac(&self, info: &DomainInfo) -> Option<String> {
+        let candidates = self.names.mac_candidates();
+        info.macs.iter().find(|mac| candidates.contains(mac)).or(info.macs.first()).cloned()
+    }
+
     /// Whether our domain is defined; remembers "absent" so later steps need not ask again.
     pub(super) fn domain_defined(&mut self) -> HostResult<bool> {
         if self.domain_absent {
@@ -59,6 +66,7 @@ impl MachineRun<'_> {
         if self.domain_defined()? {
             return Ok(());
         }
+        let mac = self.reserved_mac()?;
         let (arch, kvm) = match self.hv.capabilities_xml() {
             Ok(xml) => host_kvm_support(&xml).map_err(|e| self.unreadable(ObjectKind::Host, &self.uri, e))?,
             Err(e) => return Err(self.error("read the capabilities of", ObjectKind::Host, &self.uri.clone(), e)),
@@ -73,7 +81,7 @@ impl MachineRun<'_> {
             overlay_path: self.overlay_path()?,
             iso_path: self.seed_path()?,
             network: self.spec.network.clone(),
-            mac: self.names.mac(),
+            mac,
             console_log_path: self
                 .spec
                 .console_log_dir

@@ -31,10 +31,16 @@
 //!   volume, which only happens when recovering from a crash or deleting a
 //!   machine whose domain is already gone.
 //!
-//! A **DHCP host entry** is ours when both its MAC and its name (the domain
-//! name) are ours. An entry with our MAC or our name but not both is a
-//! collision. While a foreign domain with our name has an interface with
-//! our MAC, the entry serves that domain and is left alone.
+//! A **DHCP host entry** is ours when its name is our domain name and its MAC
+//! one of our MAC candidates ([`crate::naming::mac_candidates`]). An entry
+//! with our name and another MAC is a collision. An entry with one of our
+//! candidate MACs under another name is not ours and no collision: that MAC
+//! is taken, and a new reservation takes the first candidate no other entry
+//! and no lease of the network uses. The MAC the machine took is read back
+//! from its entry (on delete) and from its domain's interface (the address
+//! lookup, the report), never derived again. While a foreign domain with our
+//! name has an interface with our entry's MAC, the entry serves that domain
+//! and is left alone.
 //!
 //! Create stops at a collision. Delete removes what is ours and leaves
 //! every object that is not ours, returning them ([`LeftOnHost`]): the
@@ -174,6 +180,11 @@ pub struct MachineReport {
     pub started: bool,
     /// The InternalIP from the network's leases (only while running), then the hostname.
     pub addresses: Vec<MachineAddress>,
+    /// The MAC of the domain's interface on the network, the one its DHCP
+    /// entry reserves the address for: the MAC derived from the domain name,
+    /// or the next free candidate when that was taken (see [`crate::naming`]).
+    /// `None` only for a domain without an interface.
+    pub mac: Option<String>,
 }
 
 /// Creates the machine, seeded with the bootstrap data `user_data` (the
@@ -196,8 +207,8 @@ pub fn create_machine_timed(
     took: &mut dyn FnMut(CreateStep, std::time::Duration),
 ) -> HostResult<MachineReport> {
     let mut run = MachineRun::new(hv, spec);
-    if run.owned_domain()?.is_some() {
-        return run.start_existing();
+    if let Some(info) = run.owned_domain()? {
+        return run.start_existing(&info);
     }
     run.domain_absent = true;
     run.preflight()?;
@@ -206,7 +217,8 @@ pub fn create_machine_timed(
         run.step(step, user_data)?;
         took(step, started.elapsed());
     }
-    Ok(run.report(DomainState::Running, true, true, Vec::new()))
+    let mac = run.mac.clone();
+    Ok(run.report(DomainState::Running, true, true, Vec::new(), mac))
 }
 
 /// Makes an existing machine run: starts its domain when it is stopped and
@@ -214,10 +226,8 @@ pub fn create_machine_timed(
 /// domain does not exist (that takes [`create_machine`] and the bootstrap data).
 pub fn start_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
     let run = MachineRun::new(hv, spec);
-    if run.owned_domain()?.is_none() {
-        return Ok(None);
-    }
-    run.start_existing().map(Some)
+    let Some(info) = run.owned_domain()? else { return Ok(None) };
+    run.start_existing(&info).map(Some)
 }
 
 /// Runs the given create steps in order, seeded with `user_data`, each one
@@ -239,12 +249,11 @@ pub fn run_create_steps(
 /// Reads the machine's domain without changing anything: `None` when it does not exist.
 pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
     let run = MachineRun::new(hv, spec);
-    if run.owned_domain()?.is_none() {
-        return Ok(None);
-    }
+    let Some(info) = run.owned_domain()? else { return Ok(None) };
+    let mac = run.domain_mac(&info);
     let state = run.domain_state()?;
-    let addresses = if state == DomainState::Running { run.addresses()? } else { Vec::new() };
-    Ok(Some(run.report(state, false, false, addresses)))
+    let addresses = if state == DomainState::Running { run.addresses(mac.as_deref())? } else { Vec::new() };
+    Ok(Some(run.report(state, false, false, addresses, mac)))
 }
 
 /// Writes the machine's DHCP reservation again, unchanged, for a running
@@ -338,6 +347,8 @@ struct MachineRun<'a> {
     seed_path: Option<String>,
     /// Set when this run defined the domain (so it is known to be shut off).
     defined_now: bool,
+    /// The MAC of our DHCP entry, once this run reserved or read it.
+    mac: Option<String>,
 }
 
 impl<'a> MachineRun<'a> {
@@ -351,10 +362,18 @@ impl<'a> MachineRun<'a> {
             overlay_path: None,
             seed_path: None,
             defined_now: false,
+            mac: None,
         }
     }
 
-    fn report(&self, state: DomainState, created: bool, started: bool, mut ips: Vec<MachineAddress>) -> MachineReport {
+    fn report(
+        &self,
+        state: DomainState,
+        created: bool,
+        started: bool,
+        mut ips: Vec<MachineAddress>,
+        mac: Option<String>,
+    ) -> MachineReport {
         ips.push(MachineAddress::Hostname(self.names.hostname().to_string()));
         MachineReport {
             domain: self.names.domain.clone(),
@@ -363,6 +382,7 @@ impl<'a> MachineRun<'a> {
             created,
             started,
             addresses: ips,
+            mac,
         }
     }
 
@@ -391,9 +411,10 @@ impl<'a> MachineRun<'a> {
         self.address_available()
     }
 
-    /// The domain exists: start it when it is stopped (autostart on first),
-    /// then read its address when it runs.
-    fn start_existing(&self) -> HostResult<MachineReport> {
+    /// The domain `info` exists: start it when it is stopped (autostart on
+    /// first), then read its address (by its interface's MAC) when it runs.
+    fn start_existing(&self, info: &crate::domain_xml::DomainInfo) -> HostResult<MachineReport> {
+        let mac = self.domain_mac(info);
         let mut state = self.domain_state()?;
         let mut started = false;
         if matches!(state, DomainState::Shutoff | DomainState::Crashed) {
@@ -402,8 +423,8 @@ impl<'a> MachineRun<'a> {
             state = DomainState::Running;
             started = true;
         }
-        let addresses = if state == DomainState::Running { self.addresses()? } else { Vec::new() };
-        Ok(self.report(state, false, started, addresses))
+        let addresses = if state == DomainState::Running { self.addresses(mac.as_deref())? } else { Vec::new() };
+        Ok(self.report(state, false, started, addresses, mac))
     }
 
     fn error(&self, action: &'static str, kind: ObjectKind, object: &str, source: HypervisorError) -> HostError {

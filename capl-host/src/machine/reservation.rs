@@ -1,11 +1,12 @@
 //! The machine's DHCP host entry on the network (its reserved address) and
 //! the address read back from the network's leases.
 
+use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
 use crate::dhcp::{address_ranges, choose_address, describe_ranges, dhcp_host_xml, network_lock};
 use crate::error::{HostError, HostResult, ObjectKind};
-use crate::hypervisor::{ErrorKind, NetworkUpdateCommand};
+use crate::hypervisor::{DhcpLease, ErrorKind, NetworkUpdateCommand};
 use crate::network_xml::{DhcpHost, Ipv4Subnet, parse_network};
 
 use super::{LeftOnHost, MachineAddress, MachineRun};
@@ -33,81 +34,158 @@ impl MachineRun<'_> {
         Ok((subnet, mine))
     }
 
-    /// Our entry among the network's hosts; an error when our MAC or name is used by a different entry.
+    /// Our entry among the network's hosts: the one named after our domain,
+    /// with one of our MAC candidates. An entry with our name and any other
+    /// MAC (or none) is a collision. Entries with one of our candidate MACs
+    /// under another name are not ours and no collision: the MAC is taken,
+    /// and a new reservation takes the next candidate.
     pub(super) fn our_dhcp_host(&self, hosts: &[DhcpHost]) -> HostResult<Option<DhcpHost>> {
-        let mac = self.names.mac();
         let domain = &self.names.domain;
-        for host in hosts {
-            let mac_matches = host.mac.as_deref() == Some(mac.as_str());
-            let name_matches = host.name.as_deref() == Some(domain.as_str());
-            match (mac_matches, name_matches) {
-                (true, true) => return Ok(Some(host.clone())),
-                (false, false) => {}
-                _ => {
-                    return Err(self.collision(
-                        ObjectKind::DhcpHost,
-                        &format!(
-                            "{} mac={} name={}",
-                            self.spec.network,
-                            host.mac.as_deref().unwrap_or("-"),
-                            host.name.as_deref().unwrap_or("-")
-                        ),
-                        format!("the provider's entry for domain {domain} would be mac={mac} name={domain}"),
-                    ));
-                }
-            }
+        let Some(host) = hosts.iter().find(|host| host.name.as_deref() == Some(domain.as_str())) else {
+            return Ok(None);
+        };
+        let candidates = self.names.mac_candidates();
+        if host.mac.as_ref().is_some_and(|mac| candidates.contains(mac)) {
+            return Ok(Some(host.clone()));
         }
-        Ok(None)
+        Err(self.collision(
+            ObjectKind::DhcpHost,
+            &format!("{} mac={} name={domain}", self.spec.network, host.mac.as_deref().unwrap_or("-")),
+            format!(
+                "the provider's entry for domain {domain} has that name and one of the MACs derived from it, {} to {}",
+                candidates[0],
+                candidates[candidates.len() - 1]
+            ),
+        ))
     }
 
-    /// Whether [`Self::ensure_reservation`] would find an address, without
-    /// reserving one.
+    /// The network's DHCP leases.
+    fn leases(&self) -> HostResult<Vec<DhcpLease>> {
+        self.hv
+            .network_dhcp_leases(&self.spec.network)
+            .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))
+    }
+
+    /// The first of our MAC candidates that no other DHCP entry of the
+    /// network and no lease (a running guest's interface on the network)
+    /// uses. An error naming the network when every one is taken.
+    fn free_mac(&self, subnet: &Ipv4Subnet, leases: &[DhcpLease]) -> HostResult<String> {
+        let domain = self.names.domain.as_str();
+        let taken: HashSet<String> = subnet
+            .hosts
+            .iter()
+            .filter(|host| host.name.as_deref() != Some(domain))
+            .filter_map(|host| host.mac.clone())
+            .chain(leases.iter().map(|lease| lease.mac.to_ascii_lowercase()))
+            .collect();
+        let candidates = self.names.mac_candidates();
+        if let Some(free) = candidates.iter().find(|mac| !taken.contains(*mac)) {
+            if *free != candidates[0] {
+                tracing::info!(
+                    domain,
+                    network = %self.spec.network,
+                    derived = %candidates[0],
+                    mac = %free,
+                    "the MAC derived from the domain name is in use on the network; using the next free candidate"
+                );
+            }
+            return Ok(free.clone());
+        }
+        Err(self.collision(
+            ObjectKind::DhcpHost,
+            &format!("{} mac={}", self.spec.network, candidates[0]),
+            format!(
+                "all {} MACs derived from domain {domain} ({} to {}) are used by other DHCP entries or leases of the network",
+                candidates.len(),
+                candidates[0],
+                candidates[candidates.len() - 1]
+            ),
+        ))
+    }
+
+    /// The MAC this machine reserves its address with: its entry's, or the first free candidate.
+    fn mac_to_reserve(&self, subnet: &Ipv4Subnet, mine: Option<&DhcpHost>, leases: &[DhcpLease]) -> HostResult<String> {
+        match mine.and_then(|host| host.mac.clone()) {
+            Some(mac) => Ok(mac),
+            None => self.free_mac(subnet, leases),
+        }
+    }
+
+    /// The MAC the domain is defined with: the one of our DHCP entry (made by
+    /// the reservation step, which runs first), or, without an entry, the
+    /// first free candidate.
+    pub(super) fn reserved_mac(&mut self) -> HostResult<String> {
+        if let Some(mac) = &self.mac {
+            return Ok(mac.clone());
+        }
+        let (subnet, mine) = self.network_hosts()?;
+        let mac = match mine.and_then(|host| host.mac) {
+            Some(mac) => mac,
+            None => self.free_mac(&subnet, &self.leases()?)?,
+        };
+        self.mac = Some(mac.clone());
+        Ok(mac)
+    }
+
+    /// Whether [`Self::ensure_reservation`] would find a MAC and an address,
+    /// without reserving one.
     pub(super) fn address_available(&self) -> HostResult<()> {
         let (subnet, mine) = self.network_hosts()?;
-        if mine.is_some_and(|host| host.ip.is_some()) {
+        if mine.as_ref().is_some_and(|host| host.ip.is_some()) {
             return Ok(());
         }
-        self.free_address(&subnet, &[]).map(|_| ())
+        let leases = self.leases()?;
+        let mac = self.mac_to_reserve(&subnet, mine.as_ref(), &leases)?;
+        self.free_address(&subnet, &leases, &mac, &[]).map(|_| ())
     }
 
-    /// The first address of the network's ranges that no entry, lease, the
-    /// control-plane endpoint or `refused` holds.
-    fn free_address(&self, subnet: &Ipv4Subnet, refused: &[Ipv4Addr]) -> HostResult<Ipv4Addr> {
-        let leases = self
-            .hv
-            .network_dhcp_leases(&self.spec.network)
-            .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
+    /// The first address of the network's ranges that no entry, lease (but
+    /// one of `mac`), the control-plane endpoint or `refused` holds.
+    fn free_address(
+        &self,
+        subnet: &Ipv4Subnet,
+        leases: &[DhcpLease],
+        mac: &str,
+        refused: &[Ipv4Addr],
+    ) -> HostResult<Ipv4Addr> {
         let mut avoid: Vec<Ipv4Addr> = self.spec.control_plane_host.iter().filter_map(|h| h.parse().ok()).collect();
         avoid.extend_from_slice(refused);
-        choose_address(subnet, &leases, &self.names.mac(), &avoid).ok_or_else(|| HostError::NoFreeAddress {
+        choose_address(subnet, leases, mac, &avoid).ok_or_else(|| HostError::NoFreeAddress {
             network: self.spec.network.clone(),
             uri: self.uri.clone(),
             pool_description: describe_ranges(&address_ranges(subnet)),
         })
     }
 
-    /// The reserved address: the existing entry for our MAC, or a new one.
+    /// The reserved address: the existing entry of ours, or a new one with
+    /// the first free MAC candidate. Remembers the entry's MAC for the define.
     ///
     /// When libvirt refuses the new entry as a duplicate, another writer took
-    /// the address (or, for the same machine, added our entry) since we read
-    /// the network: read it again and choose again, never that address, which
-    /// also gets past an address only the network's persistent config holds.
-    pub(super) fn ensure_reservation(&self) -> HostResult<Ipv4Addr> {
+    /// the address or the MAC (or, for the same machine, added our entry)
+    /// since we read the network: read it again and choose again, never that
+    /// address, which also gets past an address only the network's persistent
+    /// config holds.
+    pub(super) fn ensure_reservation(&mut self) -> HostResult<Ipv4Addr> {
         let lock = network_lock(&self.uri, &self.spec.network);
         let _guard = lock.lock();
-        let mac = self.names.mac();
         let mut refused = Vec::new();
         loop {
             let (subnet, mine) = self.network_hosts()?;
-            if let Some(ip) = mine.and_then(|host| host.ip) {
-                return Ok(ip);
+            if let Some(DhcpHost { ip: Some(ip), mac: Some(mac), .. }) = &mine {
+                self.mac = Some(mac.clone());
+                return Ok(*ip);
             }
-            let ip = self.free_address(&subnet, &refused)?;
+            let leases = self.leases()?;
+            let mac = self.mac_to_reserve(&subnet, mine.as_ref(), &leases)?;
+            let ip = self.free_address(&subnet, &leases, &mac, &refused)?;
             let host = dhcp_host_xml(&mac, &self.names.domain, ip);
             match self.hv.network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::AddLast, &host) {
-                Ok(()) => return Ok(ip),
+                Ok(()) => {
+                    self.mac = Some(mac);
+                    return Ok(ip);
+                }
                 Err(e) if e.kind == ErrorKind::OperationInvalid && refused.len() + 1 < DHCP_ATTEMPTS => {
-                    tracing::debug!(%ip, network = %self.spec.network, error = %e, "DHCP reservation refused; choosing again");
+                    tracing::debug!(%ip, %mac, network = %self.spec.network, error = %e, "DHCP reservation refused; choosing again");
                     refused.push(ip);
                 }
                 Err(e) => return Err(self.error("add a DHCP host to", ObjectKind::Network, &self.spec.network, e)),
@@ -122,16 +200,17 @@ impl MachineRun<'_> {
     pub(super) fn refresh_reservation(&self) -> HostResult<bool> {
         let (_, mine) = self.network_hosts()?;
         let Some(host) = mine else { return Ok(false) };
-        let Some(ip) = host.ip else { return Ok(false) };
-        let xml = dhcp_host_xml(&self.names.mac(), &self.names.domain, ip);
+        let (Some(ip), Some(mac)) = (host.ip, host.mac) else { return Ok(false) };
+        let xml = dhcp_host_xml(&mac, &self.names.domain, ip);
         self.hv
             .network_update_dhcp_host(&self.spec.network, NetworkUpdateCommand::Modify, &xml)
             .map_err(|e| self.error("refresh a DHCP host of", ObjectKind::Network, &self.spec.network, e))?;
         Ok(true)
     }
 
-    /// Removes our DHCP entry, unless the foreign domain at our name has an
-    /// interface with our MAC (the entry then serves it): that is left alone.
+    /// Removes our DHCP entry (found by our name, with whichever of our MAC
+    /// candidates it has), unless the foreign domain at our name has an
+    /// interface with its MAC (the entry then serves it): that is left alone.
     pub(super) fn remove_reservation(&self, foreign: Option<&DomainInfo>) -> HostResult<Option<LeftOnHost>> {
         let lock = network_lock(&self.uri, &self.spec.network);
         let _guard = lock.lock();
@@ -141,7 +220,8 @@ impl MachineRun<'_> {
             Err(e) => return Err(e),
         };
         let Some(host) = mine else { return Ok(None) };
-        let mac = self.names.mac();
+        // our_dhcp_host only returns an entry with one of our MACs.
+        let mac = host.mac.clone().unwrap_or_default();
         if let Some(foreign) = foreign.filter(|d| d.macs.contains(&mac)) {
             return Ok(Some(LeftOnHost {
                 kind: ObjectKind::DhcpHost,
@@ -165,16 +245,14 @@ impl MachineRun<'_> {
 
     // --- the address from the leases ---------------------------------------
 
-    /// The InternalIP from the network's leases, matched by our MAC (the newest lease wins).
-    pub(super) fn addresses(&self) -> HostResult<Vec<MachineAddress>> {
-        let mac = self.names.mac();
-        let leases = self
-            .hv
-            .network_dhcp_leases(&self.spec.network)
-            .map_err(|e| self.error("read the DHCP leases of", ObjectKind::Network, &self.spec.network, e))?;
+    /// The InternalIP from the network's leases, matched by `mac`, the MAC of
+    /// the domain's interface (the newest lease wins). Nothing without one.
+    pub(super) fn addresses(&self, mac: Option<&str>) -> HostResult<Vec<MachineAddress>> {
+        let Some(mac) = mac else { return Ok(Vec::new()) };
+        let leases = self.leases()?;
         let ip = leases
             .iter()
-            .filter(|lease| lease.mac.eq_ignore_ascii_case(&mac))
+            .filter(|lease| lease.mac.eq_ignore_ascii_case(mac))
             .max_by_key(|lease| lease.expiry_time)
             .and_then(|lease| lease.ip.parse::<Ipv4Addr>().ok());
         Ok(ip.map(MachineAddress::InternalIp).into_iter().collect())

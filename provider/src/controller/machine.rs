@@ -185,15 +185,20 @@ fn host_spec(
 }
 
 /// What may remain on the host of a machine whose host cleanup was skipped.
-fn what_may_remain(spec: &MachineSpec, uri: &str) -> String {
+/// `mac` is the MAC the machine reported (`status.macAddress`); the DHCP
+/// entry is named after the domain either way.
+fn what_may_remain(spec: &MachineSpec, uri: &str, mac: Option<&str>) -> String {
     let names = spec.names();
+    let entry = match mac {
+        Some(mac) => format!("mac={mac} name={}", names.domain),
+        None => format!("name={}", names.domain),
+    };
     format!(
-        "domain \"{d}\", volumes \"{p}/{o}\" and \"{p}/{i}\", and the DHCP host entry mac={m} name={d} on network \"{n}\", on {uri}",
+        "domain \"{d}\", volumes \"{p}/{o}\" and \"{p}/{i}\", and the DHCP host entry {entry} on network \"{n}\", on {uri}",
         d = names.domain,
         p = spec.domain_pool,
         o = names.overlay_volume(),
         i = names.cloud_init_volume(),
-        m = names.mac(),
         n = spec.network,
     )
 }
@@ -320,7 +325,11 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let note = match &location {
                     Some(l) => format!(
                         "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
-                        what_may_remain(&host_spec(object, &host_identity, l, &g, ctx), &l.uri)
+                        what_may_remain(
+                            &host_spec(object, &host_identity, l, &g, ctx),
+                            &l.uri,
+                            object.status.as_ref().and_then(|s| s.mac_address.as_deref())
+                        )
                     ),
                     None => format!(
                         "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
@@ -536,7 +545,11 @@ async fn report_status(
                 })
                 .collect(),
         );
-        status.mac_address = Some(capl_host::naming::mac_address(&report.domain));
+        // The MAC the domain has: derived from its name, or the next free
+        // candidate when another entry or guest on the network had that one.
+        if let Some(mac) = &report.mac {
+            status.mac_address = Some(mac.clone());
+        }
     }
     if lost {
         // No libvirt state to show: the domain is gone.

@@ -58,7 +58,7 @@ async fn manager_killed_after_each_step_converges_without_duplicates() {
                 let present = (
                     objects.volumes.contains(&names.overlay_volume()),
                     objects.volumes.contains(&names.cloud_init_volume()),
-                    objects.dhcp_hosts.iter().any(|h| h.starts_with(&names.mac())),
+                    objects.dhcp_hosts.iter().any(|h| h.ends_with(&format!(" {domain}"))),
                     objects.domains.contains(&domain),
                 );
                 assert_eq!(

@@ -42,8 +42,7 @@ fn running_machine_reports_its_leased_address() {
     let (_host, hv, fx) = sim("address");
     let spec = spec(&fx, "sim-addr", "addr-0");
     create_machine(&hv, &spec, &user_data(&spec)).unwrap();
-    let reserved =
-        crate::host_support::dhcp_hosts(&hv, &fx).into_iter().find(|(mac, _, _)| *mac == spec.names().mac()).unwrap().2;
+    let reserved = crate::host_support::our_entry(&hv, &fx, &spec.names()).2;
     let report = start_machine(&hv, &spec).unwrap().expect("the machine exists");
     assert_eq!(
         report.addresses,

@@ -109,7 +109,8 @@ pub fn leftovers(hv: &dyn HostAdmin, fx: &Fixture, specs: &[MachineSpec]) -> Vec
             }
         }
         for (mac, name, ip) in &hosts {
-            if *mac == names.mac() || *name == names.domain {
+            // The machine's entry is named after its domain, whichever of its MACs it took.
+            if *name == names.domain {
                 left.push(format!("DHCP host {mac} {name} {ip}"));
             }
         }
@@ -147,9 +148,12 @@ pub fn assert_created_once(hv: &dyn HostAdmin, fx: &Fixture, spec: &MachineSpec)
     for volume in [names.overlay_volume(), names.cloud_init_volume()] {
         assert_eq!(volumes.iter().filter(|v| **v == volume).count(), 1, "{volume} in {volumes:?}");
     }
-    let ours: Vec<_> = dhcp_hosts(hv, fx).into_iter().filter(|(mac, _, _)| *mac == names.mac()).collect();
-    assert_eq!(ours.len(), 1, "DHCP entries for {}: {ours:?}", names.mac());
-    assert_eq!(ours[0].1, names.domain);
+    let ours: Vec<_> = dhcp_hosts(hv, fx).into_iter().filter(|(_, name, _)| *name == names.domain).collect();
+    assert_eq!(ours.len(), 1, "DHCP entries for {}: {ours:?}", names.domain);
+    assert!(names.mac_candidates().contains(&ours[0].0), "the entry's MAC is not one of the machine's: {ours:?}");
+    // The domain's NIC has the MAC its address is reserved for.
+    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    assert_eq!(domain.macs, vec![ours[0].0.clone()]);
     // The seed in the volume is exactly the ISO we build.
     let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
     let expected = nocloud_iso(&user_data(spec), meta_data(names.instance_id(), names.hostname()).as_bytes());
@@ -157,9 +161,13 @@ pub fn assert_created_once(hv: &dyn HostAdmin, fx: &Fixture, spec: &MachineSpec)
     assert!(seed[expected.len()..].iter().all(|b| *b == 0));
 }
 
+/// The machine's DHCP entry: (mac, name, ip).
+pub fn our_entry(hv: &dyn HostAdmin, fx: &Fixture, names: &MachineNames) -> (String, String, String) {
+    dhcp_hosts(hv, fx).into_iter().find(|(_, name, _)| *name == names.domain).expect("our DHCP entry")
+}
+
 fn reserved_ip(hv: &dyn HostAdmin, fx: &Fixture, names: &MachineNames) -> Ipv4Addr {
-    let entry = dhcp_hosts(hv, fx).into_iter().find(|(mac, _, _)| *mac == names.mac()).expect("our DHCP entry");
-    entry.2.parse().unwrap()
+    our_entry(hv, fx, names).2.parse().unwrap()
 }
 
 /// create -> running -> steady state -> delete, nothing left behind; delete again is a no-op.
@@ -173,7 +181,9 @@ pub fn full_cycle(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     assert_created_once(hv, fx, &spec);
     let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
     assert_eq!(domain.uuid, spec.identity);
-    assert_eq!(domain.macs, vec![names.mac()]);
+    // Nothing else on the network has it: the MAC derived from the domain name, as ever.
+    assert_eq!(domain.macs, vec![names.derived_mac()]);
+    assert_eq!(report.mac, Some(names.derived_mac()));
 
     let again = create_machine(hv, &spec, &user_data(&spec)).expect("steady state");
     assert!(!again.created && !again.started);
@@ -182,6 +192,7 @@ pub fn full_cycle(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
 
     let observed = observe_machine(hv, &spec).expect("observe").expect("the domain exists");
     assert_eq!((observed.state, observed.created, observed.started), (DomainState::Running, false, false));
+    assert_eq!((again.mac.as_ref(), observed.mac.as_ref()), (Some(&names.derived_mac()), Some(&names.derived_mac())));
 
     delete_machine(hv, &spec).expect("delete");
     assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
@@ -328,7 +339,7 @@ pub fn foreign_domain_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace:
     let devices = format!(
         "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{disk_path}'/><target dev='vda' bus='virtio'/></disk>\
          <interface type='network'><mac address='{}'/><source network='{}'/></interface>",
-        names.mac(),
+        names.derived_mac(),
         fx.network
     );
     hv.domain_define(&foreign_xml(&devices)).unwrap();
@@ -340,7 +351,7 @@ pub fn foreign_domain_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace:
     assert_eq!(hv.domain_xml(&names.domain).unwrap(), using, "the foreign domain was changed");
     let volumes = hv.volume_list(&fx.domain_pool).unwrap();
     assert!(volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()), "{volumes:?}");
-    assert!(dhcp_hosts(hv, fx).iter().any(|(mac, _, _)| *mac == names.mac()));
+    assert!(dhcp_hosts(hv, fx).iter().any(|(mac, name, _)| *mac == names.derived_mac() && *name == names.domain));
 
     // Once the foreign domain is gone, the next delete takes what is ours.
     hv.domain_undefine(&names.domain, UndefineFlags::all()).unwrap();
@@ -516,7 +527,7 @@ pub fn unusable_network_fails_before_anything_is_made(hv: &dyn HostAdmin, fx: &F
         let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("no address for the machine");
         assert!(err.to_string().contains(expected), "{err}");
         let entries = hv.network_xml(network).unwrap();
-        assert!(!entries.contains(&spec.names().mac()), "a reservation was made on {network}: {entries}");
+        assert!(!entries.contains(&spec.names().domain), "a reservation was made on {network}: {entries}");
         specs.push(spec);
     }
     assert_eq!(leftovers(hv, fx, &specs), Vec::<String>::new(), "nothing made for the refused machines");
@@ -590,33 +601,49 @@ pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
-/// A DHCP entry that uses our MAC under another name is reported and kept;
-/// delete still removes what is ours, names the entry and finishes.
+/// Another DHCP entry of the network (under another name) uses the MAC the
+/// machine derives from its domain name: the machine takes the next of its
+/// MAC candidates, reserves an address of its own for it and defines its
+/// domain with it; every later look (steady state, observe) reports that MAC.
+/// Delete removes the machine's entry and leaves the other one as it was.
 pub fn foreign_dhcp_entry_is_left_alone(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     use capl_host::hypervisor::NetworkUpdateCommand;
     let spec = fresh_spec(hv, fx, namespace, "foreign-dhcp-0");
     let names = spec.names();
     let net = parse_network(&hv.network_xml(&fx.network).unwrap()).unwrap().ipv4.unwrap();
     let last = capl_host::dhcp::address_ranges(&net).last().unwrap().end;
-    let foreign = format!("<host mac='{}' name='{namespace}-someone-else' ip='{last}'/>", names.mac());
+    let derived = names.derived_mac();
+    let foreign_entry = (derived.clone(), format!("{namespace}-someone-else"), last.to_string());
+    let foreign = format!("<host mac='{derived}' name='{}' ip='{last}'/>", foreign_entry.1);
     let _ = hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign);
     hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::AddLast, &foreign).unwrap();
 
-    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a DHCP entry with our MAC");
-    assert!(
-        matches!(&err, HostError::Collision { kind: ObjectKind::DhcpHost, object, .. } if object.contains(&names.mac())),
-        "{err}"
-    );
-    let left = delete_machine(hv, &spec).expect("delete leaves the foreign entry and finishes");
-    assert_eq!(left.len(), 1, "{left:?}");
-    assert!(left[0].kind == ObjectKind::DhcpHost && left[0].object.contains(&names.mac()), "{}", left[0]);
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("a taken MAC does not stop the create");
+    assert!(report.created);
+    let next = names.mac_candidates()[1].clone();
+    assert_ne!(next, derived);
+    assert_eq!(report.mac.as_ref(), Some(&next), "the machine took the next candidate");
+    assert_created_once(hv, fx, &spec);
+    let (mac, _, ip) = our_entry(hv, fx, &names);
+    assert_eq!(mac, next);
+    assert_ne!(ip, foreign_entry.2, "the machine reserved an address of its own");
+    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    assert_eq!(domain.macs, vec![next.clone()]);
+    assert!(dhcp_hosts(hv, fx).contains(&foreign_entry), "the other entry was changed");
+
+    // Later reconciles read the MAC back from the domain, never derive it again.
+    let steady = create_machine(hv, &spec, &user_data(&spec)).expect("steady state");
+    assert!(!steady.created);
+    assert_eq!(steady.mac.as_ref(), Some(&next));
+    assert_eq!(observe_machine(hv, &spec).unwrap().expect("the domain exists").mac.as_ref(), Some(&next));
+    assert_eq!(start_machine(hv, &spec).unwrap().expect("the domain exists").mac.as_ref(), Some(&next));
+
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), [], "the other entry is not at one of the machine's names");
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
     let entries = dhcp_hosts(hv, fx);
-    assert!(entries.iter().any(|(mac, name, _)| *mac == names.mac() && name.ends_with("someone-else")), "{entries:?}");
-    // Our volumes were removed all the same.
-    let volumes = hv.volume_list(&fx.domain_pool).unwrap();
-    assert!(!volumes.contains(&names.overlay_volume()) && !volumes.contains(&names.cloud_init_volume()));
+    assert!(entries.contains(&foreign_entry), "delete removed or changed the other entry: {entries:?}");
+    assert!(!entries.iter().any(|(mac, _, _)| *mac == next), "{entries:?}");
     hv.network_update_dhcp_host(&fx.network, NetworkUpdateCommand::Delete, &foreign).unwrap();
-    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
 /// A LibvirtMachine deleted without host cleanup and created again under the
@@ -635,7 +662,7 @@ pub fn recreated_machine_gets_fresh_objects(hv: &dyn HostAdmin, fx: &Fixture, na
         ("domain", &old_names.domain, &new_names.domain),
         ("root disk", &old_names.overlay_volume(), &new_names.overlay_volume()),
         ("seed ISO", &old_names.cloud_init_volume(), &new_names.cloud_init_volume()),
-        ("MAC address", &old_names.mac(), &new_names.mac()),
+        ("MAC address", &old_names.derived_mac(), &new_names.derived_mac()),
     ] {
         assert_ne!(a, b, "the re-created machine's {what} is the old one's");
     }
@@ -652,7 +679,9 @@ pub fn recreated_machine_gets_fresh_objects(hv: &dyn HostAdmin, fx: &Fixture, na
         without_timestamps(&old_disk)
     );
     assert_eq!(hv.domain_state(&old_names.domain).unwrap(), DomainState::Running);
-    assert!(dhcp_hosts(hv, fx).iter().any(|(mac, name, _)| *mac == old_names.mac() && *name == old_names.domain));
+    assert!(
+        dhcp_hosts(hv, fx).iter().any(|(mac, name, _)| *mac == old_names.derived_mac() && *name == old_names.domain)
+    );
     delete_machine(hv, &new).unwrap();
     assert!(hv.domain_list().unwrap().contains(&old_names.domain), "deleting the new machine removed the old one");
     delete_machine(hv, &old).unwrap();

@@ -1,7 +1,10 @@
 //! The names and identity table of the README, one test per row.
 
 use capl_host::MachineNames;
-use capl_host::naming::{domain_name, identity_from_provider_id, is_dns_label, mac_address, name_hash, provider_id};
+use capl_host::naming::{
+    MAC_CANDIDATES, domain_name, identity_from_provider_id, is_dns_label, mac_address, mac_candidates, name_hash,
+    provider_id,
+};
 use rstest::rstest;
 
 const UID: &str = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";
@@ -38,7 +41,8 @@ fn every_name_is_bound_to_the_identity() {
     assert_ne!(a.domain, b.domain);
     assert_ne!(a.overlay_volume(), b.overlay_volume());
     assert_ne!(a.cloud_init_volume(), b.cloud_init_volume());
-    assert_ne!(a.mac(), b.mac());
+    assert_ne!(a.derived_mac(), b.derived_mac());
+    assert!(a.mac_candidates().iter().all(|mac| !b.mac_candidates().contains(mac)));
     assert_eq!(a.hostname(), b.hostname());
 }
 
@@ -108,19 +112,45 @@ fn volumes_are_named_after_the_domain() {
 #[case("default", "libvirt-xd-0")]
 #[case("kube-system", "cp-0")]
 #[case(&"n".repeat(63), &"m".repeat(253))]
-fn mac_has_the_qemu_prefix_and_six_octets(#[case] namespace: &str, #[case] name: &str) {
-    let mac = MachineNames::new(namespace, name, UID).mac();
-    let octets: Vec<&str> = mac.split(':').collect();
-    assert_eq!(octets.len(), 6, "{mac}");
-    assert_eq!(&octets[..3], &["52", "54", "00"]);
-    assert!(octets.iter().all(|o| o.len() == 2 && o.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())));
+fn every_mac_candidate_has_the_qemu_prefix_and_six_octets(#[case] namespace: &str, #[case] name: &str) {
+    for mac in MachineNames::new(namespace, name, UID).mac_candidates() {
+        let octets: Vec<&str> = mac.split(':').collect();
+        assert_eq!(octets.len(), 6, "{mac}");
+        assert_eq!(&octets[..3], &["52", "54", "00"]);
+        assert!(
+            octets.iter().all(|o| o.len() == 2 && o.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())),
+            "{mac}"
+        );
+    }
 }
 
 #[test]
 fn mac_is_derived_from_the_domain_name() {
     let a = MachineNames::new("ns", "worker-0", UID);
-    assert_eq!(a.mac(), mac_address(&a.domain));
-    assert_ne!(a.mac(), MachineNames::new("ns", "worker-1", UID).mac());
+    assert_eq!(a.derived_mac(), mac_address(&a.domain));
+    assert_ne!(a.derived_mac(), MachineNames::new("ns", "worker-1", UID).derived_mac());
+}
+
+/// When the derived MAC is taken on the network the machine tries the next
+/// candidate. The list must be the same in every release and process (a
+/// machine finds its DHCP entry by it), start with the MAC earlier releases
+/// derived (their machines keep working), and hold no MAC twice.
+#[test]
+fn mac_candidates_are_stable_distinct_and_start_with_the_derived_mac() {
+    let domain = "default-libvirt-xd-0-a00625";
+    let macs = mac_candidates(domain);
+    assert_eq!(macs.len(), MAC_CANDIDATES);
+    assert_eq!(macs[0], mac_address(domain), "the first candidate is what earlier releases used");
+    // Pinned (`printf 'default-libvirt-xd-0-a00625#1' | sha256sum` and `#2`):
+    // changing them would lose the DHCP entries of machines that took them.
+    assert_eq!(&macs[..3], ["52:54:00:07:c6:a1", "52:54:00:4e:60:58", "52:54:00:4c:ae:3a"]);
+    let distinct: std::collections::HashSet<&String> = macs.iter().collect();
+    assert_eq!(distinct.len(), macs.len(), "{macs:?}");
+    assert_eq!(mac_candidates(domain), macs, "the same list on every call");
+    assert_eq!(
+        MachineNames::new("ns", "worker-0", UID).mac_candidates(),
+        mac_candidates(&domain_name("ns", "worker-0", UID))
+    );
 }
 
 #[rstest]

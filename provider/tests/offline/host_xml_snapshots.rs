@@ -23,7 +23,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
         overlay_path: format!("/var/lib/libvirt/capi/disks/{}", names.overlay_volume()),
         iso_path: format!("/var/lib/libvirt/capi/disks/{}", names.cloud_init_volume()),
         network: "libvirt-lab".into(),
-        mac: names.mac(),
+        mac: names.derived_mac(),
         console_log_path,
         owner: OwnerMarker {
             namespace: names.namespace.clone(),
@@ -83,5 +83,5 @@ fn cloud_init_volume_snapshot() {
 #[test]
 fn dhcp_host_snapshot() {
     let names = names();
-    insta::assert_snapshot!(dhcp_host_xml(&names.mac(), &names.domain, Ipv4Addr::new(192, 168, 122, 57)));
+    insta::assert_snapshot!(dhcp_host_xml(&names.derived_mac(), &names.domain, Ipv4Addr::new(192, 168, 122, 57)));
 }
