@@ -203,3 +203,45 @@ async fn waiting_for_a_lease_backs_off() {
     // it keeps looking (no watch event announces a lease).
     assert!((1..=8).contains(&runs), "{runs} reconciles in 15 s while waiting for a lease");
 }
+
+/// Another DHCP entry of the network already has the MAC the machine derives
+/// from its domain name (MACs are 3 hash bytes: among 1,000 machines two
+/// share one with odds of about 3 %). The machine is still created, with its
+/// next MAC candidate and an address of its own; `status.macAddress` is the
+/// MAC in its domain's XML; delete removes its entry and leaves the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_mac_is_replaced_and_reported() {
+    use capl_host::hypervisor::NetworkUpdateCommand;
+
+    let w = World::new("rc-mac").await;
+    provisioned_cluster(&w, "demo").await;
+    ready_machine_objects(&w, "demo", "worker-0").await;
+    // The domain name derives from the LibvirtMachine's UID, so the other entry
+    // is made once the object exists and before any manager runs.
+    let domain = domain_of(&w, "worker-0").await;
+    let candidates = capl_host::naming::mac_candidates(&domain);
+    let hv = w.inspect();
+    let other = format!("<host mac='{}' name='someone-else' ip='192.168.122.199'/>", candidates[0]);
+    hv.network_update_dhcp_host(NETWORK, NetworkUpdateCommand::AddLast, &other).unwrap();
+    let other_entry = format!("{} someone-else", candidates[0]);
+
+    let _manager = w.start_manager();
+    let lm: LibvirtMachine = w.wait_for("worker-0", "a provisioned, addressed, Ready machine", machine_ready).await;
+    let status = lm.status.clone().unwrap();
+    let in_domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&domain).unwrap()).unwrap().macs;
+    assert_eq!(in_domain, vec![candidates[1].clone()], "the domain's NIC has the next candidate");
+    assert_eq!(status.mac_address.as_ref(), Some(&candidates[1]), "status.macAddress is the domain's MAC");
+    let objects = w.host_objects();
+    let mut expected = vec![format!("{} {domain}", candidates[1]), other_entry.clone()];
+    expected.sort();
+    assert_eq!(objects.dhcp_hosts, expected, "the machine's entry beside the other one");
+    let internal: Vec<_> =
+        status.addresses.iter().flatten().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect();
+    assert_eq!(internal.len(), 1, "{:?}", status.addresses);
+    assert_ne!(internal[0], "192.168.122.199", "the machine has the other entry's address");
+
+    w.delete::<LibvirtMachine>("worker-0").await;
+    w.wait_gone::<LibvirtMachine>("worker-0").await;
+    let objects = w.host_objects();
+    assert_eq!(objects, HostObjects { domains: vec![], volumes: vec![], dhcp_hosts: vec![other_entry] });
+}

@@ -51,6 +51,58 @@ fn running_machine_reports_its_leased_address() {
     delete_machine(&hv, &spec).unwrap();
 }
 
+/// A guest the provider did not make runs on the network with exactly the
+/// MAC a new machine derives from its domain name (it has a lease, no DHCP
+/// entry). The machine takes its next MAC candidate, gets an address of its
+/// own and finds its lease by its own MAC; delete leaves the other guest, and
+/// its lease, alone. (The simulator hands out leases at once; on a real host
+/// the test images do not boot, so no guest asks for one.)
+#[test]
+fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
+    use capl_host::domain_xml::parse_domain;
+    use capl_host::hypervisor::DomainState;
+    use capl_host::observe_machine;
+
+    let (_host, hv, fx) = sim("foreign-guest");
+    let spec = spec(&fx, "sim-fguest", "fguest-0");
+    let names = spec.names();
+    let derived = names.derived_mac();
+    let foreign = "someone-elses-vm";
+    hv.domain_define(&format!(
+        "<domain type='qemu'><name>{foreign}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type></os><devices>\
+         <interface type='network'><mac address='{derived}'/><source network='{}'/></interface></devices></domain>",
+        fx.network
+    ))
+    .unwrap();
+    hv.domain_start(foreign).unwrap();
+    let leases = hv.network_dhcp_leases(&fx.network).unwrap();
+    let foreign_ip = leases.iter().find(|l| l.mac == derived).expect("the foreign guest's lease").ip.clone();
+
+    let report = create_machine(&hv, &spec, &user_data(&spec)).expect("create beside a guest with the derived MAC");
+    let next = names.mac_candidates()[1].clone();
+    assert_eq!(report.mac.as_ref(), Some(&next));
+    crate::host_support::assert_created_once(&hv, &fx, &spec);
+    let (mac, _, reserved) = crate::host_support::our_entry(&hv, &fx, &names);
+    assert_eq!(mac, next);
+    assert_ne!(reserved, foreign_ip, "the machine's reservation is the foreign guest's leased address");
+    assert_eq!(parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap().macs, vec![next.clone()]);
+
+    // The address reported is the machine's lease (by its MAC), not the other guest's.
+    let observed = observe_machine(&hv, &spec).unwrap().expect("the machine exists");
+    assert_eq!(observed.mac.as_ref(), Some(&next));
+    assert_eq!(
+        observed.addresses,
+        vec![MachineAddress::InternalIp(reserved.parse().unwrap()), MachineAddress::Hostname(spec.name.clone())]
+    );
+
+    assert_eq!(delete_machine(&hv, &spec).unwrap(), []);
+    assert_eq!(crate::host_support::leftovers(&hv, &fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    assert_eq!(hv.domain_state(foreign).unwrap(), DomainState::Running, "the foreign guest was touched");
+    assert_eq!(parse_domain(&hv.domain_xml(foreign).unwrap()).unwrap().macs, vec![derived.clone()]);
+    assert!(hv.network_dhcp_leases(&fx.network).unwrap().iter().any(|l| l.mac == derived && l.ip == foreign_ip));
+}
+
 /// Simulator operations (each trait call is one or two libvirt RPCs: the
 /// lookup by name and the call itself, as on a real host) for the paths the
 /// README's "Cost on the host" table lists; the table must say the same.
