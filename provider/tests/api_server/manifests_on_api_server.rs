@@ -520,7 +520,7 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     let rbac = file(spec, "/etc/capl/pod-network-rbac.yaml").expect("the pod network's RBAC file");
     assert!(rbac["content"].as_str().unwrap().contains("name: system:nodes"), "{rbac}");
     assert!(
-        spec["postKubeadmCommands"][0].as_str().unwrap().contains("apply -f /etc/capl/pod-network-rbac.yaml"),
+        spec["postKubeadmCommands"][0].as_str().unwrap().contains("-f /etc/capl/pod-network-rbac.yaml"),
         "{spec}"
     );
     assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
