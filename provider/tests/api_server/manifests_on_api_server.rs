@@ -507,7 +507,11 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     let spec = &kcp.data["spec"]["kubeadmConfigSpec"];
     assert_eq!(
         spec["preKubeadmCommands"],
-        serde_json::json!(["capl-control-plane-vip 192.168.122.10 6443", "systemctl enable --now capl-pod-network"]),
+        serde_json::json!([
+            "systemctl set-property --runtime system.slice CPUWeight=20",
+            "capl-control-plane-vip 192.168.122.10 6443",
+            "systemctl enable --now capl-pod-network"
+        ]),
         "{spec}"
     );
     let pod_network = serde_json::json!({
@@ -519,10 +523,10 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     assert_eq!(file(spec, "/etc/capl/pod-network.env"), Some(pod_network.clone()), "{spec}");
     let rbac = file(spec, "/etc/capl/pod-network-rbac.yaml").expect("the pod network's RBAC file");
     assert!(rbac["content"].as_str().unwrap().contains("name: system:nodes"), "{rbac}");
-    assert!(
-        spec["postKubeadmCommands"][0].as_str().unwrap().contains("-f /etc/capl/pod-network-rbac.yaml"),
-        "{spec}"
-    );
+    let post: Vec<&str> =
+        spec["postKubeadmCommands"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(post[0], "systemctl set-property --runtime system.slice CPUWeight=100", "{spec}");
+    assert!(post.iter().any(|c| c.contains("-f /etc/capl/pod-network-rbac.yaml")), "{spec}");
     assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
     let worker = &worker_config.data["spec"]["template"]["spec"];
     assert_eq!(worker["files"], serde_json::json!([pod_network]), "{worker}");
