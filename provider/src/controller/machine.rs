@@ -14,7 +14,7 @@ use super::condition_list::{self, Status};
 use super::machine_decision::{
     Bootstrap, Host, LEASE_REFRESH_AFTER, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide,
 };
-use super::{Context, Error, credentials, object_patch};
+use super::{Context, Error, cached_or_get, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
@@ -42,10 +42,16 @@ pub async fn reconcile(object: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result
     result
 }
 
+/// The LibvirtMachine's Machine, Cluster and LibvirtCluster, from the watch
+/// caches when the controller runs ([`Context::inputs`]), else from the API.
 async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gathered, Error> {
     let client = &ctx.client;
+    let caches = ctx.inputs();
     let machine = match owner_name(object, "Machine") {
-        Some(name) => get_optional(&Api::<Machine>::namespaced(client.clone(), ns), &name).await?,
+        Some(name) => {
+            let api = Api::<Machine>::namespaced(client.clone(), ns);
+            cached_or_get(caches.map(|c| &c.machines), &api, ns, &name).await?
+        }
         None => None,
     };
     let cluster_name = object
@@ -54,12 +60,16 @@ async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gath
         .cloned()
         .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()).filter(|n| !n.is_empty()));
     let cluster = match &cluster_name {
-        Some(name) => get_optional(&Api::<Cluster>::namespaced(client.clone(), ns), name).await?,
+        Some(name) => {
+            let api = Api::<Cluster>::namespaced(client.clone(), ns);
+            cached_or_get(caches.map(|c| &c.clusters), &api, ns, name).await?
+        }
         None => None,
     };
     let libvirt_cluster = match cluster.as_ref().and_then(|c| c.spec.infrastructure_ref.as_ref()) {
         Some(r) if r.kind == "LibvirtCluster" => {
-            get_optional(&Api::<LibvirtCluster>::namespaced(client.clone(), ns), &r.name).await?
+            let api = Api::<LibvirtCluster>::namespaced(client.clone(), ns);
+            cached_or_get(caches.map(|c| &c.libvirt_clusters), &api, ns, &r.name).await?
         }
         _ => None,
     };

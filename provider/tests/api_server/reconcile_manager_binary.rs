@@ -27,8 +27,15 @@ const SERVICE_ACCOUNT: &str = "capl-controller-manager";
 
 /// Granted verbs the scenario cannot provoke, with the reason. kube's event
 /// recorder patches an Event only when the same event repeats; each event of
-/// this scenario happens once.
-const NOT_EXERCISED: &[(&str, &str, &str)] = &[("events.k8s.io", "events", "patch")];
+/// this scenario happens once. A LibvirtMachine's reconcile reads its Machine
+/// and LibvirtCluster from the watch caches and GETs them only when an
+/// object is not (yet) in its cache, which this scenario, creating them
+/// before the LibvirtMachine, does not meet.
+const NOT_EXERCISED: &[(&str, &str, &str)] = &[
+    ("events.k8s.io", "events", "patch"),
+    ("cluster.x-k8s.io", "machines", "get"),
+    ("infrastructure.cluster.x-k8s.io", "libvirtclusters", "get"),
+];
 
 /// The Roles of a namespaced install for `w.ns` (the manager's and the leader
 /// election's, rules exactly as shipped), bound to a ServiceAccount in `w.ns`;
