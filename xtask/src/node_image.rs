@@ -29,8 +29,10 @@
 //!   pod-to-pod check); imported like the others.
 //! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
 //!   settings, cloud-init's datasource list, the endpoint's and the pod network's
-//!   scripts, and `capl-node-report`, which prints container restarts and the API
-//!   server's liveness to the serial console so a failed run's console log shows them).
+//!   scripts, `capl-control-plane-stagger`, which the templates run to start the
+//!   controller manager and scheduler only once the API server is live, and
+//!   `capl-node-report`, which prints container restarts and the API server's
+//!   liveness to the serial console so a failed run's console log shows them).
 //!
 //! The disk (`hack/node-image/disk.sh`): an MBR, a FAT partition with syslinux, the
 //! kernel and its initramfs, and an ext4 root written by `mkfs.ext4 -d`: no loop
