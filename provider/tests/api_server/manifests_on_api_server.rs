@@ -522,12 +522,16 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
         spec["files"].as_array().and_then(|files| files.iter().find(|f| f["path"] == path).cloned())
     };
     assert_eq!(file(spec, "/etc/capl/pod-network.env"), Some(pod_network.clone()), "{spec}");
-    let rbac = file(spec, "/etc/capl/pod-network-rbac.yaml").expect("the pod network's RBAC file");
-    assert!(rbac["content"].as_str().unwrap().contains("name: system:nodes"), "{rbac}");
+    assert_eq!(file(spec, "/etc/capl/pod-network-rbac.yaml"), None, "static routes need no RBAC: {spec}");
     let post: Vec<&str> =
         spec["postKubeadmCommands"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     assert_eq!(post[0], "systemctl set-property --runtime system.slice CPUWeight=100", "{spec}");
-    assert!(post.iter().any(|c| c.contains("-f /etc/capl/pod-network-rbac.yaml")), "{spec}");
+    assert_eq!(post.len(), 1, "{spec}");
+    let manager_args = &spec["clusterConfiguration"]["controllerManager"]["extraArgs"];
+    assert!(
+        manager_args.as_array().unwrap().iter().any(|a| a["name"] == "allocate-node-cidrs" && a["value"] == "false"),
+        "{spec}"
+    );
     assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
     let worker = &worker_config.data["spec"]["template"]["spec"];
     assert_eq!(worker["files"], serde_json::json!([pod_network]), "{worker}");
