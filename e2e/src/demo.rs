@@ -1,4 +1,5 @@
-//! `cargo xtask demo`: the stack with one cluster and two machines, narrated.
+//! `cargo xtask demo`: the stack with a real Kubernetes cluster ([`run_workload`]),
+//! or with one cluster and two plain machines (`--quick`, [`run`]), narrated.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -162,7 +163,7 @@ fn ready_message(lm: &kube::api::DynamicObject) -> String {
         .replace('\n', " ")
 }
 
-/// `cargo xtask demo --workload`: a real Kubernetes cluster (one control-plane machine,
+/// `cargo xtask demo`: a real Kubernetes cluster (one control-plane machine,
 /// one worker) from the default template, as the `workload` e2e scenario makes it.
 /// Prints machine phases, kubeadm progress and node readiness as they change, then how
 /// to use the workload cluster; Ctrl-C deletes it and stops everything.
@@ -185,7 +186,7 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
     println!("{} provider log: {}", at(), stack.provider.log_path().display());
     let result = async {
         apply_cluster(&stack, &ns, |m| println!("{} {m}", at()))?;
-        println!("{} under software emulation kubeadm init takes about 5 minutes, a worker's join 3 more", at());
+        println!("{} under software emulation kubeadm init takes 3 to 8 minutes, a worker's join about 3 more", at());
         let kcps: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kubeadm_control_plane());
         let kubeconfig_path = stack.work_dir.join(format!("{WL}.kubeconfig"));
         let mut workload: Option<kube::Client> = None;

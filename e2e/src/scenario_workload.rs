@@ -113,7 +113,7 @@ pub(crate) fn apply_cluster(stack: &Stack, ns: &str, say: impl Fn(String)) -> Re
     let image_path = std::env::var_os(NODE_IMAGE_ENV).map(PathBuf::from).with_context(|| {
         format!(
             "a workload cluster needs the Kubernetes node image: run `cargo xtask node-image` (as root) and set \
-             {NODE_IMAGE_ENV} to the path it prints (`cargo xtask e2e` and `cargo xtask demo --workload` do both)"
+             {NODE_IMAGE_ENV} to the path it prints (`cargo xtask e2e` and `cargo xtask demo` do both)"
         )
     })?;
     let t = Instant::now();

@@ -1,22 +1,23 @@
 //! `cargo xtask demo`: the README's first command.
 //!
-//! Prepares the host like `cargo xtask e2e` (packages, control plane, guest
+//! Prepares the host like `cargo xtask e2e` (packages, control plane, node
 //! image, private libvirtd, binaries), then hands the terminal to
-//! `capl-e2e demo`: it starts a local control plane, CAPI core and the
-//! provider, creates one Cluster with two Machines, prints what happens as it
-//! happens (machine phases, domain states, IPs, the guests' console lines),
-//! and on Ctrl-C deletes the cluster and stops everything. The private
+//! `capl-e2e demo`: it starts a local control plane, CAPI core, the kubeadm
+//! bootstrap and control plane providers and this provider, and makes a real
+//! Kubernetes cluster (the e2e `workload` scenario's: `clusterctl generate
+//! cluster` from the default template, a kubeadm control plane and a worker
+//! booting the node image of `cargo xtask node-image`). It narrates machine
+//! phases, kubeadm progress and node readiness, says how to reach the workload
+//! cluster, and on Ctrl-C deletes the cluster and stops everything. The private
 //! libvirtd is stopped too when this demo started it (a daemon that was
 //! already running, e.g. for tests, is left running).
 //!
-//! `--workload` makes a real Kubernetes cluster instead (the e2e `workload`
-//! scenario's: `clusterctl generate cluster` from the default template, a kubeadm
-//! control plane and a worker booting the node image of `cargo xtask node-image`),
-//! narrates machine phases, kubeadm progress and node readiness, and says how to
-//! reach the workload cluster.
+//! `--quick` makes one Cluster with two plain Machines booting the tiny guest
+//! image instead, and prints the machine phases, domain states, IPs and the
+//! guests' console lines (about a minute).
 //!
-//! `--hypervisor sim` runs the provider on its embedded simulated libvirt
-//! host: no libvirtd, no guest image, no root needed at run time.
+//! `--hypervisor sim` runs the quick demo on the provider's embedded simulated
+//! libvirt host: no libvirtd, no guest image, no root needed at run time.
 
 use std::process::Command;
 use std::time::Instant;
@@ -30,21 +31,22 @@ pub struct Args {
     /// libvirt: the private libvirtd and real QEMU guests; sim: the provider's embedded simulator.
     #[arg(long, value_parser = ["libvirt", "sim"], default_value = "libvirt")]
     hypervisor: String,
-    /// Clean up and exit as soon as both machines run (for scripts and CI).
+    /// Clean up and exit as soon as the cluster is ready (for scripts and CI).
     #[arg(long)]
     exit_after_ready: bool,
-    /// A real Kubernetes cluster from the default template (kubeadm control plane and a
-    /// worker on the Kubernetes node image) instead of two plain machines; libvirt only.
+    /// Two plain machines on the tiny guest image (about a minute) instead of the
+    /// Kubernetes cluster; implied by `--hypervisor sim`.
     #[arg(long)]
-    workload: bool,
+    quick: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let sim = args.hypervisor == "sim";
-    if sim && args.workload {
-        bail!("--workload needs real guests (kubeadm runs in them): drop --hypervisor sim");
+    if sim && !args.quick {
+        eprintln!("demo: --hypervisor sim runs the quick demo (two plain machines): kubeadm needs real guests");
     }
+    let workload = !sim && !args.quick;
     eprintln!("demo: preparing (the first run installs packages and builds the control plane; later runs reuse them)");
     libvirt_host::deps()?;
     control_plane::run(control_plane::Command::Build)?;
@@ -56,7 +58,7 @@ pub fn run(args: Args) -> Result<()> {
         let uri = libvirt_host::up()?;
         runner_env.push((libvirt_host::URI_ENV, uri));
         runner_env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
-        if args.workload {
+        if workload {
             let node_image = node_image::build(false)?;
             runner_env.push(("CAPL_NODE_IMAGE", node_image.display().to_string()));
         }
@@ -72,7 +74,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.exit_after_ready {
         command.arg("--exit-after-ready");
     }
-    if args.workload {
+    if workload {
         command.arg("--workload");
     }
     let mut child = command.spawn().with_context(|| format!("starting {}", bins.e2e.display()))?;

@@ -1,5 +1,7 @@
-//! The README's first command checked the way a user stops it: `cargo xtask
-//! demo` started on a machine where the private libvirtd is not running,
+//! The README's first command checked the way a user stops it, in its quick
+//! form (two plain machines; the Kubernetes cluster of the default demo is the
+//! e2e `workload` scenario's, checked there): `cargo xtask demo --quick`
+//! started on a machine where the private libvirtd is not running,
 //! interrupted with Ctrl-C (SIGINT to its process group, as a terminal sends
 //! it) once both machines run, must leave nothing behind: the cluster deleted,
 //! no QEMU guest left, the private libvirtd it started stopped again.
@@ -31,7 +33,7 @@ pub fn ctrl_c_cleans_up() -> Result<()> {
     );
     let xtask = std::env::current_exe().context("finding the xtask binary")?;
     let mut child = Command::new(&xtask)
-        .arg("demo")
+        .args(["demo", "--quick"])
         .current_dir(repo_root())
         .stdout(Stdio::piped())
         // Its own process group, like a terminal's foreground job: Ctrl-C goes to all of it.

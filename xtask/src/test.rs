@@ -16,8 +16,8 @@
 //! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
 //!    table (skipped only when a test name filter was given);
 //! 6. the private libvirtd is stopped again (unless `--keep-host`);
-//! 7. `cargo xtask demo` is started and stopped with Ctrl-C once its two
-//!    machines run: it must delete everything and stop the private libvirtd
+//! 7. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
+//!    two machines run: it must delete everything and stop the private libvirtd
 //!    it started ([`crate::demo_check`]; not with `--keep-host` or a filter).
 
 use std::time::Instant;
