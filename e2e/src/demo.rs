@@ -255,6 +255,13 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
                 );
                 println!("{} press Ctrl-C to delete the cluster and stop everything", at());
             }
+            if !announced {
+                for domain in crate::scenario_workload::domains(&stack, &ns)? {
+                    if let Some(failure) = crate::scenario_workload::kubeadm_failure(&stack.console_log(&domain)) {
+                        anyhow::bail!("kubeadm failed in {domain}:\n{failure}");
+                    }
+                }
+            }
             stack.provider.ensure_running()?;
             tokio::select! {
                 _ = &mut ctrl_c => { println!(); break; }

@@ -152,8 +152,12 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     timings.mark("control-plane VM started");
     check_on_host(stack, &cp).await?;
 
-    // 2. kubeadm init done: KCP Initialized.
+    // 2. kubeadm init done: KCP Initialized. A kubeadm that failed in the guest
+    // fails the scenario at once, with its own error from the serial console.
     until(&format!("KubeadmControlPlane {kcp_name} to be initialized (kubeadm init)"), KUBEADM_INIT, || async {
+        if let Some(failure) = kubeadm_failure(&stack.console_log(&cp.domain)) {
+            bail!("kubeadm failed on the control-plane machine {} (domain {}):\n{failure}", cp.name, cp.domain);
+        }
         let kcp = kcp_api.get_opt(&kcp_name).await?;
         Ok(match kcp {
             Some(kcp) if kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true => Check::Done(()),
@@ -507,7 +511,7 @@ fn pod_state(pod: &Pod) -> String {
 }
 
 /// The domains of the namespace on the host.
-fn domains(stack: &Stack, ns: &str) -> Result<Vec<String>> {
+pub(crate) fn domains(stack: &Stack, ns: &str) -> Result<Vec<String>> {
     stack.libvirt()?.domains_with_prefix(ns)
 }
 
@@ -566,6 +570,16 @@ pub(crate) async fn report_workload(client: &Client, ns: &str) {
     }
 }
 
+/// kubeadm's own error when a serial console shows that `kubeadm init` or `join`
+/// failed (cloud-init prints kubeadm's output there): the lines from its
+/// `error execution phase` on, at most 20. `None` while nothing failed.
+pub(crate) fn kubeadm_failure(console: &str) -> Option<String> {
+    let lines: Vec<&str> = console.lines().collect();
+    let first = lines.iter().position(|l| l.contains("error execution phase"))?;
+    let start = first.saturating_sub(3);
+    Some(lines[start..].iter().take(20).map(|l| l.trim_end()).collect::<Vec<_>>().join("\n"))
+}
+
 /// On failure: the tail of every guest console of the namespace and where the logs are.
 pub(crate) fn report_guests(stack: &Stack, ns: &str) {
     let Ok(domains) = domains(stack, ns) else { return };
@@ -585,4 +599,24 @@ pub(crate) fn report_guests(stack: &Stack, ns: &str) {
 fn compact(value: &Value) -> String {
     let text = value.to_string();
     if text.len() > 600 { format!("{}...", &text[..600]) } else { text }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kubeadm_failure;
+
+    #[test]
+    fn a_failed_kubeadm_is_found_in_the_console() {
+        let ok = "[  141.2] cloud-init[538]: [certs] Generating \"etcd/healthcheck-client\"\n\
+                  [  648.2] cloud-init[538]: Your Kubernetes control-plane has initialized successfully!\n";
+        assert_eq!(kubeadm_failure(ok), None);
+        let failed = "[  100.1] boot\n[  120.0] a\n[  121.0] b\n[  122.0] c\n\
+            [  123.4] cloud-init[529]: error: error execution phase wait-control-plane: failed while waiting for \
+            the control plane to start: [failed to read manifest for \"/etc/kubernetes/manifests/kube-controller-manager.yaml\"]\n\
+            [  123.5] cloud-init[529]: To see the stack trace of this error execute with --v=5 or higher\n";
+        let found = kubeadm_failure(failed).expect("the failure");
+        assert!(found.starts_with("[  120.0] a"), "{found}");
+        assert!(found.contains("failed to read manifest"), "{found}");
+        assert!(found.ends_with("--v=5 or higher"), "{found}");
+    }
 }
