@@ -132,7 +132,12 @@ pub struct InputCaches {
 }
 
 /// `name` in `ns` from `store` when it is there, else from the API server.
-pub(crate) async fn cached_or_get<K>(store: Option<&Store<K>>, api: &Api<K>, ns: &str, name: &str) -> Result<Option<K>, Error>
+pub(crate) async fn cached_or_get<K>(
+    store: Option<&Store<K>>,
+    api: &Api<K>,
+    ns: &str,
+    name: &str,
+) -> Result<Option<K>, Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -329,8 +334,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     );
     let (libvirt_cluster_reader, libvirt_cluster_writer) = reflector::store::<LibvirtCluster>();
     let libvirt_cluster_stream = watch_mapping::when_inputs_change(
-        reflector::reflector(libvirt_cluster_writer, watch_lean(api::<LibvirtCluster>(&client, &ns)))
-            .default_backoff(),
+        reflector::reflector(libvirt_cluster_writer, watch_lean(api::<LibvirtCluster>(&client, &ns))).default_backoff(),
         watch_mapping::libvirt_cluster_inputs,
     );
     let _ = ctx.inputs.set(InputCaches {

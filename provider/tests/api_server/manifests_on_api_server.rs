@@ -523,8 +523,7 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     };
     assert_eq!(file(spec, "/etc/capl/pod-network.env"), Some(pod_network.clone()), "{spec}");
     assert_eq!(file(spec, "/etc/capl/pod-network-rbac.yaml"), None, "static routes need no RBAC: {spec}");
-    let post: Vec<&str> =
-        spec["postKubeadmCommands"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let post: Vec<&str> = spec["postKubeadmCommands"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     assert_eq!(post[0], "systemctl set-property --runtime system.slice CPUWeight=100", "{spec}");
     assert_eq!(post.len(), 1, "{spec}");
     let manager_args = &spec["clusterConfiguration"]["controllerManager"]["extraArgs"];
