@@ -71,9 +71,10 @@ impl Management {
             ManagementKind::Local => {
                 let env = TestEnv::start().await.context("starting the local control plane")?;
                 // With the kubeadm bootstrap and control plane providers (and their
-                // webhooks): the workload scenario's cluster is a kubeadm one.
+                // webhooks): the workload scenarios' clusters are kubeadm ones; with
+                // ClusterTopology for the one from the ClusterClass flavor.
                 let capi = env
-                    .start_capi(CapiOptions::new().with_kubeadm_providers())
+                    .start_capi(CapiOptions::new().with_kubeadm_providers().feature_gates("ClusterTopology=true"))
                     .await
                     .context("starting the CAPI core, kubeadm bootstrap and kubeadm control plane managers")?;
                 env.install_crds_from_dir(&repo_root().join("config/crd/bases"))

@@ -73,6 +73,7 @@ fn base64(bytes: &[u8]) -> Result<String> {
 
 /// One row of the timing table.
 struct Timings {
+    id: &'static str,
     started: Instant,
     rows: Vec<(&'static str, f64)>,
 }
@@ -80,7 +81,7 @@ struct Timings {
 impl Timings {
     fn mark(&mut self, what: &'static str) {
         let seconds = self.started.elapsed().as_secs_f64();
-        say(ID, format!("{what} at {seconds:.0} s"));
+        say(self.id, format!("{what} at {seconds:.0} s"));
         self.rows.push((what, seconds));
     }
 
@@ -105,11 +106,108 @@ pub async fn workload(stack: &mut Stack) -> Result<String> {
     result
 }
 
+/// The `workload-topology` scenario: the same cluster from the ClusterClass flavor
+/// (`clusterctl generate cluster --flavor topology`, which adds the `libvirt`
+/// ClusterClass), checked up to what a user relies on: the topology controller's
+/// KubeadmControlPlane Initialized and Available, both Machines Running with a
+/// nodeRef, both Nodes Ready with their LibvirtMachine's providerID; then deleting
+/// the Cluster leaves nothing on the host. (Pod traffic and scaling are the same
+/// node image and machine code as in `workload`, not repeated here.)
+pub async fn workload_topology(stack: &mut Stack) -> Result<String> {
+    let ns = stack.namespace(TOPOLOGY_ID).await?;
+    let result = run_topology(stack, &ns).await;
+    if let Err(err) = &result {
+        report_workload(&stack.client(), &ns).await;
+        report_guests(stack, &ns);
+        return Err(anyhow::anyhow!("{err:#}"));
+    }
+    result
+}
+
+const TOPOLOGY_ID: &str = "workload-topology";
+
+async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
+    let started = Instant::now();
+    apply_flavor(stack, ns, Flavor::Topology, |m| say(TOPOLOGY_ID, m))?;
+    let mut timings = Timings { id: TOPOLOGY_ID, started, rows: Vec::new() };
+    let client = stack.client();
+    let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
+
+    let cp = until("the control-plane LibvirtMachine to run with an address", VM_STARTED, || async {
+        let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
+        let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
+        Ok(match running.into_iter().next() {
+            Some(run) => Check::Done(run),
+            None => Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; ")),
+        })
+    })
+    .await?;
+    timings.mark("control-plane VM started");
+    check_on_host(stack, &cp).await?;
+
+    // The topology controller names the KubeadmControlPlane; there is one.
+    let kcp_name = until("the KubeadmControlPlane to be initialized (kubeadm init)", KUBEADM_INIT, || async {
+        if let Some(failure) = kubeadm_failure(&stack.console_log(&cp.domain)) {
+            bail!("kubeadm failed on the control-plane machine {} (domain {}):\n{failure}", cp.name, cp.domain);
+        }
+        let kcps = kcp_api.list(&ListParams::default()).await?.items;
+        Ok(match kcps.as_slice() {
+            [kcp] if kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true => {
+                Check::Done(objects::name(kcp))
+            }
+            [kcp] => Check::Pending(format!("status {}", compact(&kcp.data["status"]))),
+            other => Check::Pending(format!("{} KubeadmControlPlanes", other.len())),
+        })
+    })
+    .await?;
+    timings.mark("kubeadm init done (KCP initialized)");
+
+    let workload = workload_client(&client, ns).await?;
+    let nodes_api: Api<Node> = Api::all(workload.clone());
+    let nodes = wait_nodes_ready(&nodes_api, 2, WORKER_JOINED).await?;
+    timings.mark("both Nodes Ready");
+    let machines = wait_machines_running(&client, ns, 2).await?;
+    check_provider_ids(&client, ns, &nodes).await?;
+    until(&format!("KubeadmControlPlane {kcp_name} to be Available"), SETTLE, || async {
+        let kcp = kcp_api.get_opt(&kcp_name).await?.context("the KubeadmControlPlane is gone")?;
+        Ok(match objects::condition(&kcp, "Available") {
+            Some(("True", _)) => Check::Done(()),
+            other => Check::Pending(format!("Available {other:?}")),
+        })
+    })
+    .await?;
+    timings.mark("KCP Available, both Machines Running with a nodeRef");
+    say(TOPOLOGY_ID, format!("Machines {machines:?}"));
+
+    crate::scenarios::clean_up(stack, ns).await?;
+    let left = domains(stack, ns)?;
+    ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
+    timings.mark("Cluster deleted, nothing left on the host");
+    let table = timings.table();
+    eprintln!("  [{TOPOLOGY_ID}] timing (seconds since kubectl apply):\n{table}");
+    Ok(format!("KubeadmControlPlane {kcp_name}, nodes {:?}\n{table}", node_names(&nodes)))
+}
+
 /// Uploads the node image (`$CAPL_NODE_IMAGE`) into the base pool, renders the default
 /// flavor with `clusterctl generate cluster` for cluster [`CLUSTER`] (one control-plane
 /// machine, one worker) in `ns`, and applies it with `kubectl apply`, as a user does.
 /// Returns the rendered manifest.
 pub(crate) fn apply_cluster(stack: &Stack, ns: &str, say: impl Fn(String)) -> Result<PathBuf> {
+    apply_flavor(stack, ns, Flavor::Default, say)
+}
+
+/// Which of the release's flavors a workload cluster is rendered from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Flavor {
+    /// `cluster-template.yaml`: a KubeadmControlPlane and a MachineDeployment.
+    Default,
+    /// `cluster-template-topology.yaml`: a Cluster of the `libvirt` ClusterClass
+    /// (`clusterclass-libvirt.yaml`).
+    Topology,
+}
+
+/// [`apply_cluster`] for either flavor.
+pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: impl Fn(String)) -> Result<PathBuf> {
     let image_path = std::env::var_os(NODE_IMAGE_ENV).map(PathBuf::from).with_context(|| {
         format!(
             "a workload cluster needs the Kubernetes node image: run `cargo xtask node-image` (as root) and set \
@@ -119,10 +217,11 @@ pub(crate) fn apply_cluster(stack: &Stack, ns: &str, say: impl Fn(String)) -> Re
     let t = Instant::now();
     let image = upload_base_image(stack.libvirt()?, &image_path, "node", "cargo xtask node-image")?;
     say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
-    let manifest = generate_cluster(stack, ns, &image)?;
+    let manifest = generate_cluster(stack, ns, &image, flavor)?;
     kubectl_apply(stack, &manifest)?;
+    let flavor_arg = if flavor == Flavor::Topology { " --flavor topology" } else { "" };
     say(format!(
-        "clusterctl generate cluster {CLUSTER} | kubectl apply: {} (1 control-plane machine, 1 worker, endpoint {})",
+        "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, 1 worker, endpoint {})",
         manifest.display(),
         stack.placement.endpoint_host
     ));
@@ -133,7 +232,7 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     // What a user does: render the template with clusterctl, apply it with kubectl.
     let started = Instant::now();
     apply_cluster(stack, ns, |m| say(ID, m))?;
-    let mut timings = Timings { started, rows: Vec::new() };
+    let mut timings = Timings { id: ID, started, rows: Vec::new() };
 
     let client = stack.client();
     let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
@@ -236,8 +335,11 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
 /// Runs `clusterctl generate cluster` against the release of this checkout
 /// with the variables a user sets for the private libvirtd; checks that
 /// `--list-variables` lists every variable without a default it needed.
-fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
-    let dir = stack.work_dir.join("workload");
+fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Result<PathBuf> {
+    let dir = stack.work_dir.join(match flavor {
+        Flavor::Default => "workload",
+        Flavor::Topology => "workload-topology",
+    });
     let repository = LocalRepository::release(&dir.join("repository"), RELEASE_VERSION)?;
     let ca = std::fs::read(TLS_CA_CERT)
         .with_context(|| format!("reading {TLS_CA_CERT}: start the private libvirtd with `cargo xtask host up`"))?;
@@ -245,7 +347,7 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
     let (cert, key) = signer.client_cert("capl-e2e-workload", "capl-e2e")?;
     let infrastructure = format!("libvirt:{RELEASE_VERSION}");
     let kubeconfig = stack.management.kubeconfig_path().display().to_string();
-    let generate = [
+    let mut generate = vec![
         "generate",
         "cluster",
         CLUSTER,
@@ -256,8 +358,11 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
         "--kubeconfig",
         &kubeconfig,
     ];
+    if flavor == Flavor::Topology {
+        generate.extend(["--flavor", "topology"]);
+    }
     let listed = repository.clusterctl(&[&generate[..], &["--list-variables"]].concat())?;
-    let variables: Vec<(&str, String)> = vec![
+    let mut variables: Vec<(&str, String)> = vec![
         ("CAPL_LIBVIRT_URI", format!("qemu+tls://127.0.0.1:{TLS_PORT}/system")),
         ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
         ("CAPL_TLS_CLIENT_CRT_B64", base64(cert.as_bytes())?),
@@ -267,10 +372,12 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
         ("CAPL_NETWORK", TEST_NETWORK.to_string()),
         ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
         ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
+    ];
+    if flavor == Flavor::Default {
         // Three guests whose CPUs QEMU emulates share 2 host cores: workers with one
         // vCPU each leave the control plane (2 vCPUs) enough to keep answering.
-        ("CAPL_WORKER_VCPU", "1".to_string()),
-    ];
+        variables.push(("CAPL_WORKER_VCPU", "1".to_string()));
+    }
     for (name, _) in &variables {
         ensure!(
             listed.contains(name),
@@ -291,6 +398,14 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str) -> Result<PathBuf> {
     .concat();
     let env: Vec<(&str, &str)> = variables.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let rendered = repository.clusterctl_env(&args, &env)?;
+    if flavor == Flavor::Topology {
+        // clusterctl adds the ClusterClass the Cluster names (the release's
+        // clusterclass-libvirt.yaml) when the management cluster lacks it.
+        ensure!(
+            rendered.contains("kind: ClusterClass"),
+            "`clusterctl generate cluster --flavor topology` did not add the ClusterClass `libvirt`:\n{rendered}"
+        );
+    }
     let path = dir.join("cluster.yaml");
     std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)

@@ -66,6 +66,11 @@ pub fn all() -> Vec<Scenario> {
             id: "workload",
             run: |s| Box::pin(crate::scenario_workload::workload(s)),
         },
+        Scenario {
+            name: "workload cluster from the ClusterClass flavor",
+            id: "workload-topology",
+            run: |s| Box::pin(crate::scenario_workload::workload_topology(s)),
+        },
         // Last: it adds clusterctl's inventory to the stack's management cluster.
         Scenario {
             name: "clusterctl move to a second management cluster",

@@ -3,7 +3,7 @@
 //! Prepares everything the e2e suite needs, in order, reusing what exists:
 //! 1. host packages (`host deps`);
 //! 2. the local control plane (`control-plane build`);
-//! 3. the guest image (`guest-image`) and, when the `workload` scenario runs,
+//! 3. the guest image (`guest-image`) and, when a `workload` scenario runs,
 //!    the Kubernetes node image (`node-image`);
 //! 4. the private libvirtd with its network and pools (`host up`);
 //! 5. the provider binary and the `capl-e2e` runner (`cargo build`);
@@ -30,7 +30,7 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, move); repeatable.
+    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, move); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
@@ -56,7 +56,7 @@ pub fn run(args: Args) -> Result<()> {
         step("control plane", || control_plane::run(control_plane::Command::Build))?;
     }
     let image = step("guest image", || guest_image::build(false))?;
-    let node_image = if args.only.is_empty() || args.only.iter().any(|o| o == "workload") {
+    let node_image = if args.only.is_empty() || args.only.iter().any(|o| o.starts_with("workload")) {
         Some(step("Kubernetes node image", || node_image::build(false))?)
     } else {
         None
