@@ -133,23 +133,12 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     let client = stack.client();
     let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
 
-    let cp = until("the control-plane LibvirtMachine to run with an address", VM_STARTED, || async {
-        let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
-        let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
-        Ok(match running.into_iter().next() {
-            Some(run) => Check::Done(run),
-            None => Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; ")),
-        })
-    })
-    .await?;
+    let cp = control_plane_vm(stack, &client, ns).await?;
     timings.mark("control-plane VM started");
-    check_on_host(stack, &cp).await?;
 
     // The topology controller names the KubeadmControlPlane; there is one.
     let kcp_name = until("the KubeadmControlPlane to be initialized (kubeadm init)", KUBEADM_INIT, || async {
-        if let Some(failure) = kubeadm_failure(&stack.console_log(&cp.domain)) {
-            bail!("kubeadm failed on the control-plane machine {} (domain {}):\n{failure}", cp.name, cp.domain);
-        }
+        fail_if_kubeadm_failed(stack, &cp)?;
         let kcps = kcp_api.list(&ListParams::default()).await?.items;
         Ok(match kcps.as_slice() {
             [kcp] if kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true => {
@@ -168,14 +157,7 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     timings.mark("both Nodes Ready");
     let machines = wait_machines_running(&client, ns, 2).await?;
     check_provider_ids(&client, ns, &nodes).await?;
-    until(&format!("KubeadmControlPlane {kcp_name} to be Available"), SETTLE, || async {
-        let kcp = kcp_api.get_opt(&kcp_name).await?.context("the KubeadmControlPlane is gone")?;
-        Ok(match objects::condition(&kcp, "Available") {
-            Some(("True", _)) => Check::Done(()),
-            other => Check::Pending(format!("Available {other:?}")),
-        })
-    })
-    .await?;
+    kcp_available(&kcp_api, &kcp_name).await?;
     timings.mark("KCP Available, both Machines Running with a nodeRef");
     say(TOPOLOGY_ID, format!("Machines {machines:?}"));
 
@@ -239,24 +221,13 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     let kcp_name = format!("{CLUSTER}-control-plane");
 
     // 1. The control-plane VM runs.
-    let cp = until("the control-plane LibvirtMachine to run with an address", VM_STARTED, || async {
-        let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
-        let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
-        Ok(match running.into_iter().next() {
-            Some(run) => Check::Done(run),
-            None => Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; ")),
-        })
-    })
-    .await?;
+    let cp = control_plane_vm(stack, &client, ns).await?;
     timings.mark("control-plane VM started");
-    check_on_host(stack, &cp).await?;
 
     // 2. kubeadm init done: KCP Initialized. A kubeadm that failed in the guest
     // fails the scenario at once, with its own error from the serial console.
     until(&format!("KubeadmControlPlane {kcp_name} to be initialized (kubeadm init)"), KUBEADM_INIT, || async {
-        if let Some(failure) = kubeadm_failure(&stack.console_log(&cp.domain)) {
-            bail!("kubeadm failed on the control-plane machine {} (domain {}):\n{failure}", cp.name, cp.domain);
-        }
+        fail_if_kubeadm_failed(stack, &cp)?;
         let kcp = kcp_api.get_opt(&kcp_name).await?;
         Ok(match kcp {
             Some(kcp) if kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true => Check::Done(()),
@@ -278,14 +249,7 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     timings.mark("worker joined (Node Ready)");
     let machines = wait_machines_running(&client, ns, 2).await?;
     check_provider_ids(&client, ns, &nodes).await?;
-    until(&format!("KubeadmControlPlane {kcp_name} to be Available"), SETTLE, || async {
-        let kcp = kcp_api.get_opt(&kcp_name).await?.context("the KubeadmControlPlane is gone")?;
-        Ok(match objects::condition(&kcp, "Available") {
-            Some(("True", _)) => Check::Done(()),
-            other => Check::Pending(format!("Available {other:?}")),
-        })
-    })
-    .await?;
+    kcp_available(&kcp_api, &kcp_name).await?;
     timings.mark("KCP Available, both Machines Running with a nodeRef");
     say(ID, format!("Machines {machines:?}"));
 
@@ -683,6 +647,43 @@ pub(crate) async fn report_workload(client: &Client, ns: &str) {
     if let Err(err) = lookup.await {
         eprintln!("--- the workload cluster could not be asked about its Nodes and Pods: {err:#}");
     }
+}
+
+/// Waits for the first LibvirtMachine of `ns` to run with an address (the control-plane
+/// machine: workers wait for its bootstrap data) and checks its domain on the host.
+async fn control_plane_vm(stack: &Stack, client: &Client, ns: &str) -> Result<Running> {
+    let cp = until("the control-plane LibvirtMachine to run with an address", VM_STARTED, || async {
+        let lms = objects::list(client, ns, Kind::LibvirtMachine).await?;
+        let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
+        Ok(match running.into_iter().next() {
+            Some(run) => Check::Done(run),
+            None => Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; ")),
+        })
+    })
+    .await?;
+    check_on_host(stack, &cp).await?;
+    Ok(cp)
+}
+
+/// Fails with kubeadm's own error when the control-plane machine's console shows
+/// that `kubeadm init` failed (see [`kubeadm_failure`]).
+fn fail_if_kubeadm_failed(stack: &Stack, cp: &Running) -> Result<()> {
+    if let Some(failure) = kubeadm_failure(&stack.console_log(&cp.domain)) {
+        bail!("kubeadm failed on the control-plane machine {} (domain {}):\n{failure}", cp.name, cp.domain);
+    }
+    Ok(())
+}
+
+/// Waits for the KubeadmControlPlane `name` to be Available.
+async fn kcp_available(kcp_api: &Api<kube::api::DynamicObject>, name: &str) -> Result<()> {
+    until(&format!("KubeadmControlPlane {name} to be Available"), SETTLE, || async {
+        let kcp = kcp_api.get_opt(name).await?.context("the KubeadmControlPlane is gone")?;
+        Ok(match objects::condition(&kcp, "Available") {
+            Some(("True", _)) => Check::Done(()),
+            other => Check::Pending(format!("Available {other:?}")),
+        })
+    })
+    .await
 }
 
 /// kubeadm's own error when a serial console shows that `kubeadm init` or `join`
