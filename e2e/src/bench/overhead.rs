@@ -70,12 +70,14 @@ fn timed_virsh(host: &HostView, args: &[&str]) -> Result<f64> {
 }
 
 /// The same steps as the manager's create, with virsh, for a copy of
-/// `domain` named `floor`; returns each step's seconds. Removes the copy.
+/// `domain` named `floor`, its disk backed by the base volume at `base_path`
+/// (virsh takes a path for a volume of another pool: a bare name only finds
+/// one in the target pool); returns each step's seconds. Removes the copy.
 fn floor(
     host: &HostView,
     domain: &str,
     floor: &str,
-    base_image: &str,
+    base_path: &str,
     ip_host: u8,
     work: &Path,
 ) -> Result<BTreeMap<String, f64>> {
@@ -105,9 +107,6 @@ fn floor(
         .filter(|l| !l.trim_start().starts_with("<uuid>"))
         .map(|l| format!("{l}\n"))
         .collect();
-    // The base image is in another pool: virsh takes a path for that (a
-    // bare name only finds a volume of the target pool). Looked up untimed.
-    let (_, base_path) = host.volume_key_and_path(TEST_BASE_POOL, base_image)?;
     let xml_file = work.join("floor.xml");
     std::fs::write(&xml_file, floor_xml)?;
     let ip = format!("{}.{ip_host}", testenv::test_host::SUBNET_PREFIX);
@@ -125,7 +124,7 @@ fn floor(
                 "--format",
                 "qcow2",
                 "--backing-vol",
-                &base_path,
+                base_path,
                 "--backing-vol-format",
                 "qcow2",
             ],
@@ -180,6 +179,8 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
     let connect = (0..5).map(|_| timed_virsh(host, &["version"])).collect::<Result<Vec<f64>>>()?;
     let connect = connect.iter().sum::<f64>() / connect.len() as f64;
 
+    // Looked up once, outside the timing: the floor's disks are backed by it.
+    let (_, base_path) = host.volume_key_and_path(TEST_BASE_POOL, image)?;
     let mut end_to_end = Vec::new();
     let mut provider_steps: BTreeMap<String, f64> = BTreeMap::new();
     let mut floor_steps: BTreeMap<String, f64> = BTreeMap::new();
@@ -211,25 +212,23 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         )
         .await?;
         let mut provider_id_at = None;
-        let lm = loop {
+        let (lm, provider_id_at) = loop {
             let lm =
                 objects::get(&client, &ns, Kind::LibvirtMachine, &name).await?.context("the LibvirtMachine is gone")?;
             // spec.providerID and status.domainName are two writes; the
             // first marks the end of the create, the second follows at once.
             if lm.data["spec"]["providerID"].is_string() {
-                if provider_id_at.is_none() {
-                    provider_id_at = Some(started.elapsed());
-                }
+                let at = *provider_id_at.get_or_insert_with(|| started.elapsed());
                 if lm.data["status"]["domainName"].is_string() {
-                    break lm;
+                    break (lm, at);
                 }
             }
             if started.elapsed() > Duration::from_secs(120) {
-                bail!("{name} has no providerID after 120 s: {}", lm.data["status"]);
+                bail!("{name} has no providerID and status.domainName after 120 s: {}", lm.data["status"]);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        end_to_end.push(provider_id_at.unwrap_or_else(|| started.elapsed()).as_secs_f64());
+        end_to_end.push(provider_id_at.as_secs_f64());
         let m1 = stack.metrics().await?;
         for (step, took) in super::scale::diff(&step_sums(&m1), &step_sums(&m0)) {
             *provider_steps.entry(step).or_default() += took;
@@ -238,7 +237,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         let work = stack.work_dir.clone();
         let floor_name = format!("{NAME_PREFIX}floor-{i:04}");
         let host2 = host.clone();
-        let base = image.to_string();
+        let base = base_path.clone();
         let took = tokio::task::spawn_blocking(move || {
             floor(&host2, &domain, &floor_name, &base, FLOOR_FIRST_HOST + i as u8, &work)
         })
