@@ -539,7 +539,7 @@ impl Connection {
             allocation,
             format: spec.format,
             backing: spec.backing,
-            content: Vec::new(),
+            content: Default::default(),
         };
         p.volumes.insert(spec.name.clone(), volume);
         Ok(spec.name)

@@ -11,6 +11,7 @@ mod host;
 mod ids;
 mod network;
 mod size_units;
+mod sparse;
 mod storage;
 mod xml_scan;
 

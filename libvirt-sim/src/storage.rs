@@ -9,6 +9,7 @@ use serde::Deserialize;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Uuid;
 use crate::size_units::{Scaled, to_bytes};
+use crate::sparse::SparseBytes;
 use crate::xml_scan::{check_document, escape, serde_error};
 
 #[derive(Deserialize)]
@@ -124,7 +125,7 @@ pub struct Volume {
     pub format: String,
     pub backing: Option<BackingStore>,
     /// What was uploaded (a raw volume reads back zero-padded to its capacity).
-    pub content: Vec<u8>,
+    pub content: SparseBytes,
 }
 
 /// What `virStorageVolCreateXML` reads from volume XML.
@@ -198,30 +199,23 @@ impl Volume {
 
     /// The bytes `virStorageVolDownload` streams for `offset`/`length` (0 = to the end).
     pub fn read(&self, offset: u64, length: u64) -> Vec<u8> {
-        let size =
-            if self.format == "raw" { self.capacity.max(self.content.len() as u64) } else { self.content.len() as u64 };
+        let have = self.content.len();
+        let size = if self.format == "raw" { self.capacity.max(have) } else { have };
         let start = offset.min(size);
         let end = if length == 0 { size } else { start.saturating_add(length).min(size) };
-        let mut out = Vec::with_capacity((end - start) as usize);
-        let have = self.content.len() as u64;
-        if start < have {
-            out.extend_from_slice(&self.content[start as usize..end.min(have) as usize]);
-        }
+        let mut out = self.content.read(start, end);
         out.resize((end - start) as usize, 0);
         out
     }
 
     /// `virStorageVolUpload`: writes `bytes` at `offset` like a file write (no truncation).
     pub fn write(&mut self, offset: u64, bytes: &[u8]) {
-        let end = offset as usize + bytes.len();
-        if self.content.len() < end {
-            self.content.resize(end, 0);
-        }
-        self.content[offset as usize..end].copy_from_slice(bytes);
+        let end = offset + bytes.len() as u64;
+        self.content.write(offset, bytes);
         if self.format == "raw" {
-            self.capacity = self.capacity.max(end as u64);
+            self.capacity = self.capacity.max(end);
         }
-        self.allocation = self.allocation.max(end as u64);
+        self.allocation = self.allocation.max(end);
     }
 }
 
@@ -278,7 +272,7 @@ mod tests {
             allocation: 0,
             format: "raw".into(),
             backing: None,
-            content: vec![],
+            content: SparseBytes::default(),
         };
         v.write(0, b"abc");
         assert_eq!(v.read(0, 0), b"abc\0\0\0\0\0");
