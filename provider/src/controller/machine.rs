@@ -539,8 +539,18 @@ async fn report_status(
         failure_domain: g.machine.as_ref().and_then(|m| m.spec.failure_domain.clone()).or(old.failure_domain.clone()),
         ..old.clone()
     };
+    // providerID first: CAPI reads it once provisioned is true. Writing it
+    // bumps the generation, and the conditions observe the new one: with the
+    // old one, the reconcile that the write brings about would find them stale
+    // and write the same status again (and CAPI would react to that write too).
+    let mut generation = object.meta().generation;
+    if plan.provisioned && object.spec.provider_id.is_none() {
+        let provider_id = capl_host::naming::provider_id(&object.uid().unwrap_or_default());
+        let written = object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
+        generation = written.meta().generation.or(generation);
+    }
     let mut conditions = old.conditions.clone().unwrap_or_default();
-    condition_list::apply(&mut conditions, &plan.conditions, object.meta().generation, Timestamp::now());
+    condition_list::apply(&mut conditions, &plan.conditions, generation, Timestamp::now());
     status.conditions = Some(conditions);
     if let Some(report) = host {
         status.domain_name = Some(report.domain.clone());
@@ -569,11 +579,6 @@ async fn report_status(
         location.write_into(&mut status);
     }
 
-    // providerID first: CAPI reads it once provisioned is true.
-    if plan.provisioned && object.spec.provider_id.is_none() {
-        let provider_id = capl_host::naming::provider_id(&object.uid().unwrap_or_default());
-        object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
-    }
     if Some(&status) != object.status.as_ref() {
         let mut patch = serde_json::json!(status);
         if lost {

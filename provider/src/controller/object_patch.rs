@@ -48,13 +48,13 @@ where
     }
 }
 
-/// Merge-patches `spec` fields of the object (used for `spec.providerID`).
-pub async fn patch_spec<K>(api: &Api<K>, name: &str, spec: serde_json::Value) -> Result<(), Error>
+/// Merge-patches `spec` fields of the object (used for `spec.providerID`);
+/// returns the object as written (with its new generation).
+pub async fn patch_spec<K>(api: &Api<K>, name: &str, spec: serde_json::Value) -> Result<K, Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    api.patch(name, &params(), &Patch::Merge(&json!({ "spec": spec }))).await?;
-    Ok(())
+    Ok(api.patch(name, &params(), &Patch::Merge(&json!({ "spec": spec }))).await?)
 }
 
 /// Replaces the fields present in `status` through the status subresource.

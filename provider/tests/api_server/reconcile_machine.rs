@@ -123,6 +123,68 @@ async fn steady_state_reconcile_is_cheap_and_counted() {
     assert_eq!(after.status, lm.status);
 }
 
+/// Every status write of a provisioning says something new: none repeats the
+/// one before it with only the conditions' observedGeneration changed (which
+/// writing `spec.providerID`, a spec change, would otherwise bring about),
+/// because each such write also has CAPI's Machine controller reconcile the
+/// Machine again. At the end the conditions observe the object's generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_writes_no_status_that_only_moves_the_observed_generation() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let w = World::new("rc-writes").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    // Every version of worker-0 from its creation on, in order.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<LibvirtMachine>::new()));
+    let watch = {
+        let seen = seen.clone();
+        let stream = watcher(w.api::<LibvirtMachine>(), watcher::Config::default().fields("metadata.name=worker-0"))
+            .applied_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(Ok(lm)) = stream.next().await {
+                seen.lock().unwrap().push(lm);
+            }
+        })
+    };
+    ready_machine_objects(&w, "demo", "worker-0").await;
+    let ready: LibvirtMachine = w.wait_for("worker-0", "a Ready machine", machine_ready).await;
+    // Let any write the last one brings about arrive.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    watch.abort();
+
+    let without_generations = |lm: &LibvirtMachine| {
+        let mut status = serde_json::to_value(&lm.status).unwrap();
+        for c in status.get_mut("conditions").and_then(|c| c.as_array_mut()).into_iter().flatten() {
+            c.as_object_mut().unwrap().remove("observedGeneration");
+        }
+        status
+    };
+    let versions = seen.lock().unwrap().clone();
+    let mut statuses: Vec<&LibvirtMachine> = Vec::new();
+    for lm in &versions {
+        if statuses.last().is_none_or(|last| last.status != lm.status) {
+            statuses.push(lm);
+        }
+    }
+    for pair in statuses.windows(2) {
+        assert_ne!(
+            without_generations(pair[0]),
+            without_generations(pair[1]),
+            "a status write changed only the conditions' observedGeneration (generation {:?} -> {:?})",
+            pair[0].metadata.generation,
+            pair[1].metadata.generation
+        );
+    }
+    let last = versions.last().expect("the watch saw worker-0");
+    assert_eq!(last.status, ready.status, "the status moved after the machine was Ready");
+    for c in last.status.as_ref().unwrap().conditions.as_ref().unwrap() {
+        assert_eq!(c.observed_generation, last.metadata.generation, "condition {} observedGeneration", c.type_);
+    }
+}
+
 /// A status write (as the controllers make them) brings neither object back
 /// for a reconcile, so it costs the host nothing; a change to the object's
 /// metadata still does.
