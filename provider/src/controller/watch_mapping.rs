@@ -179,11 +179,21 @@ pub fn cluster_inputs(cluster: &Cluster) -> u64 {
     hash_of((metadata_inputs(cluster.meta()), provisioned))
 }
 
-/// What a LibvirtMachine's reconcile reads of its Machine: spec (bootstrap
-/// data Secret, failure domain, cluster name) and [`metadata_inputs`]; not its
-/// status, which CAPI derives from the LibvirtMachine's.
+/// What a LibvirtMachine's reconcile reads of its Machine: the spec fields
+/// bootstrap data Secret, failure domain and cluster name, its deletion,
+/// labels and annotations; not the rest of its spec (CAPI copying the
+/// LibvirtMachine's providerID into it changes nothing the reconcile reads)
+/// and not its status, which CAPI derives from the LibvirtMachine's.
 pub fn machine_inputs(machine: &Machine) -> u64 {
-    hash_of(metadata_inputs(machine.meta()))
+    let meta = machine.meta();
+    hash_of((
+        meta.deletion_timestamp.is_some(),
+        &meta.labels,
+        &meta.annotations,
+        &machine.spec.bootstrap.data_secret_name,
+        &machine.spec.failure_domain,
+        &machine.spec.cluster_name,
+    ))
 }
 
 /// What a LibvirtMachine's reconcile reads of its LibvirtCluster: the spec
@@ -239,5 +249,25 @@ mod tests {
             .await;
         // The first sight, infrastructure provisioned, a spec change, the deletion.
         assert_eq!(passed, [(1, false), (1, true), (2, true), (2, true)]);
+    }
+
+    /// CAPI copying the providerID into the Machine's spec (a new generation)
+    /// is not an input; the bootstrap data Secret appearing is.
+    #[test]
+    fn a_machine_spec_change_counts_only_for_the_fields_we_read() {
+        let machine = |secret: Option<&str>, provider_id: Option<&str>, generation: i64| -> Machine {
+            serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2",
+                "kind": "Machine",
+                "metadata": { "name": "m", "namespace": "ns", "uid": "u", "generation": generation },
+                "spec": { "clusterName": "c", "bootstrap": { "dataSecretName": secret }, "providerID": provider_id,
+                          "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "LibvirtMachine", "name": "m" } },
+            }))
+            .unwrap()
+        };
+        let waiting = machine_inputs(&machine(None, None, 1));
+        let ready = machine_inputs(&machine(Some("m-bootstrap"), None, 2));
+        assert_ne!(waiting, ready);
+        assert_eq!(ready, machine_inputs(&machine(Some("m-bootstrap"), Some("libvirt://x"), 3)));
     }
 }
