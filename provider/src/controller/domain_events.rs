@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 
 use super::machine::machine_identity;
 use super::metrics::Metrics;
+use super::own_changes::ExpectedEvents;
 use crate::api::LibvirtMachine;
 use capl_host::hypervisor::connections::{HostEvent, HostEventSink};
 
@@ -87,6 +88,7 @@ pub fn reconciles(
     user_uri: impl Fn(&str) -> String + Send + 'static,
     metrics: Metrics,
     relist_gap: Duration,
+    expected: Arc<ExpectedEvents>,
 ) -> impl Stream<Item = ObjectRef<LibvirtMachine>> + Send + 'static {
     let Receiver { queue, overflowed, again } = receiver;
     let mut names = DomainNames::default();
@@ -96,13 +98,21 @@ pub fn reconciles(
             let wanted = match event {
                 HostEvent::Domain { event, .. } => {
                     let found = names.machine_of(&machines, &event.domain);
-                    metrics.domain_event(found.is_some());
                     match found {
+                        Some(machine) if expected.take(&event.domain, event.kind) => {
+                            metrics.domain_event("own");
+                            tracing::debug!(domain = %event.domain, kind = event.kind.as_str(), machine = %machine, "domain event of the reconciler's own action: nothing new");
+                            Wanted::Nothing
+                        }
                         Some(machine) => {
+                            metrics.domain_event("reconcile");
                             tracing::debug!(domain = %event.domain, kind = event.kind.as_str(), detail = event.detail, machine = %machine, "domain event: reconciling its LibvirtMachine");
                             Wanted::One(machine)
                         }
-                        None => Wanted::Nothing,
+                        None => {
+                            metrics.domain_event("ignored");
+                            Wanted::Nothing
+                        }
                     }
                 }
                 HostEvent::Reconnected { uri } => {
@@ -257,7 +267,10 @@ mod tests {
         // The stream ends once the queue is drained and the sink is gone.
         drop(sink);
         let user_uri = |opened: &str| opened.split('?').next().unwrap_or_default().to_string();
-        reconciles(receiver, store, user_uri, Metrics::default(), RELIST_MIN_GAP).map(|r| r.name).collect().await
+        reconciles(receiver, store, user_uri, Metrics::default(), RELIST_MIN_GAP, Arc::default())
+            .map(|r| r.name)
+            .collect()
+            .await
     }
 
     #[tokio::test]
@@ -307,7 +320,7 @@ mod tests {
         }
         // The sink stays, as in the manager: the stream is watched for three gaps.
         let seen: Vec<(String, Duration)> =
-            reconciles(receiver, store(&machines), |u| u.to_string(), metrics.clone(), gap)
+            reconciles(receiver, store(&machines), |u| u.to_string(), metrics.clone(), gap, Arc::default())
                 .map(|r| (r.name, started.elapsed()))
                 .take_until(tokio::time::sleep(gap * 3))
                 .collect()

@@ -14,7 +14,7 @@ use super::condition_list::{self, Status};
 use super::machine_decision::{
     Bootstrap, Host, LEASE_REFRESH_AFTER, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide,
 };
-use super::{Context, Error, cached_or_get, credentials, object_patch};
+use super::{Context, Error, cached_or_get, credentials, object_patch, own_changes};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
@@ -315,6 +315,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     };
     let mut report: Option<MachineReport> = None;
     let mut user_data = Vec::new();
+    // The object as this reconcile's last metadata write left it, once there is one.
+    let mut held: Option<LibvirtMachine> = None;
 
     let plan = loop {
         let plan = decide(&snapshot);
@@ -323,7 +325,17 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         match plan.action {
             MachineAction::Nothing => break plan,
             MachineAction::AddFinalizer => {
-                object_patch::add_finalizer(&api, object, MACHINE_FINALIZER).await?;
+                // This reconcile goes on with the finalizer in place; its watch event brings nothing new.
+                let mut expected = object.clone();
+                expected.finalizers_mut().push(MACHINE_FINALIZER.to_string());
+                let before = ctx.seen_machines.will_write(&expected);
+                match object_patch::add_finalizer(&api, object, MACHINE_FINALIZER).await {
+                    Ok(written) => held = written.or(held),
+                    Err(err) => {
+                        ctx.seen_machines.write_failed(&expected, before);
+                        return Err(err);
+                    }
+                }
                 snapshot.has_finalizer = true;
             }
             MachineAction::RemoveFinalizer => {
@@ -387,6 +399,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             MachineAction::Create | MachineAction::Start => {
                 let spec = host_spec(object, &host_identity, at(), &g, ctx);
                 let host = ctx.connections.host(&opened);
+                // The lifecycle events of this action tell this reconcile nothing it will not see.
+                let kinds = match plan.action {
+                    MachineAction::Create => own_changes::CREATE_EVENTS,
+                    _ => own_changes::START_EVENTS,
+                };
+                ctx.expected_events.expect(&snapshot.domain, kinds);
                 let result = if plan.action == MachineAction::Create {
                     // The bootstrap data was read when the host said the domain is absent.
                     let seed = std::mem::take(&mut user_data);
@@ -490,7 +508,8 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         }
     };
 
-    report_status(object, ctx, &api, &g, &plan, report.as_ref(), location.as_ref()).await?;
+    let held = held.as_ref().unwrap_or(object);
+    report_status(object, held, ctx, &api, &g, &plan, report.as_ref(), location.as_ref()).await?;
     let waiting_for_secret = matches!(snapshot.bootstrap, Bootstrap::SecretMissing(_)) && snapshot.host == Host::Absent;
     let requeue = match plan.requeue {
         Requeue::Never if waiting_for_secret => Some(RECHECK_MISSING_SECRET),
@@ -518,8 +537,11 @@ async fn timed<T>(ctx: &Context, operation: &str, f: impl std::future::Future<Ou
     out
 }
 
+/// `held` is `object` with this reconcile's metadata writes (the finalizer).
+#[allow(clippy::too_many_arguments)]
 async fn report_status(
     object: &LibvirtMachine,
+    held: &LibvirtMachine,
     ctx: &Context,
     api: &Api<LibvirtMachine>,
     g: &Gathered,
@@ -546,7 +568,19 @@ async fn report_status(
     let mut generation = object.meta().generation;
     if plan.provisioned && object.spec.provider_id.is_none() {
         let provider_id = capl_host::naming::provider_id(&object.uid().unwrap_or_default());
-        let written = object_patch::patch_spec(api, &name, serde_json::json!({ "providerID": provider_id })).await?;
+        // A spec change: the object comes back with the next generation, and
+        // its watch event brings this reconcile nothing new.
+        let mut expected = held.clone();
+        expected.meta_mut().generation = held.meta().generation.map(|g| g + 1);
+        let before = ctx.seen_machines.will_write(&expected);
+        let patch = serde_json::json!({ "providerID": provider_id });
+        let written = match object_patch::patch_spec(api, &name, patch).await {
+            Ok(written) => written,
+            Err(err) => {
+                ctx.seen_machines.write_failed(&expected, before);
+                return Err(err);
+            }
+        };
         generation = written.meta().generation.or(generation);
     }
     let mut conditions = old.conditions.clone().unwrap_or_default();

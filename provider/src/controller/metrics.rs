@@ -81,7 +81,7 @@ impl Default for Metrics {
         let domain_events = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "domain_events",
-            "Domain lifecycle events received from libvirt hosts, by outcome: reconcile (a LibvirtMachine's domain) or ignored (not ours)",
+            "Domain lifecycle events received from libvirt hosts, by outcome: reconcile (a LibvirtMachine's domain), own (caused by the reconciler's own create or start: no reconcile) or ignored (not ours)",
             domain_events.clone(),
         );
         let host_relists = Counter::default();
@@ -135,8 +135,10 @@ impl Metrics {
     }
 
     /// A domain event received; `ours`: it concerns a LibvirtMachine.
-    pub fn domain_event(&self, ours: bool) {
-        let outcome = if ours { "reconcile" } else { "ignored" };
+    /// A domain lifecycle event arrived: `reconcile` (a LibvirtMachine's
+    /// domain, reconciled), `own` (a LibvirtMachine's domain, caused by the
+    /// reconciler's own action: no reconcile) or `ignored` (not ours).
+    pub fn domain_event(&self, outcome: &'static str) {
         self.domain_events.get_or_create(&OutcomeLabels { outcome: outcome.into() }).inc();
     }
 

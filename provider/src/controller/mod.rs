@@ -17,13 +17,14 @@ pub mod machine;
 pub mod machine_decision;
 pub mod metrics;
 mod object_patch;
+pub mod own_changes;
 mod watch_mapping;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -116,6 +117,10 @@ pub struct Context {
     /// (set by [`run`]; without them, as in tests that call a reconciler
     /// directly, every input is read from the API server).
     inputs: OnceLock<InputCaches>,
+    /// What the LibvirtMachine watch last passed on, and the reconciler's own writes.
+    pub(crate) seen_machines: Arc<own_changes::SeenObjects>,
+    /// The lifecycle events the LibvirtMachine reconciler's own host actions bring.
+    pub(crate) expected_events: Arc<own_changes::ExpectedEvents>,
 }
 
 /// Reflector stores of the objects a LibvirtMachine's reconcile reads: its
@@ -163,6 +168,8 @@ impl Context {
             lease_refreshes: Mutex::new(HashMap::new()),
             opened_uris: Mutex::new(HashMap::new()),
             inputs: OnceLock::new(),
+            seen_machines: Arc::default(),
+            expected_events: Arc::default(),
         }
     }
 
@@ -343,7 +350,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         libvirt_clusters: libvirt_cluster_reader,
     });
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
-    let machines_stream = own_objects(api::<LibvirtMachine>(&client, &ns), machines_writer);
+    // The reconciler's own writes (finalizer, providerID) are left out as well.
+    let seen = ctx.seen_machines.clone();
+    let machines_stream = reflector::reflector(machines_writer, watch_lean(api::<LibvirtMachine>(&client, &ns)))
+        .default_backoff()
+        .touched_objects()
+        .try_filter(move |lm| std::future::ready(seen.pass(lm)));
     // Domain lifecycle events of every host connection -> the LibvirtMachines of their domains.
     let (sink, events) = domain_events::sink();
     ctx.connections.set_event_sink(sink);
@@ -356,6 +368,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         },
         ctx.metrics.clone(),
         domain_events::RELIST_MIN_GAP,
+        ctx.expected_events.clone(),
     );
     let machine_controller = Controller::for_stream(machines_stream, libvirt_machines.clone())
         .with_config(config)
@@ -429,7 +442,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 /// object back for another reconcile (and another look at the host);
 /// changes to the spec (generation), labels, annotations (paused, skip host
 /// cleanup), finalizers, owners and deletion do.
-fn not_status<K: Resource>(object: &K) -> Option<u64> {
+pub(crate) fn not_status<K: Resource>(object: &K) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let meta = object.meta();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -514,6 +527,8 @@ pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: 
     let held: HashSet<String> = ctx.connections.host_uris().into_iter().collect();
     ctx.opened_uris.lock().expect("opened URIs lock").retain(|opened, _| held.contains(opened));
     let uids: HashSet<String> = machines.iter().filter_map(|lm| lm.metadata.uid.clone()).collect();
+    ctx.seen_machines.retain(|uid| uids.contains(uid));
+    ctx.expected_events.forget_old();
     let mut waits = ctx.lease_waits.lock().expect("lease backoff lock");
     waits.retain(|uid, _| uids.contains(uid));
     if forgotten > 0 {

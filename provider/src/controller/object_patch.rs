@@ -17,18 +17,18 @@ fn params() -> PatchParams {
 
 /// Adds `finalizer`; the resourceVersion makes a concurrent change fail
 /// (and the reconcile retry) instead of dropping someone's finalizer.
-pub async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), Error>
+/// Returns the object as written, `None` when the finalizer was there.
+pub async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<Option<K>, Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let mut finalizers = object.finalizers().to_vec();
     if finalizers.iter().any(|f| f == finalizer) {
-        return Ok(());
+        return Ok(None);
     }
     finalizers.push(finalizer.to_string());
     let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": object.resource_version() } });
-    api.patch(&object.name_any(), &params(), &Patch::Merge(&patch)).await?;
-    Ok(())
+    Ok(Some(api.patch(&object.name_any(), &params(), &Patch::Merge(&patch)).await?))
 }
 
 pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), Error>

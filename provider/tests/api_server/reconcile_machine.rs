@@ -185,6 +185,29 @@ async fn provisioning_writes_no_status_that_only_moves_the_observed_generation()
     }
 }
 
+/// Provisioning a machine whose objects are all there takes two reconciles:
+/// the one that creates and starts its domain, and the one that finds its
+/// address. The watch events of its own finalizer and providerID writes and
+/// the lifecycle events of its own create (Defined, Resumed, Started) bring
+/// no reconcile of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_takes_two_reconciles_and_its_own_changes_bring_none() {
+    let w = World::new("rc-two").await;
+    let manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    ready_machine_objects(&w, "demo", "worker-0").await;
+    w.wait_for::<LibvirtMachine>("worker-0", "a Ready machine", machine_ready).await;
+    let runs = manager.settle().await;
+    println!(
+        "provisioning: {runs} reconciles; domain events: {} own, {} reconciled",
+        manager.own_domain_events(),
+        manager.domain_events(true)
+    );
+    assert_eq!(manager.own_domain_events(), 3, "Defined, Resumed and Started of the provider's own create");
+    assert_eq!(manager.domain_events(true), 0, "domain events that reconciled the machine");
+    assert_eq!(runs, 2, "LibvirtMachine reconciles to provision one machine");
+}
+
 /// A status write (as the controllers make them) brings neither object back
 /// for a reconcile, so it costs the host nothing; a change to the object's
 /// metadata still does.

@@ -382,6 +382,12 @@ impl Manager {
         self.counter(&format!("capl_domain_events_total{{outcome=\"{outcome}\"}}"))
     }
 
+    /// Domain events of a LibvirtMachine's domain that its reconciler's own
+    /// create or start caused (they reconcile nothing).
+    pub fn own_domain_events(&self) -> u64 {
+        self.counter("capl_domain_events_total{outcome=\"own\"}")
+    }
+
     /// Waits until no LibvirtMachine reconcile has run for 5 s; returns the count.
     pub async fn settle(&self) -> u64 {
         let mut reconciles = self.reconciles("libvirtmachine");
