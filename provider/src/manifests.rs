@@ -156,8 +156,9 @@ fn service_account() -> Value {
 /// `spec.providerID`, the endpoint; a machine reads its LibvirtCluster, a
 /// LibvirtMachine is only ever read from the watch cache), patch their status, read CAPI's Cluster and
 /// Machine and the bootstrap Secrets, and publish `events.k8s.io` Events (kube's
-/// recorder creates an Event and patches it when the same one repeats). The
-/// templates are never read by the manager: CAPI copies them into objects. The
+/// recorder creates an Event and patches it when the same one repeats). Of the
+/// templates, the manager watches LibvirtMachineTemplates and writes their
+/// status (capacity and node info for scaling from zero); CAPI copies them into objects. The
 /// API-server test `manager_binary_with_the_simulated_host_provisions_a_machine`
 /// runs the manager with only these rules and checks each one is used.
 fn manager_rules() -> Value {
@@ -174,7 +175,12 @@ fn manager_rules() -> Value {
         },
         {
             "apiGroups": [api::GROUP],
-            "resources": ["libvirtclusters/status", "libvirtmachines/status"],
+            "resources": ["libvirtmachinetemplates"],
+            "verbs": ["list", "watch"]
+        },
+        {
+            "apiGroups": [api::GROUP],
+            "resources": ["libvirtclusters/status", "libvirtmachines/status", "libvirtmachinetemplates/status"],
             "verbs": ["patch"]
         },
         {

@@ -18,6 +18,7 @@ pub mod machine_decision;
 pub mod metrics;
 mod object_patch;
 pub mod own_changes;
+pub mod template;
 mod watch_mapping;
 
 use std::collections::{HashMap, HashSet};
@@ -32,7 +33,7 @@ use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, controller::Act
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::capi::{Cluster, Machine};
-use crate::api::{LibvirtCluster, LibvirtMachine};
+use crate::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate};
 use capl_host::credentials::CredentialStore;
 use capl_host::domain_xml::DomainTypePreference;
 use capl_host::hypervisor::connections::Connections;
@@ -349,6 +350,18 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         clusters: capi_cluster_reader,
         libvirt_clusters: libvirt_cluster_reader,
     });
+    // LibvirtMachineTemplates: capacity and node info for scaling from zero.
+    let (template_store, template_writer) = reflector::store::<LibvirtMachineTemplate>();
+    let template_stream = own_objects(api::<LibvirtMachineTemplate>(&client, &ns), template_writer);
+    let template_controller = Controller::for_stream(template_stream, template_store)
+        .with_config(config.clone())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(template::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachinetemplate"), ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(%err, "libvirtmachinetemplate controller event");
+            }
+        });
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
     // The reconciler's own writes (finalizer, providerID) are left out as well.
     let seen = ctx.seen_machines.clone();
@@ -433,7 +446,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
         }
     };
-    tokio::join!(cluster_controller, machine_controller, sweep, check_connections);
+    tokio::join!(cluster_controller, machine_controller, template_controller, sweep, check_connections);
 }
 
 /// What a reconcile of one of our objects depends on, hashed: everything but

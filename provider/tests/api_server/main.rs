@@ -24,4 +24,5 @@ mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;
 mod reconcile_restart;
+mod reconcile_template;
 mod reconcile_uri_policy;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
-use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate};
 use capl::manifests::{self, DeploymentSettings};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -141,6 +141,15 @@ async fn manager_binary_with_the_simulated_host_provisions_a_machine() {
     create_bootstrap_secret(&w, "m0-bootstrap", cloud_config("m0")).await;
     let m: Machine = w.apply(machine_json("m0", "demo", "m0", Some("m0-bootstrap"))).await;
     let _: LibvirtMachine = w.apply(libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())))).await;
+    // A template of the cluster: the manager writes its capacity and node info.
+    let _: LibvirtMachineTemplate = w
+        .apply(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "LibvirtMachineTemplate",
+            "metadata": { "name": "workers", "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
+            "spec": { "template": { "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": BASE_IMAGE } } },
+        }))
+        .await;
 
     let started = Instant::now();
     loop {
@@ -155,6 +164,13 @@ async fn manager_binary_with_the_simulated_host_provisions_a_machine() {
         assert!(started.elapsed() < WAIT, "the machine did not become Ready; manager log:\n{}", manager.log_tail());
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+
+    let template: LibvirtMachineTemplate = w
+        .wait_for("workers", "the template's node info", |t: &LibvirtMachineTemplate| {
+            t.status.as_ref().and_then(|s| s.node_info.as_ref()).and_then(|n| n.architecture.as_ref()).is_some()
+        })
+        .await;
+    assert_eq!(template.status.unwrap().capacity.unwrap()["memory"].0, "512Mi");
 
     // Leader election held a Lease in the given namespace.
     let lease: Lease = w
