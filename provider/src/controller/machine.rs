@@ -433,10 +433,14 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                         // The domain vanished between the look and the start. It existed,
                         // so the machine was provisioned and is now lost: decide reports
                         // that, and nothing is created.
+                        ctx.expected_events.forget(&snapshot.domain);
                         snapshot.provisioned = true;
                     }
                     Err(_) => {
-                        // A failed step is decided again below and reported as a condition.
+                        // A failed step is decided again below and reported as a
+                        // condition. The events it did not bring are not waited
+                        // for: a start by someone else must reconcile.
+                        ctx.expected_events.forget(&snapshot.domain);
                     }
                 }
                 if let Host::Failed { .. } = snapshot.host {

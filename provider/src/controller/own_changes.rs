@@ -113,6 +113,11 @@ impl ExpectedEvents {
         found
     }
 
+    /// Expects nothing more of `domain` (its action failed).
+    pub fn forget(&self, domain: &str) {
+        self.expected.lock().expect("expected events lock").remove(domain);
+    }
+
     /// Forgets what is no longer expected (the sweep calls it).
     pub fn forget_old(&self) {
         let now = Instant::now();
@@ -179,5 +184,9 @@ mod tests {
         assert!(!expected.take("other", DomainEventKind::Defined));
         assert!(expected.take("d", DomainEventKind::Resumed));
         assert!(expected.expected.lock().unwrap().is_empty());
+        // A failed start expects nothing more: a start by someone else reconciles.
+        expected.expect("d", START_EVENTS);
+        expected.forget("d");
+        assert!(!expected.take("d", DomainEventKind::Started));
     }
 }
