@@ -92,6 +92,8 @@ async fn refused_with(w: &World, name: &str, libvirt_says: &str, fix: &str) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_connect_over_tls_and_libssh_with_credentials_from_secrets() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let (socket_uri, hv) = connect_checked();
     let fx = fixture("capl-host-tests-base.qcow2");
     ensure_base_image(&hv, &fx);

@@ -76,6 +76,8 @@ fn pki_dir(dir: &Path, name: &str, ca_pem: &str, signer: &Pki) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_client_certificate_of_the_host_ca_connects() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let dir = ScratchDir::create().unwrap();
     let ca = host_ca().unwrap();
     let pki = pki_dir(dir.path(), "pki", ca.ca_pem(), &ca);
@@ -91,6 +93,8 @@ async fn tls_with_a_client_certificate_of_the_host_ca_connects() {
 /// CA, or the daemon does not know the client's CA. And missing files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_certificates_of_another_ca_are_refused_with_libvirts_reason() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let dir = ScratchDir::create().unwrap();
     let ca = host_ca().unwrap();
     let other = Pki::new_ca("capl-test-other-ca").unwrap();
@@ -149,6 +153,8 @@ async fn tls_certificates_of_another_ca_are_refused_with_libvirts_reason() {
 /// uses, while a connection already open goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_files_are_read_again_at_each_connect() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let dir = ScratchDir::create().unwrap();
     let ca = host_ca().unwrap();
     let other = Pki::new_ca("capl-test-other-ca").unwrap();
@@ -189,6 +195,8 @@ fn ssh_setup() -> SshSetup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libssh_and_libssh2_with_an_authorized_key_connect() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let s = ssh_setup();
     for transport in ["libssh", "libssh2"] {
         let uri = libssh_uri(transport, s.sshd.port(), &s.key, &s.known_hosts);
@@ -205,6 +213,8 @@ async fn libssh_and_libssh2_with_an_authorized_key_connect() {
 /// (the manager has none) an unknown host cannot be accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libssh_refuses_an_unknown_or_changed_host_key() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let s = ssh_setup();
     let port = s.sshd.port();
     let empty = s.dir.path().join("known_hosts_empty");
@@ -252,6 +262,8 @@ async fn libssh_refuses_an_unknown_or_changed_host_key() {
 /// A key the server does not know, or no key file at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libssh_refuses_a_key_the_server_does_not_know() {
+    // The daemon_faults test kills the shared libvirtd: not while this one runs.
+    let _daemon = crate::share_real_daemon().await;
     let s = ssh_setup();
     let port = s.sshd.port();
     let other = text(&s.dir.path().join("id_other"));
