@@ -13,7 +13,7 @@ use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, Infra
 use super::condition_list::{self, Status};
 use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
-use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
+use crate::api::conditions::INFRASTRUCTURE_READY;
 use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine};
 use capl_host::infra::{InfraSpec, check_infrastructure};
 
@@ -116,14 +116,9 @@ async fn check_host(object: &LibvirtCluster, ctx: &Context) -> Result<InfraCheck
         domain_pool: object.spec.domain_pool.clone(),
     };
     let uri = &object.spec.uri;
-    if let Err(message) = ctx.settings.uri_policy.check(uri) {
-        // Never connected: opening this URI is what the policy refuses.
-        return Ok(InfraCheck::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false });
-    }
     let ns = object.namespace().unwrap_or_default();
     let owner = format!("LibvirtCluster {}", object.name_any());
-    let secret = object.spec.credentials_ref.as_ref().map(|r| r.name.as_str());
-    let opened = match credentials::connection_uri(ctx, &ns, uri, secret, &owner, false).await? {
+    let opened = match credentials::cluster_connection_uri(ctx, &ns, object, &owner).await? {
         Ok(opened) => opened,
         Err(unusable) => {
             return Ok(InfraCheck::Failed {

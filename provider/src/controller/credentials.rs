@@ -55,6 +55,24 @@ pub async fn connection_uri(
     }))
 }
 
+/// The URI to open for the host of LibvirtCluster `lc` (not deleting), named by
+/// `owner`: refused by the manager's URI policy, or [`connection_uri`] with
+/// the LibvirtCluster's `credentialsRef`.
+pub async fn cluster_connection_uri(
+    ctx: &Context,
+    namespace: &str,
+    lc: &crate::api::LibvirtCluster,
+    owner: &str,
+) -> Result<Result<String, Unusable>, Error> {
+    let uri = &lc.spec.uri;
+    if let Err(message) = ctx.settings.uri_policy.check(uri) {
+        // Never connected: opening this URI is what the policy refuses.
+        return Ok(Err(Unusable { reason: reasons::URI_NOT_ALLOWED, message, transient: false }));
+    }
+    let secret = lc.spec.credentials_ref.as_ref().map(|r| r.name.as_str());
+    connection_uri(ctx, namespace, uri, secret, owner, false).await
+}
+
 /// `message` with the URI that was opened written as the URI the user gave:
 /// the credential file parameters are the manager's business.
 pub fn as_user_wrote_it(message: String, opened: &str, uri: &str) -> String {

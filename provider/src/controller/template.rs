@@ -115,12 +115,8 @@ async fn host_architecture(
         return Ok(Err(format!("LibvirtCluster {lc_name} does not exist yet")));
     };
     let uri = &lc.spec.uri;
-    if let Err(message) = ctx.settings.uri_policy.check(uri) {
-        return Ok(Err(message));
-    }
     let owner = format!("LibvirtMachineTemplate {name}");
-    let secret = lc.spec.credentials_ref.as_ref().map(|r| r.name.as_str());
-    let opened = match credentials::connection_uri(ctx, ns, uri, secret, &owner, false).await? {
+    let opened = match credentials::cluster_connection_uri(ctx, ns, &lc, &owner).await? {
         Ok(opened) => opened,
         Err(unusable) => return Ok(Err(unusable.message)),
     };
