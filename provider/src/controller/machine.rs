@@ -456,7 +456,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                     let result = timed(
                         ctx,
                         "refresh_reservation",
-                        ctx.connections.host(&l.uri).call(move |h| host_machine::refresh_reservation(h, &spec)),
+                        ctx.connections.host(&opened).call(move |h| host_machine::refresh_reservation(h, &spec)),
                     )
                     .await;
                     match result {

@@ -50,12 +50,9 @@ async fn reconcile_inner(object: &LibvirtMachineTemplate, ctx: &Context) -> Resu
         return Ok(Action::await_change());
     }
     let old = object.status.clone().unwrap_or_default();
-    let architecture = match host_architecture(object, cluster.as_ref(), ctx, &ns).await? {
-        Ok(arch) => Some(arch),
-        Err(why) => {
-            tracing::info!(template = %object.name_any(), %why, "the architecture of the template's nodes is not known yet");
-            None
-        }
+    let (architecture, unknown_why) = match host_architecture(object, cluster.as_ref(), ctx, &ns).await? {
+        Ok(arch) => (Some(arch), None),
+        Err(why) => (None, Some(why)),
     };
     let known = architecture.is_some();
     let status = LibvirtMachineTemplateStatus {
@@ -65,7 +62,16 @@ async fn reconcile_inner(object: &LibvirtMachineTemplate, ctx: &Context) -> Resu
             operating_system: Some("linux".to_string()),
         }),
     };
-    if Some(&status) != object.status.as_ref() {
+    let changes = Some(&status) != object.status.as_ref();
+    if let Some(why) = unknown_why {
+        // Said once when the status is written, not on every recheck.
+        if changes {
+            tracing::info!(template = %object.name_any(), %why, "the architecture of the template's nodes is not known yet");
+        } else {
+            tracing::debug!(template = %object.name_any(), %why, "the architecture of the template's nodes is still not known");
+        }
+    }
+    if changes {
         let api: Api<LibvirtMachineTemplate> = Api::namespaced(ctx.client.clone(), &ns);
         object_patch::patch_status(&api, &object.name_any(), &status).await?;
     }
