@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use capl_host::hypervisor::connections::Connector;
 use capl_host::hypervisor::{
-    DhcpLease, DomainEventCallback, DomainState, EventSubscription, Hypervisor, NetworkUpdateCommand, Result,
-    UndefineFlags,
+    DhcpLease, DomainEventCallback, DomainState, EventSubscription, Hypervisor, NetworkUpdateCommand, NodeMemory,
+    Result, UndefineFlags,
 };
 
 use crate::controller::metrics::Metrics;
@@ -57,6 +57,9 @@ impl Hypervisor for Counted {
     }
     fn is_alive(&self) -> bool {
         self.inner.is_alive()
+    }
+    fn node_memory(&self) -> Result<NodeMemory> {
+        self.count("node_memory").node_memory()
     }
     fn network_xml(&self, name: &str) -> Result<String> {
         self.count("network_xml").network_xml(name)

@@ -25,7 +25,7 @@ use virt::sys;
 
 use super::{
     DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription, HostAdmin,
-    Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
+    Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -97,6 +97,21 @@ impl Hypervisor for LibvirtHypervisor {
 
     fn capabilities_xml(&self) -> Result<String> {
         self.conn.capabilities().map_err(from_virt)
+    }
+
+    fn node_memory(&self) -> Result<NodeMemory> {
+        let total = self.conn.node_info().map_err(from_virt)?.memory * 1024;
+        let free = self.conn.free_memory().map_err(from_virt)?;
+        let mut committed = 0;
+        for domain in self.conn.list_all_domains(0).map_err(from_virt)? {
+            match domain.info().map_err(from_virt) {
+                Ok(info) => committed += info.max_mem * 1024,
+                // Undefined since the list was made: it takes nothing.
+                Err(e) if e.kind == ErrorKind::NoDomain => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(NodeMemory { total, free, committed })
     }
 
     fn is_alive(&self) -> bool {

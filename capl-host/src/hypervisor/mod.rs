@@ -198,6 +198,27 @@ impl UndefineFlags {
     }
 }
 
+/// What a host has in memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeMemory {
+    /// The host's memory (`virNodeGetInfo`).
+    pub total: u64,
+    /// The memory nothing uses now (`virNodeGetFreeMemory`).
+    pub free: u64,
+    /// The maximum memory of every domain defined on the host, running or not.
+    pub committed: u64,
+}
+
+impl NodeMemory {
+    /// What one more domain can take without overcommitting the host: no
+    /// more than is free now, and no more than the defined domains leave of
+    /// the total (a stopped domain takes its share when it starts; a running
+    /// one may not have touched all of it yet).
+    pub fn available(&self) -> u64 {
+        self.free.min(self.total.saturating_sub(self.committed))
+    }
+}
+
 /// A connection to one libvirt host: the calls the provider makes in
 /// production, and nothing else.
 ///
@@ -213,6 +234,11 @@ pub trait Hypervisor: Send + Sync {
 
     /// Whether a trivial call succeeds on this connection (`virConnectIsAlive`).
     fn is_alive(&self) -> bool;
+
+    /// The host's total and free memory and what its defined domains may
+    /// take (`virNodeGetInfo`, `virNodeGetFreeMemory`, and
+    /// `virConnectListAllDomains` with each domain's maximum memory).
+    fn node_memory(&self) -> Result<NodeMemory>;
 
     // --- networks ---------------------------------------------------------
 

@@ -15,8 +15,8 @@ use libvirt_sim::{Connection, UpdateCommand, UpdateSection, update_flags};
 
 use super::connections::Connector;
 use super::{
-    DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, EventSubscription, HostAdmin,
-    Hypervisor, HypervisorError, NetworkUpdateCommand, Result, UndefineFlags, kind_of,
+    DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription, HostAdmin,
+    Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
 };
 
 /// A connection to a simulated host registered with `libvirt_sim::Host::builder(uri)`.
@@ -88,6 +88,20 @@ impl Hypervisor for SimHypervisor {
 
     fn capabilities_xml(&self) -> Result<String> {
         self.conn.get_capabilities().map_err(|e| self.err(e))
+    }
+
+    fn node_memory(&self) -> Result<NodeMemory> {
+        let total = self.conn.node_get_info().map_err(|e| self.err(e))?.memory_kib * 1024;
+        let free = self.conn.node_get_free_memory().map_err(|e| self.err(e))?;
+        let mut committed = 0;
+        for name in self.conn.list_all_domains().map_err(|e| self.err(e))? {
+            match self.conn.domain_lookup_by_name(&name).map_err(|e| self.err(e)) {
+                Ok(info) => committed += info.memory_kib * 1024,
+                Err(e) if e.kind == ErrorKind::NoDomain => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(NodeMemory { total, free, committed })
     }
 
     fn is_alive(&self) -> bool {

@@ -11,6 +11,9 @@ pub const CONTROL_PLANE_ENDPOINT_READY: &str = "ControlPlaneEndpointReady";
 /// LibvirtCluster: network and pools exist and are active.
 /// LibvirtMachine: the cluster infrastructure is provisioned.
 pub const INFRASTRUCTURE_READY: &str = "InfrastructureReady";
+/// LibvirtCluster with spec.hosts: every host's network and pools are ready
+/// (False lists the hosts that are not; machines go to the others).
+pub const HOSTS_READY: &str = "HostsReady";
 /// LibvirtMachine: the domain is being created, or creation failed.
 pub const DOMAIN_PROVISIONING_READY: &str = "DomainProvisioningReady";
 /// LibvirtMachine: the domain was created.
@@ -19,7 +22,8 @@ pub const MACHINE_CREATED: &str = "MachineCreated";
 pub const DOMAIN_RUNNING: &str = "DomainRunning";
 
 /// Every condition type per kind, in the order the README lists them.
-pub const CLUSTER_CONDITIONS: &[&str] = &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, READY, PAUSED];
+pub const CLUSTER_CONDITIONS: &[&str] =
+    &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, HOSTS_READY, READY, PAUSED];
 pub const MACHINE_CONDITIONS: &[&str] =
     &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING, READY, PAUSED];
 
@@ -50,6 +54,12 @@ pub mod reasons {
     /// The network or a pool is of a kind the provider cannot use (no IPv4;
     /// a pool type other than dir, fs or netfs).
     pub const INFRASTRUCTURE_UNSUPPORTED: &str = "InfrastructureUnsupported";
+    /// spec.hosts names no host, or two hosts share a name or a URI.
+    pub const INVALID_HOSTS: &str = "InvalidHosts";
+    /// HostsReady: every listed host is ready.
+    pub const HOSTS_AVAILABLE: &str = "HostsAvailable";
+    /// HostsReady: some listed hosts failed their check.
+    pub const HOSTS_DEGRADED: &str = "HostsDegraded";
 
     // LibvirtMachine.
     pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
@@ -67,6 +77,11 @@ pub mod reasons {
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
     /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).
     pub const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
+    /// No host of the LibvirtCluster may run the machine and has the memory for it; retried.
+    pub const NO_HOST_FITS: &str = "NoHostFits";
+    /// The Machine's spec.failureDomain names no host of the LibvirtCluster
+    /// (or a host that takes no control-plane machines, for one that is).
+    pub const FAILURE_DOMAIN_NOT_FOUND: &str = "FailureDomainNotFound";
     /// A volume or DHCP entry with our name exists on the host but is not ours.
     pub const OBJECT_COLLISION: &str = "ObjectCollision";
     /// The LibvirtCluster's URI would make the manager run a program, read a

@@ -13,7 +13,7 @@ mod machine;
 mod shared;
 mod templates;
 
-pub use cluster::{LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus};
+pub use cluster::{ClusterHost, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost};
 pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, SecretReference,

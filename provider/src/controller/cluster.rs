@@ -13,8 +13,10 @@ use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, Infra
 use super::condition_list::{self, Status};
 use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
-use crate::api::conditions::INFRASTRUCTURE_READY;
-use crate::api::{CLUSTER_FINALIZER, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine};
+use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
+use crate::api::{
+    CLUSTER_FINALIZER, ClusterHost, FailureDomain, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine,
+};
 use capl_host::infra::{InfraSpec, check_infrastructure};
 
 /// The owner Cluster named in the object's ownerReferences, if any.
@@ -72,10 +74,13 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         owner_cluster: owner.as_ref().map(|c| (c.name_any(), c.spec.control_plane_endpoint.clone())),
         spec_endpoint: object.spec.control_plane_endpoint.clone(),
         host: InfraCheck::NotChecked,
+        several_hosts: false,
+        unhealthy_hosts: Vec::new(),
         machines,
     };
 
     // Decide and act until the plan has no more steps for this reconcile.
+    let mut failure_domains = None;
     let plan = loop {
         let plan = decide(&snapshot);
         match plan.action {
@@ -84,7 +89,13 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
                 object_patch::add_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 snapshot.has_finalizer = true;
             }
-            ClusterAction::CheckHost => snapshot.host = check_host(object, ctx).await?,
+            ClusterAction::CheckHost => {
+                let checked = check_hosts(object, ctx).await?;
+                snapshot.host = checked.check.unwrap_or(InfraCheck::NotChecked);
+                snapshot.several_hosts = object.spec.hosts.is_some();
+                snapshot.unhealthy_hosts = checked.unhealthy;
+                failure_domains = checked.failure_domains;
+            }
             ClusterAction::RemoveFinalizer => {
                 object_patch::remove_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 return Ok(Action::await_change());
@@ -92,7 +103,7 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         }
     };
 
-    report(object, ctx, &api, &plan).await?;
+    report(object, ctx, &api, &plan, failure_domains).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
@@ -109,16 +120,85 @@ async fn machines_of_cluster(object: &LibvirtCluster, ctx: &Context, ns: &str) -
     Ok(list.items.into_iter().map(|m| m.name_any()).collect())
 }
 
-async fn check_host(object: &LibvirtCluster, ctx: &Context) -> Result<InfraCheck, Error> {
-    let spec = InfraSpec {
-        network: object.spec.network.clone(),
-        base_pool: object.spec.base_pool.clone(),
-        domain_pool: object.spec.domain_pool.clone(),
+/// The outcome of checking every host of a LibvirtCluster.
+#[derive(Debug, Default)]
+struct HostsChecked {
+    /// The summary decide works with: Ready when some host can run control-plane machines.
+    check: Option<InfraCheck>,
+    /// One message per host that failed its check (only when the cluster lists hosts).
+    unhealthy: Vec<String>,
+    /// The failure domains to report: the healthy hosts (only when the cluster lists hosts).
+    failure_domains: Option<Vec<FailureDomain>>,
+}
+
+async fn check_hosts(object: &LibvirtCluster, ctx: &Context) -> Result<HostsChecked, Error> {
+    let owner = format!("LibvirtCluster {}", object.name_any());
+    if let Some(problem) = object.spec.host_list_problem() {
+        let check = InfraCheck::Failed {
+            reason: reasons::INVALID_HOSTS,
+            message: format!("{owner}: {problem}"),
+            transient: false,
+        };
+        return Ok(HostsChecked { check: Some(check), ..Default::default() });
+    }
+    let hosts = object.spec.hosts();
+    let checks = futures::future::join_all(hosts.iter().map(|h| check_host(object, h, ctx))).await;
+    let mut results = Vec::new();
+    for (host, check) in hosts.iter().zip(checks) {
+        results.push((host, check?));
+    }
+    if object.spec.hosts.is_none() {
+        // The one-host form: its check is the cluster's, and it has no failure domains.
+        let check = results.pop().map(|(_, c)| c);
+        return Ok(HostsChecked { check, ..Default::default() });
+    }
+    let unhealthy: Vec<String> = results
+        .iter()
+        .filter_map(|(h, c)| match c {
+            InfraCheck::Failed { message, .. } => Some(format!("{}: {message}", h.describe())),
+            _ => None,
+        })
+        .collect();
+    let healthy: Vec<&ClusterHost> = results.iter().filter(|(_, c)| *c == InfraCheck::Ready).map(|(h, _)| *h).collect();
+    let check = if healthy.iter().any(|h| h.control_plane) {
+        InfraCheck::Ready
+    } else {
+        let first = results.iter().find_map(|(_, c)| match c {
+            InfraCheck::Failed { reason, .. } => Some(*reason),
+            _ => None,
+        });
+        let transient = results.iter().any(|(_, c)| matches!(c, InfraCheck::Failed { transient: true, .. }));
+        let message = if unhealthy.is_empty() {
+            format!(
+                "{owner}: no host may run control-plane machines: set controlPlane: true on at least one of spec.hosts"
+            )
+        } else {
+            format!("{owner}: no host that may run control-plane machines is ready: {}", unhealthy.join("; "))
+        };
+        InfraCheck::Failed { reason: first.unwrap_or(reasons::INVALID_HOSTS), message, transient }
     };
-    let uri = &object.spec.uri;
+    let failure_domains = healthy
+        .iter()
+        .map(|h| FailureDomain {
+            name: h.name.clone(),
+            control_plane: Some(h.control_plane),
+            attributes: Some([("uri".to_string(), h.uri.clone())].into()),
+        })
+        .collect();
+    Ok(HostsChecked { check: Some(check), unhealthy, failure_domains: Some(failure_domains) })
+}
+
+/// Checks one host's network and pools.
+async fn check_host(object: &LibvirtCluster, host: &ClusterHost, ctx: &Context) -> Result<InfraCheck, Error> {
+    let spec = InfraSpec {
+        network: host.network.clone(),
+        base_pool: host.base_pool.clone(),
+        domain_pool: host.domain_pool.clone(),
+    };
+    let uri = &host.uri;
     let ns = object.namespace().unwrap_or_default();
     let owner = format!("LibvirtCluster {}", object.name_any());
-    let opened = match credentials::cluster_connection_uri(ctx, &ns, object, &owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, &ns, host, &owner).await? {
         Ok(opened) => opened,
         Err(unusable) => {
             return Ok(InfraCheck::Failed {
@@ -146,6 +226,7 @@ async fn report(
     ctx: &Context,
     api: &Api<LibvirtCluster>,
     plan: &ClusterPlan,
+    failure_domains: Option<Vec<FailureDomain>>,
 ) -> Result<(), Error> {
     if plan.conditions.is_empty() {
         return Ok(());
@@ -158,7 +239,8 @@ async fn report(
     let status = LibvirtClusterStatus {
         initialization: (plan.provisioned || already).then_some(Initialization { provisioned: Some(true) }),
         conditions: Some(conditions.clone()),
-        failure_domains: old.failure_domains.clone(),
+        // The healthy hosts when they were checked; else what was reported last.
+        failure_domains: failure_domains.or_else(|| old.failure_domains.clone()),
     };
     if Some(&status) != object.status.as_ref() {
         object_patch::patch_status(api, &object.name_any(), &status).await?;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::condition_list::{ConditionUpdate, summary};
 use crate::api::ApiEndpoint;
-use crate::api::conditions::{CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, PAUSED, READY, reasons};
+use crate::api::conditions::{CONTROL_PLANE_ENDPOINT_READY, HOSTS_READY, INFRASTRUCTURE_READY, PAUSED, READY, reasons};
 
 /// The result of checking the network and pools on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,10 @@ pub struct ClusterSnapshot {
     pub owner_cluster: Option<(String, Option<ApiEndpoint>)>,
     pub spec_endpoint: Option<ApiEndpoint>,
     pub host: InfraCheck,
+    /// The cluster lists hosts (spec.hosts): report HostsReady.
+    pub several_hosts: bool,
+    /// With several hosts: one message per host whose check failed.
+    pub unhealthy_hosts: Vec<String>,
     /// While deleting: the LibvirtMachines of the same Cluster that still exist.
     pub machines: Vec<String>,
 }
@@ -140,27 +144,41 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
         reasons::CONTROL_PLANE_ENDPOINT_SET,
         format!("{}:{}", endpoint.host, endpoint.port),
     );
+    // Several hosts: which are not ready, beside (not in) the summary, so a
+    // host that is down does not block the healthy ones.
+    let hosts_ready = s.several_hosts.then(|| {
+        if s.unhealthy_hosts.is_empty() {
+            ConditionUpdate::true_(HOSTS_READY, reasons::HOSTS_AVAILABLE, "")
+        } else {
+            ConditionUpdate::false_(HOSTS_READY, reasons::HOSTS_DEGRADED, s.unhealthy_hosts.join("; "))
+        }
+    });
+    let with_hosts = |mut conditions: Vec<ConditionUpdate>| {
+        conditions.extend(hosts_ready.clone());
+        conditions
+    };
     match &s.host {
         InfraCheck::NotChecked => plan(ClusterAction::CheckHost, Vec::new()),
         InfraCheck::Ready => ClusterPlan {
             provisioned: true,
-            requeue: Some(RECHECK_HOST),
+            // A host that is not ready is looked at again soon, like a failed check.
+            requeue: Some(if s.unhealthy_hosts.is_empty() { RECHECK_HOST } else { RETRY_AFTER_TRANSIENT_FAILURE }),
             ..plan(
                 ClusterAction::Nothing,
-                with_summary(vec![
+                with_hosts(with_summary(vec![
                     endpoint_ready,
                     ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::INFRASTRUCTURE_AVAILABLE, ""),
-                ]),
+                ])),
             )
         },
         InfraCheck::Failed { reason, message, transient } => ClusterPlan {
             requeue: Some(if *transient { RETRY_AFTER_TRANSIENT_FAILURE } else { RETRY_AFTER_PERMANENT_FAILURE }),
             ..plan(
                 ClusterAction::Nothing,
-                with_summary(vec![
+                with_hosts(with_summary(vec![
                     endpoint_ready,
                     ConditionUpdate::false_(INFRASTRUCTURE_READY, reason, message.clone()),
-                ]),
+                ])),
             )
         },
     }
@@ -187,6 +205,8 @@ mod tests {
             owner_cluster: Some(("c".into(), None)),
             spec_endpoint: endpoint("192.168.122.10"),
             host: InfraCheck::Ready,
+            several_hosts: false,
+            unhealthy_hosts: Vec::new(),
             machines: Vec::new(),
         }
     }

@@ -55,22 +55,20 @@ pub async fn connection_uri(
     }))
 }
 
-/// The URI to open for the host of LibvirtCluster `lc` (not deleting), named by
+/// The URI to open for `host` of a LibvirtCluster (not deleting), named by
 /// `owner`: refused by the manager's URI policy, or [`connection_uri`] with
-/// the LibvirtCluster's `credentialsRef`.
-pub async fn cluster_connection_uri(
+/// the host's credentials Secret.
+pub async fn host_connection_uri(
     ctx: &Context,
     namespace: &str,
-    lc: &crate::api::LibvirtCluster,
+    host: &crate::api::ClusterHost,
     owner: &str,
 ) -> Result<Result<String, Unusable>, Error> {
-    let uri = &lc.spec.uri;
-    if let Err(message) = ctx.settings.uri_policy.check(uri) {
+    if let Err(message) = ctx.settings.uri_policy.check(&host.uri) {
         // Never connected: opening this URI is what the policy refuses.
         return Ok(Err(Unusable { reason: reasons::URI_NOT_ALLOWED, message, transient: false }));
     }
-    let secret = lc.spec.credentials_ref.as_ref().map(|r| r.name.as_str());
-    connection_uri(ctx, namespace, uri, secret, owner, false).await
+    connection_uri(ctx, namespace, &host.uri, host.credentials.as_deref(), owner, false).await
 }
 
 /// `message` with the URI that was opened written as the URI the user gave:

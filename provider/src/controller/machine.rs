@@ -14,12 +14,12 @@ use super::condition_list::{self, Status};
 use super::machine_decision::{
     Bootstrap, Host, LEASE_REFRESH_AFTER, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide,
 };
-use super::{Context, Error, cached_or_get, credentials, object_patch, own_changes};
+use super::{Context, Error, cached_or_get, credentials, object_patch, own_changes, placement};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
-    Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
-    SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
+    ClusterHost, Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER,
+    MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
 use capl_host::error::HostError;
 use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
@@ -129,16 +129,19 @@ struct HostLocation {
     domain_pool: String,
     /// The Secret with the host's credentials (`credentialsRef`), if any.
     credentials: Option<String>,
+    /// The host's name, when the LibvirtCluster lists hosts.
+    failure_domain: Option<String>,
 }
 
 impl HostLocation {
-    fn of_cluster(lc: &LibvirtCluster) -> Self {
+    fn of_host(h: &ClusterHost) -> Self {
         Self {
-            uri: lc.spec.uri.clone(),
-            network: lc.spec.network.clone(),
-            base_pool: lc.spec.base_pool.clone(),
-            domain_pool: lc.spec.domain_pool.clone(),
-            credentials: lc.spec.credentials_ref.as_ref().map(|r| r.name.clone()),
+            uri: h.uri.clone(),
+            network: h.network.clone(),
+            base_pool: h.base_pool.clone(),
+            domain_pool: h.domain_pool.clone(),
+            credentials: h.credentials.clone(),
+            failure_domain: h.failure_domain().map(str::to_string),
         }
     }
 
@@ -151,7 +154,18 @@ impl HostLocation {
             base_pool: s.base_pool.clone()?,
             domain_pool: s.domain_pool.clone()?,
             credentials: s.credentials_ref.as_ref().map(|r| r.name.clone()),
+            failure_domain: s.failure_domain.clone(),
         })
+    }
+
+    /// The recorded location with the credentials the LibvirtCluster now
+    /// gives its host (a Secret can be replaced; the host, network and pools
+    /// of a machine never change).
+    fn with_current_credentials(mut self, lc: Option<&LibvirtCluster>) -> Self {
+        if let Some(host) = lc.and_then(|lc| lc.spec.hosts().into_iter().find(|h| h.uri == self.uri)) {
+            self.credentials = host.credentials;
+        }
+        self
     }
 
     fn write_into(&self, status: &mut LibvirtMachineStatus) {
@@ -160,6 +174,7 @@ impl HostLocation {
         status.base_pool = Some(self.base_pool.clone());
         status.domain_pool = Some(self.domain_pool.clone());
         status.credentials_ref = self.credentials.clone().map(|name| SecretReference { name });
+        status.failure_domain = self.failure_domain.clone();
     }
 }
 
@@ -239,16 +254,40 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     let host_identity = identity.clone().unwrap_or_else(|_| uid.clone());
     let deleting = object.meta().deletion_timestamp.is_some();
     let recorded = HostLocation::recorded(object);
-    let cluster_location = g.libvirt_cluster.as_ref().map(HostLocation::of_cluster);
-    // The LibvirtCluster says where the host is (its fields are immutable, so it
-    // is where the machine was created). Once it is gone, deletion goes where
-    // the status recorded before anything was created.
-    let location = cluster_location.clone().or_else(|| recorded.clone().filter(|_| deleting));
+    // Where the machine lives: where the status recorded before anything was
+    // created, once it did (it never moves); else, while the LibvirtCluster
+    // exists, the host placement chooses (nothing is created before the
+    // choice is recorded); else nowhere.
+    let mut unplaced = None;
+    let paused = paused_reason(object, g.cluster.as_ref());
+    // Hosts are asked for their memory only once the machine would record one.
+    let placement_due = paused.is_none()
+        && g.cluster
+            .as_ref()
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.infrastructure_provisioned)
+            == Some(true);
+    let location = match (&recorded, &g.libvirt_cluster) {
+        (Some(r), lc) if deleting || lc.is_some() => Some(r.clone().with_current_credentials(lc.as_ref())),
+        (None, Some(lc)) if !deleting && placement_due => {
+            match placement::place(ctx, &ns, object, g.machine.as_ref(), lc).await? {
+                Ok(host) => Some(HostLocation::of_host(&host)),
+                Err(why) => {
+                    unplaced = Some(why);
+                    None
+                }
+            }
+        }
+        // A machine that recorded no host (made before hosts were recorded) on the one-host form.
+        (None, Some(lc)) if lc.spec.hosts.is_none() => lc.spec.hosts().first().map(HostLocation::of_host),
+        _ => None,
+    };
 
     let mut snapshot = MachineSnapshot {
         deleting,
         has_finalizer: object.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
-        paused: paused_reason(object, g.cluster.as_ref()),
+        paused,
         owner_machine: g.machine.as_ref().map(|m| m.name_any()),
         cluster: g.cluster.as_ref().map(|c| {
             let provisioned =
@@ -256,7 +295,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             (c.name_any(), provisioned == Some(true))
         }),
         libvirt_cluster_found: g.libvirt_cluster.is_some(),
-        location_recorded: cluster_location.is_some() && recorded == cluster_location,
+        location_recorded: location.is_some() && recorded == location,
         host_known: location.is_some(),
         skip_host_cleanup: object.annotations().contains_key(SKIP_HOST_CLEANUP_ANNOTATION),
         deleting_for: object
@@ -273,6 +312,9 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         domain: capl_host::naming::domain_name(&ns, &object.name_any(), &host_identity),
         host_uri: location.as_ref().map(|l| l.uri.clone()).unwrap_or_default(),
     };
+    if let Some(why) = unplaced {
+        snapshot.host = Host::Failed { reason: why.reason, message: why.message, transient: why.transient };
+    }
     if let Err(message) = identity
         && !snapshot.deleting
     {
@@ -369,7 +411,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 let patch = serde_json::json!({
                     "hostURI": status.host_uri, "network": status.network,
                     "basePool": status.base_pool, "domainPool": status.domain_pool,
-                    "credentialsRef": status.credentials_ref,
+                    "credentialsRef": status.credentials_ref, "failureDomain": status.failure_domain,
                 });
                 object_patch::patch_status(&api, &object.name_any(), &patch).await?;
                 snapshot.location_recorded = true;
@@ -384,6 +426,10 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 .await;
                 snapshot.host = host_view(&result, object);
                 if let Ok(found) = result {
+                    if found.is_some() {
+                        // The host counts the domain's memory now.
+                        ctx.placements.created(&uid);
+                    }
                     report = found;
                 }
                 // The bootstrap data is read only to create, and a provisioned machine is never created.
@@ -420,6 +466,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 snapshot.host = host_view(&result, object);
                 match result {
                     Ok(Some(r)) => {
+                        ctx.placements.created(&uid);
                         let (reason, note) = if r.created {
                             ("DomainCreated", format!("created and started domain {} on {}", r.domain, at().uri))
                         } else {
@@ -513,7 +560,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     };
 
     let held = held.as_ref().unwrap_or(object);
-    report_status(object, held, ctx, &api, &g, &plan, report.as_ref(), location.as_ref()).await?;
+    report_status(object, held, ctx, &api, &plan, report.as_ref(), location.as_ref()).await?;
     let waiting_for_secret = matches!(snapshot.bootstrap, Bootstrap::SecretMissing(_)) && snapshot.host == Host::Absent;
     let requeue = match plan.requeue {
         Requeue::Never if waiting_for_secret => Some(RECHECK_MISSING_SECRET),
@@ -548,7 +595,6 @@ async fn report_status(
     held: &LibvirtMachine,
     ctx: &Context,
     api: &Api<LibvirtMachine>,
-    g: &Gathered,
     plan: &MachinePlan,
     host: Option<&MachineReport>,
     location: Option<&HostLocation>,
@@ -562,7 +608,8 @@ async fn report_status(
     let lost = plan.conditions.iter().any(|u| u.reason == reasons::DOMAIN_LOST);
     let mut status = LibvirtMachineStatus {
         initialization: (plan.provisioned || already).then_some(Initialization { provisioned: Some(true) }),
-        failure_domain: g.machine.as_ref().and_then(|m| m.spec.failure_domain.clone()).or(old.failure_domain.clone()),
+        // The host the machine was placed on, when the cluster names its hosts.
+        failure_domain: location.and_then(|l| l.failure_domain.clone()).or(old.failure_domain.clone()),
         ..old.clone()
     };
     // providerID first: CAPI reads it once provisioned is true. Writing it

@@ -195,7 +195,8 @@ pub fn decide(s: &MachineSnapshot) -> MachinePlan {
         );
         return plan(MachineAction::Nothing, with_summary(conditions));
     }
-    if !s.location_recorded {
+    // A machine no host can take (placement failed) records none: the failure is reported below.
+    if !s.location_recorded && !matches!(s.host, Host::Failed { .. }) {
         return plan(MachineAction::RecordHost, Vec::new());
     }
     let infra_ready = ConditionUpdate::true_(INFRASTRUCTURE_READY, reasons::PROVISIONED, "");
@@ -351,7 +352,7 @@ fn decide_deletion(s: &MachineSnapshot) -> MachinePlan {
         return plan(
             MachineAction::RemoveFinalizer,
             vec![deleting(
-                "no host is recorded in the status and the LibvirtCluster is gone, so nothing was created on a host; nothing on a host was removed",
+                "no host is recorded in the status, so nothing was created on a host; nothing on a host was removed",
             )],
         );
     }

@@ -18,6 +18,7 @@ pub mod machine_decision;
 pub mod metrics;
 mod object_patch;
 pub mod own_changes;
+pub mod placement;
 pub mod template;
 mod watch_mapping;
 
@@ -122,6 +123,8 @@ pub struct Context {
     pub(crate) seen_machines: Arc<own_changes::SeenObjects>,
     /// The lifecycle events the LibvirtMachine reconciler's own host actions bring.
     pub(crate) expected_events: Arc<own_changes::ExpectedEvents>,
+    /// Memory of machines placed on a host and not yet counted by it.
+    pub placements: placement::Reservations,
 }
 
 /// Reflector stores of the objects a LibvirtMachine's reconcile reads: its
@@ -171,6 +174,7 @@ impl Context {
             inputs: OnceLock::new(),
             seen_machines: Arc::default(),
             expected_events: Arc::default(),
+            placements: placement::Reservations::default(),
         }
     }
 
@@ -519,15 +523,17 @@ fn secret_metadata(
 /// go by themselves when their last user lets go.) The manager runs it every
 /// `Settings::sweep_interval`.
 pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: &[Arc<LibvirtMachine>]) {
-    let uris: HashSet<&str> = clusters
+    let cluster_hosts: Vec<(Option<String>, crate::api::ClusterHost)> =
+        clusters.iter().flat_map(|lc| lc.spec.hosts().into_iter().map(|h| (lc.namespace(), h))).collect();
+    let uris: HashSet<&str> = cluster_hosts
         .iter()
-        .map(|lc| lc.spec.uri.as_str())
+        .map(|(_, h)| h.uri.as_str())
         .chain(machines.iter().filter_map(|lm| lm.status.as_ref()?.host_uri.as_deref()))
         .collect();
     // Credentials Secrets no LibvirtCluster and no LibvirtMachine's status names.
-    let secrets: HashSet<(Option<String>, &str)> = clusters
+    let secrets: HashSet<(Option<String>, &str)> = cluster_hosts
         .iter()
-        .filter_map(|lc| Some((lc.namespace(), lc.spec.credentials_ref.as_ref()?.name.as_str())))
+        .filter_map(|(ns, h)| Some((ns.clone(), h.credentials.as_deref()?)))
         .chain(
             machines
                 .iter()
@@ -541,6 +547,7 @@ pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: 
     ctx.opened_uris.lock().expect("opened URIs lock").retain(|opened, _| held.contains(opened));
     let uids: HashSet<String> = machines.iter().filter_map(|lm| lm.metadata.uid.clone()).collect();
     ctx.seen_machines.retain(|uid| uids.contains(uid));
+    ctx.placements.retain(|uid| uids.contains(uid));
     ctx.expected_events.forget_old();
     let mut waits = ctx.lease_waits.lock().expect("lease backoff lock");
     waits.retain(|uid, _| uids.contains(uid));

@@ -120,21 +120,34 @@ async fn host_architecture(
     let Some(lc) = get_optional(&Api::<LibvirtCluster>::namespaced(ctx.client.clone(), ns), &lc_name).await? else {
         return Ok(Err(format!("LibvirtCluster {lc_name} does not exist yet")));
     };
-    let uri = &lc.spec.uri;
     let owner = format!("LibvirtMachineTemplate {name}");
-    let opened = match credentials::cluster_connection_uri(ctx, ns, &lc, &owner).await? {
-        Ok(opened) => opened,
-        Err(unusable) => return Ok(Err(unusable.message)),
-    };
-    let started = Instant::now();
-    let capabilities = ctx.connections.host(&opened).call(|h| h.capabilities_xml()).await;
-    ctx.metrics.host_operation("capabilities", started.elapsed());
-    Ok(match capabilities {
-        Ok(xml) => capl_host::domain_xml::host_kvm_support(&xml)
-            .map(|(arch, _)| go_architecture(&arch))
-            .map_err(|e| format!("the capabilities of {uri} cannot be read: {e}")),
-        Err(err) => Err(credentials::as_user_wrote_it(format!("{owner}: {uri}: {err}"), &opened, uri)),
-    })
+    // The first host that answers: the hosts of one cluster run one architecture
+    // (a node group's nodes are alike).
+    let mut why_not = Vec::new();
+    for host in lc.spec.hosts() {
+        let uri = &host.uri;
+        let opened = match credentials::host_connection_uri(ctx, ns, &host, &owner).await? {
+            Ok(opened) => opened,
+            Err(unusable) => {
+                why_not.push(unusable.message);
+                continue;
+            }
+        };
+        let started = Instant::now();
+        let capabilities = ctx.connections.host(&opened).call(|h| h.capabilities_xml()).await;
+        ctx.metrics.host_operation("capabilities", started.elapsed());
+        match capabilities {
+            Ok(xml) => match capl_host::domain_xml::host_kvm_support(&xml) {
+                Ok((arch, _)) => return Ok(Ok(go_architecture(&arch))),
+                Err(e) => why_not.push(format!("the capabilities of {uri} cannot be read: {e}")),
+            },
+            Err(err) => why_not.push(credentials::as_user_wrote_it(format!("{owner}: {uri}: {err}"), &opened, uri)),
+        }
+    }
+    if why_not.is_empty() {
+        why_not.push(format!("LibvirtCluster {lc_name} names no host"));
+    }
+    Ok(Err(why_not.join("; ")))
 }
 
 #[cfg(test)]

@@ -104,7 +104,7 @@ pub fn libvirt_clusters_of_credentials(
         .state()
         .iter()
         .filter(|lc| lc.namespace() == namespace)
-        .filter(|lc| lc.spec.credentials_ref.as_ref().is_some_and(|r| r.name == name))
+        .filter(|lc| lc.spec.hosts().iter().any(|h| h.credentials.as_deref() == Some(name.as_str())))
         .map(|lc| ObjectRef::from_obj(lc.as_ref()))
         .collect()
 }

@@ -19,6 +19,7 @@ mod reconcile_deletion;
 mod reconcile_domain_lost;
 mod reconcile_events;
 mod reconcile_gates;
+mod reconcile_hosts;
 mod reconcile_hung_host;
 mod reconcile_machine;
 mod reconcile_manager_binary;

@@ -137,6 +137,7 @@ pub const ALL: &[Scenario] = &[
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_LEASES)],
     },
     Scenario { name: "domain lifecycle events", run: domain_lifecycle_events, not_on: &[] },
+    Scenario { name: "node memory counts defined domains", run: node_memory_counts_defined_domains, not_on: &[] },
     Scenario {
         name: "domain guest shutdown events",
         run: domain_guest_shutdown_events,
@@ -479,6 +480,30 @@ fn domain_define_read_back(ctx: &Ctx) {
     assert!(xml.contains("https://capl.example/v1"), "metadata namespace not kept:\n{xml}");
     assert_eq!(text_of(&xml, "memory").as_deref(), Some("32768"), "{xml}");
     assert!(!ctx.hv.domain_autostart(&name).unwrap());
+}
+
+/// Placement reads this: the host's memory, and the maximum memory of every
+/// defined domain (stopped ones too) as committed.
+fn node_memory_counts_defined_domains(ctx: &Ctx) {
+    const MIB_32: u64 = 32 << 20;
+    let m = ctx.hv.node_memory().unwrap();
+    assert!(m.total > 0 && m.free > 0 && m.free <= m.total, "{m:?}");
+    assert!(m.available() <= m.free, "{m:?}");
+    // Other tests may define or undefine domains on a shared daemon at the same
+    // time: one of a few attempts must see exactly this domain's 32 MiB come and go.
+    let mut seen = Vec::new();
+    for attempt in 0..4 {
+        let before = ctx.hv.node_memory().unwrap().committed;
+        let name = ctx.define(&domain_xml(&ctx.name(&format!("mem{attempt}")), None, None, ""));
+        let defined = ctx.hv.node_memory().unwrap().committed;
+        ctx.hv.domain_undefine(&name, UndefineFlags::default()).unwrap();
+        let after = ctx.hv.node_memory().unwrap().committed;
+        if defined.checked_sub(before) == Some(MIB_32) && defined.checked_sub(after) == Some(MIB_32) {
+            return;
+        }
+        seen.push((before, defined, after));
+    }
+    panic!("a defined 32 MiB domain never showed as 32 MiB more committed memory: (before, defined, after) {seen:?}");
 }
 
 fn domain_duplicate(ctx: &Ctx) {
