@@ -1,4 +1,4 @@
-//! Where the control-plane binaries and CAPI's CRDs are found.
+//! Where the control-plane binaries and CAPI's (and the IPAM provider's) CRDs are found.
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +7,8 @@ use anyhow::{Result, bail};
 use crate::control_plane_versions::{
     CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
     CAPI_REPOSITORY_DIR, CAPI_VERSION, CAPI_WEBHOOKS_DIR, CERT_MANAGER_CRDS_DIR, CLUSTERCTL_BIN, CONTROL_PLANE_DIR_ENV,
-    CapiReleaseProvider, ETCD_BIN, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, control_plane_dir,
-    usable_kubebuilder_assets,
+    CapiReleaseProvider, ETCD_BIN, IPAM_CRDS_DIR, IPAM_IN_CLUSTER_MANAGER_BIN, KUBE_APISERVER_BIN,
+    KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, control_plane_dir, usable_kubebuilder_assets,
 };
 
 /// The command that builds every asset.
@@ -18,8 +18,8 @@ pub const BUILD_COMMAND: &str = "cargo xtask control-plane build";
 ///
 /// `kube-apiserver` and `etcd` come from `$KUBEBUILDER_ASSETS` when it holds both, otherwise
 /// from the control-plane directory (`$CAPL_CONTROL_PLANE_DIR`, else the default cache
-/// directory). CAPI's managers, clusterctl, CRDs and webhook manifests always come from the
-/// control-plane directory.
+/// directory). CAPI's managers, clusterctl, CRDs and webhook manifests, and the in-cluster
+/// IPAM provider's manager and CRDs, always come from the control-plane directory.
 #[derive(Clone, Debug)]
 pub struct Assets {
     pub kube_apiserver: PathBuf,
@@ -101,6 +101,17 @@ impl Assets {
     /// cert-manager's CRDs at the version clusterctl installs by default.
     pub fn cert_manager_crds_dir(&self) -> Result<PathBuf> {
         self.required_in_control_plane_dir(CERT_MANAGER_CRDS_DIR, Path::is_dir)
+    }
+
+    /// CAPI's in-cluster IPAM provider manager (`sigs.k8s.io/cluster-api-ipam-provider-in-cluster`).
+    pub fn ipam_in_cluster_manager(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(IPAM_IN_CLUSTER_MANAGER_BIN, Path::is_file)
+    }
+
+    /// The in-cluster IPAM provider's CRDs (InClusterIPPool, GlobalInClusterIPPool and the
+    /// prefix pools; IPAddressClaim and IPAddress are CAPI core's, in [`Assets::capi_crds_dir`]).
+    pub fn ipam_crds_dir(&self) -> Result<PathBuf> {
+        self.required_in_control_plane_dir(IPAM_CRDS_DIR, Path::is_dir)
     }
 
     fn required_in_control_plane_dir(&self, name: &str, exists: fn(&Path) -> bool) -> Result<PathBuf> {

@@ -1,6 +1,7 @@
 //! Cluster API's managers running against a [`TestEnv`]: the core manager (`capi-manager`,
 //! package `sigs.k8s.io/cluster-api/core`) and, on request, the kubeadm bootstrap provider
-//! (CABPK) and kubeadm control plane provider (KCP) managers.
+//! (CABPK) and kubeadm control plane provider (KCP) managers, and CAPI's in-cluster IPAM
+//! provider (`sigs.k8s.io/cluster-api-ipam-provider-in-cluster`).
 //!
 //! Each manager serves its webhooks on a free loopback port with a serving certificate signed
 //! by the test control plane's own CA, and its webhook configurations (the provider's
@@ -10,6 +11,11 @@
 //! back with its defaults, an invalid KubeadmConfig is refused with the provider's message.
 //! The core manager's webhooks can be left unregistered ([`CapiOptions::without_core_webhooks`]);
 //! its webhook server runs anyway (its readiness check waits for it).
+//!
+//! The IPAM provider runs without webhooks (`--webhook-port=0`, which makes it register none
+//! and start no webhook server): its pools are not defaulted or validated by it, so tests
+//! must write valid pools. It allocates addresses for the IPAddressClaims that reference its
+//! pools; CAPI core's webhooks validate the claims and the IPAddresses it creates.
 //!
 //! Conversion webhooks are not served: CAPI's CRDs are installed with conversion `None`
 //! ([`TestEnv::install_capi_crds`]), so only the v1beta2 API versions are of use.
@@ -40,13 +46,14 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 #[derive(Clone, Debug)]
 pub struct CapiOptions {
     kubeadm_providers: bool,
+    ipam_in_cluster: bool,
     core_webhooks: bool,
     feature_gates: Option<String>,
 }
 
 impl Default for CapiOptions {
     fn default() -> Self {
-        Self { kubeadm_providers: false, core_webhooks: true, feature_gates: None }
+        Self { kubeadm_providers: false, ipam_in_cluster: false, core_webhooks: true, feature_gates: None }
     }
 }
 
@@ -63,6 +70,18 @@ impl CapiOptions {
         self
     }
 
+    /// Also start CAPI's in-cluster IPAM provider manager (its pool CRDs are installed first,
+    /// see [`TestEnv::install_ipam_crds`]): IPAddressClaims referencing an InClusterIPPool or
+    /// GlobalInClusterIPPool get an IPAddress. It serves no webhooks.
+    pub fn with_ipam_in_cluster(mut self) -> Self {
+        self.ipam_in_cluster = true;
+        self
+    }
+
+    pub(crate) fn ipam_in_cluster(&self) -> bool {
+        self.ipam_in_cluster
+    }
+
     /// Do not register the core manager's webhooks with the API server: Cluster, Machine,
     /// MachineDeployment, ... are then neither defaulted nor validated by CAPI, and tests
     /// must write complete objects.
@@ -71,7 +90,8 @@ impl CapiOptions {
         self
     }
 
-    /// `--feature-gates` for every manager, e.g. `"ClusterTopology=true"`.
+    /// `--feature-gates` for every CAPI manager, e.g. `"ClusterTopology=true"` (not for the
+    /// IPAM provider, which has no such flag).
     pub fn feature_gates(mut self, gates: &str) -> Self {
         self.feature_gates = Some(gates.to_owned());
         self
@@ -83,23 +103,48 @@ struct Provider {
     /// Name of its log file, scratch sub-directory and webhook configurations.
     name: &'static str,
     binary: fn(&Assets) -> Result<PathBuf>,
-    /// Its webhook manifest in the control-plane directory's `capi-webhooks/`.
-    webhook_manifest: &'static str,
+    /// Its webhook manifest in the control-plane directory's `capi-webhooks/`; `None` for a
+    /// manager started without webhooks.
+    webhook_manifest: Option<&'static str>,
+    flags: Flags,
 }
 
-const CORE: Provider = Provider { name: "capi-manager", binary: Assets::capi_manager, webhook_manifest: "core.yaml" };
+/// The command-line conventions of a manager.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flags {
+    /// CAPI's managers: `--health-addr`, `--feature-gates`, a webhook server.
+    Capi,
+    /// The in-cluster IPAM provider: `--health-probe-bind-address`, no `--feature-gates`,
+    /// and `--webhook-port=0` (no webhooks, no webhook server).
+    IpamInCluster,
+}
+
+const CORE: Provider = Provider {
+    name: "capi-manager",
+    binary: Assets::capi_manager,
+    webhook_manifest: Some("core.yaml"),
+    flags: Flags::Capi,
+};
 const KUBEADM_BOOTSTRAP: Provider = Provider {
     name: "capi-kubeadm-bootstrap-manager",
     binary: Assets::capi_kubeadm_bootstrap_manager,
-    webhook_manifest: "kubeadm-bootstrap.yaml",
+    webhook_manifest: Some("kubeadm-bootstrap.yaml"),
+    flags: Flags::Capi,
 };
 const KUBEADM_CONTROL_PLANE: Provider = Provider {
     name: "capi-kubeadm-control-plane-manager",
     binary: Assets::capi_kubeadm_control_plane_manager,
-    webhook_manifest: "kubeadm-control-plane.yaml",
+    webhook_manifest: Some("kubeadm-control-plane.yaml"),
+    flags: Flags::Capi,
+};
+const IPAM_IN_CLUSTER: Provider = Provider {
+    name: "capi-ipam-in-cluster-manager",
+    binary: Assets::ipam_in_cluster_manager,
+    webhook_manifest: None,
+    flags: Flags::IpamInCluster,
 };
 
-/// CAPI's running managers (the core manager, and the kubeadm providers if asked for) and
+/// CAPI's running managers (the core manager, and the kubeadm and IPAM providers if asked for) and
 /// their registered webhooks. Dropping it removes the webhook configurations and kills the
 /// managers. Drop it before its [`TestEnv`].
 pub struct CapiManager {
@@ -114,6 +159,9 @@ impl CapiManager {
         if options.kubeadm_providers {
             providers.extend([(&KUBEADM_BOOTSTRAP, true), (&KUBEADM_CONTROL_PLANE, true)]);
         }
+        if options.ipam_in_cluster {
+            providers.push((&IPAM_IN_CLUSTER, false));
+        }
         // Every binary is looked up before anything starts, so a missing one fails at once.
         for (provider, _) in &providers {
             (provider.binary)(env.assets())?;
@@ -127,20 +175,19 @@ impl CapiManager {
             manager.wait_ready().await?;
         }
         for (manager, (provider, register)) in started.managers.iter().zip(&providers) {
-            if !register {
+            let (true, Some(manifest), Some(port)) = (register, provider.webhook_manifest, manager.webhook_port) else {
                 continue;
-            }
-            let manifest = env.assets().capi_webhook_manifest(provider.webhook_manifest)?;
-            let registration =
-                Registration::register(env.config(), &manifest, provider.name, manager.webhook_port, env.ca.ca_pem())
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "registering the webhooks of {} (last lines of its log:\n{})",
-                            provider.name,
-                            manager.process.log_tail(20)
-                        )
-                    })?;
+            };
+            let manifest = env.assets().capi_webhook_manifest(manifest)?;
+            let registration = Registration::register(env.config(), &manifest, provider.name, port, env.ca.ca_pem())
+                .await
+                .with_context(|| {
+                    format!(
+                        "registering the webhooks of {} (last lines of its log:\n{})",
+                        provider.name,
+                        manager.process.log_tail(20)
+                    )
+                })?;
             started.webhooks.push(registration);
         }
         Ok(started)
@@ -174,6 +221,11 @@ impl CapiManager {
         self.managers.iter().any(|m| m.name == KUBEADM_CONTROL_PLANE.name)
     }
 
+    /// Whether the in-cluster IPAM provider's manager runs.
+    pub fn has_ipam_in_cluster(&self) -> bool {
+        self.managers.iter().any(|m| m.name == IPAM_IN_CLUSTER.name)
+    }
+
     /// The names of the Mutating/ValidatingWebhookConfigurations registered for the managers.
     pub fn webhook_configurations(&self) -> Vec<&str> {
         self.webhooks.iter().flat_map(Registration::names).collect()
@@ -185,7 +237,8 @@ struct ManagerProcess {
     name: &'static str,
     process: SupervisedProcess,
     health_port: u16,
-    webhook_port: u16,
+    /// `None` for a manager without webhook server.
+    webhook_port: Option<u16>,
 }
 
 impl ManagerProcess {
@@ -193,25 +246,41 @@ impl ManagerProcess {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let binary = (provider.binary)(env.assets())?;
         let dir = env.scratch_dir().join(format!("{}-{}", provider.name, NEXT.fetch_add(1, Ordering::Relaxed)));
-        let cert_dir = dir.join("webhook-certs");
-        std::fs::create_dir_all(&cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
-        // Signed by the CA the API server trusts: the API server calls these webhooks.
-        let (cert, key) = env.ca.serving_cert(provider.name)?;
-        std::fs::write(cert_dir.join("tls.crt"), cert)?;
-        std::fs::write(cert_dir.join("tls.key"), key)?;
-
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let [webhook_port, health_port, diagnostics_port] = free_loopback_ports()?;
-        let mut args = vec![
-            format!("--webhook-port={webhook_port}"),
-            format!("--webhook-cert-dir={}", cert_dir.display()),
-            format!("--health-addr=127.0.0.1:{health_port}"),
+        let common = [
             format!("--diagnostics-address=127.0.0.1:{diagnostics_port}"),
             "--insecure-diagnostics=true".to_owned(),
             "--leader-elect=false".to_owned(),
         ];
-        if let Some(gates) = &options.feature_gates {
-            args.push(format!("--feature-gates={gates}"));
-        }
+        let (args, webhook_port) = match provider.flags {
+            Flags::Capi => {
+                let cert_dir = dir.join("webhook-certs");
+                std::fs::create_dir_all(&cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
+                // Signed by the CA the API server trusts: the API server calls these webhooks.
+                let (cert, key) = env.ca.serving_cert(provider.name)?;
+                std::fs::write(cert_dir.join("tls.crt"), cert)?;
+                std::fs::write(cert_dir.join("tls.key"), key)?;
+                let mut args = vec![
+                    format!("--webhook-port={webhook_port}"),
+                    format!("--webhook-cert-dir={}", cert_dir.display()),
+                    format!("--health-addr=127.0.0.1:{health_port}"),
+                ];
+                args.extend(common);
+                if let Some(gates) = &options.feature_gates {
+                    args.push(format!("--feature-gates={gates}"));
+                }
+                (args, Some(webhook_port))
+            }
+            // Port 0 is the provider's switch for "no webhooks": it then sets up none and
+            // never starts the webhook server (main.go: `if webhookPort != 0`).
+            Flags::IpamInCluster => {
+                let mut args =
+                    vec!["--webhook-port=0".to_owned(), format!("--health-probe-bind-address=127.0.0.1:{health_port}")];
+                args.extend(common);
+                (args, None)
+            }
+        };
         let process = SupervisedProcess::start(
             provider.name,
             &binary,

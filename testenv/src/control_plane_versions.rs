@@ -16,6 +16,13 @@ pub const ETCD_VERSION: &str = "v3.6.16";
 /// Release of `sigs.k8s.io/cluster-api` (and its `api` module) for the core manager and CRDs.
 pub const CAPI_VERSION: &str = "v1.14.2";
 
+/// Release of `sigs.k8s.io/cluster-api-ipam-provider-in-cluster`, CAPI's in-cluster IPAM
+/// provider: its manager and its pool CRDs (InClusterIPPool, GlobalInClusterIPPool and the
+/// prefix pools). The IPAddressClaim and IPAddress CRDs it serves are CAPI core's.
+/// Not part of [`version_key`] (it came later): after a bump, remove
+/// [`IPAM_IN_CLUSTER_MANAGER_BIN`] and [`IPAM_CRDS_DIR`] from the cache to rebuild them.
+pub const IPAM_IN_CLUSTER_VERSION: &str = "v1.1.0";
+
 /// Release of `sigs.k8s.io/kustomize/kustomize/v5` that `kustomize` is built from: the
 /// version CAPI's Makefile builds its release manifests with (`KUSTOMIZE_VER`).
 pub const KUSTOMIZE_VERSION: &str = "v5.7.0";
@@ -45,6 +52,9 @@ pub const CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN: &str = "capi-kubeadm-bootstrap-man
 pub const CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN: &str = "capi-kubeadm-control-plane-manager";
 /// `clusterctl` (`sigs.k8s.io/cluster-api/cmd/clusterctl`).
 pub const CLUSTERCTL_BIN: &str = "clusterctl";
+/// CAPI's in-cluster IPAM provider manager (`sigs.k8s.io/cluster-api-ipam-provider-in-cluster`,
+/// its root package, at [`IPAM_IN_CLUSTER_VERSION`]).
+pub const IPAM_IN_CLUSTER_MANAGER_BIN: &str = "capi-ipam-in-cluster-manager";
 /// `kustomize`, to build CAPI's release components as its Makefile does.
 pub const KUSTOMIZE_BIN: &str = "kustomize";
 /// Directory (inside the control-plane directory): CAPI core and the kubeadm providers as
@@ -53,6 +63,10 @@ pub const CAPI_REPOSITORY_DIR: &str = "capi-repository";
 /// Directory (inside the control-plane directory) holding cert-manager's CRDs
 /// (`deploy/crds` of the cert-manager module at [`CERT_MANAGER_VERSION`]).
 pub const CERT_MANAGER_CRDS_DIR: &str = "cert-manager-crds";
+
+/// Directory (inside the control-plane directory) holding the in-cluster IPAM provider's CRDs
+/// (`config/crd/bases` of its module at [`IPAM_IN_CLUSTER_VERSION`]).
+pub const IPAM_CRDS_DIR: &str = "ipam-crds";
 
 /// A provider of the CAPI release: what `make release-manifests` builds and how clusterctl names it.
 pub struct CapiReleaseProvider {

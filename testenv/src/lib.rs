@@ -1,6 +1,7 @@
 //! A local Kubernetes control plane for tests: a real `etcd` and `kube-apiserver` (and
 //! optionally Cluster API's core manager and kubeadm bootstrap and control plane managers,
-//! with their webhooks, see [`TestEnv::start_capi`]), built from Go modules by
+//! with their webhooks, and CAPI's in-cluster IPAM provider, see [`TestEnv::start_capi`]),
+//! built from Go modules by
 //! `cargo xtask control-plane build` (issue 6). It plays the role envtest plays for Go
 //! providers: CRDs are validated by the real API server, CEL rules run, the status
 //! subresource and finalizers behave as in a real cluster, and watches are served.
@@ -341,6 +342,16 @@ impl TestEnv {
         crd_install::install(&self.client(), crds, Conversion::StripWebhook).await
     }
 
+    /// Installs the in-cluster IPAM provider's CRDs (InClusterIPPool, GlobalInClusterIPPool,
+    /// InClusterPrefixPool, GlobalInClusterPrefixPool; copied by `cargo xtask control-plane
+    /// build`), with any conversion webhook replaced by `strategy: None` (the published bases
+    /// have none; the provider runs without webhooks here), so only v1alpha2 is of use.
+    /// The IPAddressClaim and IPAddress CRDs are CAPI core's ([`TestEnv::install_capi_crds`]).
+    pub async fn install_ipam_crds(&self) -> Result<Vec<String>> {
+        let dir = self.assets.ipam_crds_dir()?;
+        crd_install::install(&self.client(), read_crd_dir(&dir)?, Conversion::StripWebhook).await
+    }
+
     /// Creates namespace `name`; fails if it exists.
     pub async fn create_namespace(&self, name: &str) -> Result<()> {
         let namespace = Namespace {
@@ -378,8 +389,15 @@ impl TestEnv {
     /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
     /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
     /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
+    /// With [`CapiOptions::with_ipam_in_cluster`] the in-cluster IPAM provider's CRDs are
+    /// installed too and its manager runs beside them (without webhooks), so IPAddressClaims
+    /// on its pools get IPAddresses.
     pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
         self.install_capi_crds().await?;
+        if options.ipam_in_cluster() {
+            // Before the manager starts: it watches the pools from the start.
+            self.install_ipam_crds().await?;
+        }
         CapiManager::start(self, &options).await
     }
 

@@ -2,8 +2,9 @@
 //!
 //! Nothing can be downloaded as a binary on our machines, but the Go module proxy is
 //! reachable, so `kube-apiserver`, `kubectl`, `etcd`, the Cluster API core manager, CAPI's
-//! kubeadm bootstrap (CABPK) and control plane (KCP) managers and `clusterctl` are built from
-//! their modules with the machine's Go toolchain, at the versions pinned in
+//! kubeadm bootstrap (CABPK) and control plane (KCP) managers, `clusterctl` and CAPI's
+//! in-cluster IPAM provider manager are built from their modules with the machine's Go
+//! toolchain, at the versions pinned in
 //! `testenv/src/control_plane_versions.rs` (shared with the `testenv` crate, which runs them).
 //!
 //! The result is a directory in envtest layout (what `KUBEBUILDER_ASSETS` points to):
@@ -16,12 +17,16 @@
 //! <dir>/capi-repository/<label>/<version>/{<components>.yaml,metadata.yaml}
 //!                                                       CAPI's release components (clusterctl local repositories)
 //! <dir>/cert-manager-crds/*.yaml                        cert-manager's CRDs (deploy/crds of its module)
-//! <dir>/src/{kubernetes,etcd,capi,capi-providers}/   the generated Go modules (go.mod, go.sum, tools.go)
+//! <dir>/capi-ipam-in-cluster-manager                    sigs.k8s.io/cluster-api-ipam-provider-in-cluster
+//! <dir>/ipam-crds/*.yaml                                its pool CRDs (config/crd/bases of its module)
+//! <dir>/src/{kubernetes,etcd,capi,capi-providers,kustomize,ipam}/
+//!                                                       the generated Go modules (go.mod, go.sum, tools.go)
 //! ```
 //!
 //! `<dir>` is `$CAPL_CONTROL_PLANE_DIR`, or `~/.cache/cluster-api-provider-libvirt/control-plane/<version-key>`.
 //! The command is idempotent: what exists is not built again, and what is missing (for example
-//! the kubeadm providers in a directory made before they were added) is built on its own.
+//! the kubeadm providers or the IPAM provider in a directory made before they were added) is
+//! built on its own.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -37,8 +42,8 @@ use versions::{
     CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
     CAPI_RELEASE_PROVIDERS, CAPI_RELEASE_REGISTRY, CAPI_REPOSITORY_DIR, CAPI_VERSION, CAPI_WEBHOOK_MANIFESTS,
     CAPI_WEBHOOKS_DIR, CERT_MANAGER_CRDS_DIR, CERT_MANAGER_VERSION, CLUSTERCTL_BIN, ETCD_BIN, ETCD_VERSION,
-    KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV, KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION,
-    KUSTOMIZE_BIN, KUSTOMIZE_VERSION,
+    IPAM_CRDS_DIR, IPAM_IN_CLUSTER_MANAGER_BIN, IPAM_IN_CLUSTER_VERSION, KUBE_APISERVER_BIN, KUBEBUILDER_ASSETS_ENV,
+    KUBECTL_BIN, KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION, KUSTOMIZE_BIN, KUSTOMIZE_VERSION,
 };
 
 /// The binaries built from the root module of `sigs.k8s.io/cluster-api` besides the core
@@ -50,6 +55,10 @@ const CAPI_PROVIDER_COMMANDS: &[(&str, &str)] = &[
     (CLUSTERCTL_BIN, "sigs.k8s.io/cluster-api/cmd/clusterctl"),
 ];
 
+/// The module of CAPI's in-cluster IPAM provider. Its manager is the module's root package
+/// (`main.go` at the root, no `cmd/`).
+const IPAM_IN_CLUSTER_MODULE: &str = "sigs.k8s.io/cluster-api-ipam-provider-in-cluster";
+
 /// The marker of a staging module in kubernetes' go.mod: `k8s.io/api => ./staging/src/k8s.io/api`.
 const STAGING_REPLACE_MARKER: &str = "=> ./staging/src/";
 
@@ -57,7 +66,8 @@ const STAGING_REPLACE_MARKER: &str = "=> ./staging/src/";
 pub enum Command {
     /// Build (or reuse) kube-apiserver, etcd, kubectl, the CAPI core manager, the kubeadm
     /// bootstrap and control plane managers, clusterctl, kustomize, CAPI's CRDs, webhook
-    /// manifests and release components, and cert-manager's CRDs, then print their directory.
+    /// manifests and release components, cert-manager's CRDs, and the in-cluster IPAM
+    /// provider's manager and CRDs, then print their directory.
     Build,
     /// Print the control-plane directory (without building anything).
     Path,
@@ -131,6 +141,13 @@ fn build() -> Result<PathBuf> {
     }
     if !dir.join(CERT_MANAGER_CRDS_DIR).is_dir() {
         copy_cert_manager_crds(&sh, &dir)?;
+    }
+    // CAPI's in-cluster IPAM provider came later still.
+    if missing(&dir, IPAM_IN_CLUSTER_MANAGER_BIN) {
+        build_ipam_in_cluster_manager(&sh, &dir)?;
+    }
+    if !dir.join(IPAM_CRDS_DIR).is_dir() {
+        copy_ipam_crds(&sh, &dir)?;
     }
     Ok(dir)
 }
@@ -356,6 +373,54 @@ fn copy_cert_manager_crds(sh: &Shell, dir: &Path) -> Result<()> {
     }
     std::fs::rename(&partial, &target)?;
     eprintln!("control plane: copied {copied} cert-manager {CERT_MANAGER_VERSION} CRDs to {}", target.display());
+    Ok(())
+}
+
+/// The in-cluster IPAM provider's manager, from its own module (not CAPI's: it requires its
+/// own CAPI version, v1.11 at v1.1.0, for the `ipam.cluster.x-k8s.io/v1beta2` types).
+///
+/// `tools.go` imports the module's root package although it is a `main` package: `go mod
+/// tidy` resolves the imports of a `main` package like any other (only `go build` of the
+/// importing package would refuse it, and `tools.go` is never built: `tools` build tag).
+fn build_ipam_in_cluster_manager(sh: &Shell, dir: &Path) -> Result<()> {
+    let go_mod = format!(
+        "module capl.local/control-plane/ipam\n\ngo 1.26.2\n\nrequire {IPAM_IN_CLUSTER_MODULE} {IPAM_IN_CLUSTER_VERSION}\n"
+    );
+    let module = prepare_module(sh, dir, "ipam", &go_mod, &[IPAM_IN_CLUSTER_MODULE])?;
+    go_build(sh, &module, dir, IPAM_IN_CLUSTER_MANAGER_BIN, IPAM_IN_CLUSTER_MODULE, "-s -w")
+}
+
+/// Copies the IPAM provider's CRDs (`config/crd/bases` of its module: InClusterIPPool,
+/// GlobalInClusterIPPool, InClusterPrefixPool, GlobalInClusterPrefixPool) to `<dir>/ipam-crds`,
+/// as published (the bases have no conversion webhook; kustomize adds it in the release).
+fn copy_ipam_crds(sh: &Shell, dir: &Path) -> Result<()> {
+    let ipam = format!("{IPAM_IN_CLUSTER_MODULE}@{IPAM_IN_CLUSTER_VERSION}");
+    let bases = PathBuf::from(downloaded_field(sh, &ipam, "Dir")?).join("config/crd/bases");
+    let partial = dir.join(format!(".partial-{IPAM_CRDS_DIR}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&bases).with_context(|| format!("listing {} ({ipam})", bases.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "yaml") {
+            let target = partial.join(path.file_name().expect("a listed file has a name"));
+            // Files in the module cache are read-only; copy the bytes, not the mode.
+            std::fs::write(&target, std::fs::read(&path)?)
+                .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
+            copied += 1;
+        }
+    }
+    if copied == 0 {
+        bail!("no CRD YAML in {} ({ipam}): its layout changed", bases.display());
+    }
+    let target = dir.join(IPAM_CRDS_DIR);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, &target)?;
+    eprintln!("control plane: copied {copied} IPAM provider {IPAM_IN_CLUSTER_VERSION} CRDs to {}", target.display());
     Ok(())
 }
 
