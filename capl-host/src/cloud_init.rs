@@ -69,6 +69,47 @@ fn yaml_scalar(value: &str) -> String {
     if ambiguous { format!("{value:?}") } else { value.to_string() }
 }
 
+/// A static address of a guest interface: address, prefix length and gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticAddress {
+    pub address: std::net::IpAddr,
+    pub prefix: u8,
+    pub gateway: Option<std::net::IpAddr>,
+}
+
+/// cloud-init's `network-config` (version 2) for one interface, found by its
+/// MAC: the static addresses, a default route through each address family's
+/// first gateway, and the nameservers; no DHCP.
+pub fn network_config(mac: &str, addresses: &[StaticAddress], nameservers: &[String]) -> String {
+    let mut out = String::from("version: 2\nethernets:\n  id0:\n");
+    out.push_str(&format!("    match:\n      macaddress: \"{mac}\"\n"));
+    out.push_str("    dhcp4: false\n    dhcp6: false\n");
+    if !addresses.is_empty() {
+        out.push_str("    addresses:\n");
+        for a in addresses {
+            out.push_str(&format!("      - \"{}/{}\"\n", a.address, a.prefix));
+        }
+    }
+    let v4 = addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv4());
+    let v6 = addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv6());
+    if v4.is_some() || v6.is_some() {
+        out.push_str("    routes:\n");
+        if let Some(g) = v4 {
+            out.push_str(&format!("      - to: \"0.0.0.0/0\"\n        via: \"{g}\"\n"));
+        }
+        if let Some(g) = v6 {
+            out.push_str(&format!("      - to: \"::/0\"\n        via: \"{g}\"\n"));
+        }
+    }
+    if !nameservers.is_empty() {
+        out.push_str("    nameservers:\n      addresses:\n");
+        for n in nameservers {
+            out.push_str(&format!("        - \"{n}\"\n"));
+        }
+    }
+    out
+}
+
 /// One file of the image.
 struct IsoFile<'a> {
     /// The ISO 9660 name (upper case, with version).
@@ -81,12 +122,23 @@ struct IsoFile<'a> {
 
 /// The NoCloud seed image: label `cidata`, files `meta-data` and `user-data`.
 pub fn nocloud_iso(user_data: &[u8], meta_data: &[u8]) -> Vec<u8> {
-    let meta_sectors = sectors(meta_data.len());
-    let files = [
-        IsoFile { primary: "META-DATA.;1", joliet: "meta-data", content: meta_data, sector: FIRST_FILE },
-        IsoFile { primary: "USER-DATA.;1", joliet: "user-data", content: user_data, sector: FIRST_FILE + meta_sectors },
-    ];
-    let total_sectors = FIRST_FILE + meta_sectors + sectors(user_data.len());
+    nocloud_iso_with_network(user_data, meta_data, None)
+}
+
+/// [`nocloud_iso`] with a `network-config` file too, when given.
+pub fn nocloud_iso_with_network(user_data: &[u8], meta_data: &[u8], network_config: Option<&[u8]>) -> Vec<u8> {
+    // Directory records are sorted by name: meta-data, network-config, user-data.
+    let mut files = vec![IsoFile { primary: "META-DATA.;1", joliet: "meta-data", content: meta_data, sector: 0 }];
+    if let Some(network) = network_config {
+        files.push(IsoFile { primary: "NETWORK-CONFIG.;1", joliet: "network-config", content: network, sector: 0 });
+    }
+    files.push(IsoFile { primary: "USER-DATA.;1", joliet: "user-data", content: user_data, sector: 0 });
+    let mut next = FIRST_FILE;
+    for file in &mut files {
+        file.sector = next;
+        next += sectors(file.content.len());
+    }
+    let total_sectors = next;
     let mut image = vec![0u8; total_sectors as usize * SECTOR];
 
     write_sector(&mut image, PVD_SECTOR, &volume_descriptor(1, total_sectors, false));
@@ -109,6 +161,32 @@ pub fn nocloud_iso(user_data: &[u8], meta_data: &[u8]) -> Vec<u8> {
         image[start..start + file.content.len()].copy_from_slice(file.content);
     }
     image
+}
+
+/// A file of the image's root directory by its exact (Joliet) name, as a
+/// guest reading the seed would find it: for tests and checks.
+pub fn iso_file(bytes: &[u8], name: &str) -> Option<Vec<u8>> {
+    let at = |sector: u32| sector as usize * SECTOR;
+    let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let svd = bytes.get(at(PVD_SECTOR + 1)..at(PVD_SECTOR + 2))?;
+    if svd[0] != 2 || &svd[1..6] != b"CD001" {
+        return None;
+    }
+    let root = &svd[156..156 + 34];
+    let (dir_start, dir_len) = (at(le32(&root[2..6])), le32(&root[10..14]) as usize);
+    let dir = bytes.get(dir_start..dir_start + dir_len)?;
+    let wanted = ucs2(name);
+    let mut offset = 0;
+    while offset < dir.len() && dir[offset] != 0 {
+        let record = &dir[offset..offset + dir[offset] as usize];
+        let id_len = record[32] as usize;
+        if record[33..33 + id_len] == wanted[..] {
+            let start = at(le32(&record[2..6]));
+            return bytes.get(start..start + le32(&record[10..14]) as usize).map(<[u8]>::to_vec);
+        }
+        offset += record.len();
+    }
+    None
 }
 
 /// The volume label of an ISO 9660 image (primary volume descriptor), if `bytes` is one.
@@ -246,6 +324,28 @@ mod tests {
         assert_eq!(meta_data("3f1c-aa", "worker-0"), "instance-id: 3f1c-aa\nlocal-hostname: worker-0\n");
         assert_eq!(meta_data("u", "123"), "instance-id: u\nlocal-hostname: \"123\"\n");
         assert_eq!(meta_data("u", "yes"), "instance-id: u\nlocal-hostname: \"yes\"\n");
+    }
+
+    #[test]
+    fn network_config_is_version_2_for_the_interface_by_mac() {
+        let addresses = [StaticAddress {
+            address: "10.77.0.10".parse().unwrap(),
+            prefix: 24,
+            gateway: Some("10.77.0.1".parse().unwrap()),
+        }];
+        let text = network_config("52:54:00:aa:bb:cc", &addresses, &["10.77.0.2".to_string()]);
+        assert_eq!(
+            text,
+            "version: 2\nethernets:\n  id0:\n    match:\n      macaddress: \"52:54:00:aa:bb:cc\"\n    dhcp4: false\n    dhcp6: false\n    addresses:\n      - \"10.77.0.10/24\"\n    routes:\n      - to: \"0.0.0.0/0\"\n        via: \"10.77.0.1\"\n    nameservers:\n      addresses:\n        - \"10.77.0.2\"\n"
+        );
+        let iso = nocloud_iso_with_network(b"#cloud-config\n", b"instance-id: i\n", Some(text.as_bytes()));
+        assert_eq!(iso_volume_label(&iso).as_deref(), Some(VOLUME_LABEL));
+        assert_eq!(iso_file(&iso, "network-config").as_deref(), Some(text.as_bytes()));
+        assert_eq!(iso_file(&iso, "user-data").as_deref(), Some(&b"#cloud-config\n"[..]));
+        assert_eq!(iso_file(&iso, "meta-data").as_deref(), Some(&b"instance-id: i\n"[..]));
+        let plain = nocloud_iso(b"u", b"m");
+        assert_eq!(iso_file(&plain, "network-config"), None);
+        assert_eq!(iso_file(&plain, "user-data").as_deref(), Some(&b"u"[..]));
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub enum HostError {
     DiskTooSmall { disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
 
     #[error(
-        "network \"{network}\" on {uri} has no IPv4 <ip> element with an address and a netmask or prefix: add one with a <dhcp> range (virsh net-edit {network})"
+        "network \"{network}\" on {uri} has no IPv4 <ip> element with an address and a netmask or prefix: add one with a <dhcp> range (virsh net-edit {network}), or give the machines addresses from an IPAM pool (LibvirtMachine spec.addressesFromPools, which cannot be changed on an existing machine: set it in a new LibvirtMachineTemplate)"
     )]
     NoIpv4 { network: String, uri: String },
 

@@ -54,7 +54,8 @@ pub fn check_network(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
 
 /// The storage pool exists and is active.
 /// Machines get their addresses by a DHCP reservation in the network's IPv4
-/// subnet, so the network needs one.
+/// subnet, so the network needs one; or, on a network onto a host bridge
+/// (where libvirt runs no DHCP), from IPAM, which needs nothing of it.
 fn check_network_ipv4(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
     let uri = hv.uri().to_string();
     let xml = hv.network_xml(network).map_err(|source| HostError::Libvirt {
@@ -72,6 +73,7 @@ fn check_network_ipv4(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
     })?;
     match info.ipv4 {
         Some(_) => Ok(()),
+        None if info.is_host_bridge() => Ok(()),
         None => Err(HostError::NoIpv4 { network: network.to_string(), uri }),
     }
 }

@@ -69,8 +69,8 @@ pub const MAC_CANDIDATES: usize = 16;
 pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 
 /// A seed ISO's name: `cloudinit-<domain>.iso`.
-const SEED_VOLUME_PREFIX: &str = "cloudinit-";
-const SEED_VOLUME_SUFFIX: &str = ".iso";
+pub const SEED_VOLUME_PREFIX: &str = "cloudinit-";
+pub const SEED_VOLUME_SUFFIX: &str = ".iso";
 
 /// Whether `volume` is named like a seed ISO the provider makes.
 pub fn is_seed_volume_name(volume: &str) -> bool {

@@ -36,6 +36,18 @@ pub struct Ipv4Subnet {
 pub struct NetworkInfo {
     pub name: String,
     pub ipv4: Option<Ipv4Subnet>,
+    /// `<forward mode=..>`: none for an isolated network, `nat`, `route`,
+    /// `open`, or `bridge` (a network onto an existing host bridge, on which
+    /// libvirt runs no DHCP).
+    pub forward_mode: Option<String>,
+}
+
+impl NetworkInfo {
+    /// A network onto an existing host bridge or interface: the guests share
+    /// the host's L2 and libvirt gives them no addresses.
+    pub fn is_host_bridge(&self) -> bool {
+        matches!(self.forward_mode.as_deref(), Some("bridge" | "macvtap" | "passthrough" | "private" | "vepa"))
+    }
 }
 
 impl Ipv4Subnet {
@@ -68,7 +80,8 @@ pub fn parse_network(xml: &str) -> Result<NetworkInfo, String> {
         .find(|ip| matches!(ip.attr("family"), None | Some("ipv4")))
         .map(parse_ip)
         .transpose()?;
-    Ok(NetworkInfo { name, ipv4 })
+    let forward_mode = root.child("forward").map(|f| f.attr("mode").unwrap_or("nat").to_string());
+    Ok(NetworkInfo { name, ipv4, forward_mode })
 }
 
 fn parse_ip(ip: &XmlElement) -> Result<Ipv4Subnet, String> {

@@ -158,7 +158,9 @@ fn service_account() -> Value {
 /// Machine and the bootstrap Secrets, and publish `events.k8s.io` Events (kube's
 /// recorder creates an Event and patches it when the same one repeats). Of the
 /// templates, the manager watches LibvirtMachineTemplates and writes their
-/// status (capacity and node info for scaling from zero); CAPI copies them into objects. The
+/// status (capacity and node info for scaling from zero); CAPI copies them into objects. A
+/// machine with `addressesFromPools` creates, watches and deletes its IPAddressClaims and
+/// reads the IPAddress bound to each (CAPI's IPAM contract). The
 /// API-server test `manager_binary_with_the_simulated_host_provisions_a_machine`
 /// runs the manager with only these rules and checks each one is used.
 fn manager_rules() -> Value {
@@ -192,6 +194,16 @@ fn manager_rules() -> Value {
             "apiGroups": [""],
             "resources": ["secrets"],
             "verbs": ["get", "list", "watch"]
+        },
+        {
+            "apiGroups": ["ipam.cluster.x-k8s.io"],
+            "resources": ["ipaddressclaims"],
+            "verbs": ["get", "list", "watch", "create", "delete"]
+        },
+        {
+            "apiGroups": ["ipam.cluster.x-k8s.io"],
+            "resources": ["ipaddresses", "inclusterippools"],
+            "verbs": ["get"]
         },
         {
             "apiGroups": ["events.k8s.io"],

@@ -107,9 +107,22 @@ pub struct MachineSpec {
     /// (not `<domain>.log`: in libvirt's `/var/log/libvirt/qemu` that is QEMU's own log, held
     /// open by virtlogd, and the start would fail with "Device or resource busy").
     pub console_log_dir: Option<String>,
+    /// The guest's addresses come from IPAM, not from the network's DHCP: it
+    /// gets `static_addresses` from a cloud-init network-config on its seed,
+    /// and the network's DHCP is not used (no reservation, no lease lookups).
+    pub ipam: bool,
+    /// The addresses IPAM gave (needed to create; not to delete).
+    pub static_addresses: Vec<crate::cloud_init::StaticAddress>,
+    /// Nameservers for the network-config of static addresses.
+    pub nameservers: Vec<String>,
 }
 
 impl MachineSpec {
+    /// The guest's address comes from IPAM, not from the network's DHCP.
+    pub fn is_static(&self) -> bool {
+        self.ipam
+    }
+
     pub fn names(&self) -> MachineNames {
         MachineNames::new(&self.namespace, &self.name, &self.identity)
     }
@@ -293,10 +306,11 @@ pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec
     if ours.is_some() {
         run.remove_domain()?;
     }
+    let reservation = if spec.is_static() { Ok(None) } else { run.remove_reservation(foreign.as_ref()) };
     let results = [
         run.remove_overlay(ours.as_ref(), foreign.as_ref()),
         run.remove_seed(ours.as_ref(), foreign.as_ref()),
-        run.remove_reservation(foreign.as_ref()),
+        reservation,
     ];
     let mut failure = None;
     for result in results {
@@ -396,6 +410,7 @@ impl<'a> MachineRun<'a> {
             CreateStep::CloudInitUpload if self.domain_defined()? => Ok(()),
             CreateStep::CloudInitVolume => self.ensure_seed_volume(user_data),
             CreateStep::CloudInitUpload => self.upload_seed(user_data),
+            CreateStep::DhcpReservation if self.spec.is_static() => Ok(()),
             CreateStep::DhcpReservation => self.ensure_reservation().map(|_| ()),
             CreateStep::Define => self.ensure_defined(),
             CreateStep::Autostart => self.set_autostart(),
@@ -408,7 +423,7 @@ impl<'a> MachineRun<'a> {
     /// reservation, or a free one).
     fn preflight(&self) -> HostResult<()> {
         self.base_image()?;
-        self.address_available()
+        if self.spec.is_static() { Ok(()) } else { self.address_available() }
     }
 
     /// The domain `info` exists: start it when it is stopped (autostart on

@@ -118,6 +118,11 @@ impl MachineRun<'_> {
         if let Some(mac) = &self.mac {
             return Ok(mac.clone());
         }
+        if self.spec.is_static() {
+            let mac = self.static_mac();
+            self.mac = Some(mac.clone());
+            return Ok(mac);
+        }
         let (subnet, mine) = self.network_hosts()?;
         let mac = match mine.and_then(|host| host.mac) {
             Some(mac) => mac,
@@ -197,7 +202,16 @@ impl MachineRun<'_> {
     /// network's DHCP hosts by having its dnsmasq reload them, and starts the
     /// network's dnsmasq when it no longer runs (it does not notice a dead
     /// dnsmasq otherwise). `false` when there is no entry of ours to write.
+    /// The MAC of a guest with static addresses: the first candidate (no DHCP
+    /// entry or lease to avoid); its network-config finds the interface by it.
+    pub(super) fn static_mac(&self) -> String {
+        self.names.mac_candidates().swap_remove(0)
+    }
+
     pub(super) fn refresh_reservation(&self) -> HostResult<bool> {
+        if self.spec.is_static() {
+            return Ok(false);
+        }
         let (_, mine) = self.network_hosts()?;
         let Some(host) = mine else { return Ok(false) };
         let (Some(ip), Some(mac)) = (host.ip, host.mac) else { return Ok(false) };
@@ -248,6 +262,18 @@ impl MachineRun<'_> {
     /// The InternalIP from the network's leases, matched by `mac`, the MAC of
     /// the domain's interface (the newest lease wins). Nothing without one.
     pub(super) fn addresses(&self, mac: Option<&str>) -> HostResult<Vec<MachineAddress>> {
+        if self.spec.is_static() {
+            // The addresses IPAM gave, which the guest configures itself.
+            return Ok(self
+                .spec
+                .static_addresses
+                .iter()
+                .filter_map(|a| match a.address {
+                    std::net::IpAddr::V4(ip) => Some(MachineAddress::InternalIp(ip)),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect());
+        }
         let Some(mac) = mac else { return Ok(Vec::new()) };
         let leases = self.leases()?;
         let ip = leases

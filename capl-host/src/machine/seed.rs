@@ -1,7 +1,9 @@
 //! The cloud-init NoCloud seed ISO: a raw volume in domainPool holding the
 //! bootstrap data as user-data, written before the domain is defined.
 
-use crate::cloud_init::{VOLUME_LABEL, iso_volume_label, meta_data, nocloud_iso};
+use crate::cloud_init::{
+    VOLUME_LABEL, iso_volume_label, meta_data, network_config, nocloud_iso, nocloud_iso_with_network,
+};
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
 use crate::volume_xml::{VolumeInfo, iso_volume_xml};
@@ -14,7 +16,11 @@ pub const MAX_SEED_BYTES: u64 = 4 * 1024 * 1024;
 impl MachineRun<'_> {
     pub(super) fn seed_bytes(&self, user_data: &[u8]) -> Vec<u8> {
         let meta = meta_data(self.names.instance_id(), self.names.hostname());
-        nocloud_iso(user_data, meta.as_bytes())
+        if !self.spec.is_static() {
+            return nocloud_iso(user_data, meta.as_bytes());
+        }
+        let network = network_config(&self.static_mac(), &self.spec.static_addresses, &self.spec.nameservers);
+        nocloud_iso_with_network(user_data, meta.as_bytes(), Some(network.as_bytes()))
     }
 
     pub(super) fn ensure_seed_volume(&mut self, user_data: &[u8]) -> HostResult<()> {

@@ -60,6 +60,9 @@ fn spec(i: usize) -> MachineSpec {
         control_plane_host: None,
         domain_type: DomainTypePreference::Auto,
         console_log_dir: None,
+        ipam: false,
+        static_addresses: Vec::new(),
+        nameservers: Vec::new(),
     }
 }
 

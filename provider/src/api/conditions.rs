@@ -77,6 +77,14 @@ pub mod reasons {
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
     /// The LibvirtMachine asks for something the host cannot give (e.g. a disk smaller than its image).
     pub const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
+    /// An IPAddressClaim of the machine (spec.addressesFromPools) has no address yet; retried.
+    pub const WAITING_FOR_IP_ADDRESS: &str = "WaitingForIPAddress";
+    /// The in-cluster IPAM pool named in spec.addressesFromPools does not exist; retried.
+    pub const IP_ADDRESS_POOL_NOT_FOUND: &str = "IPAddressPoolNotFound";
+    /// The in-cluster IPAM pool has no free address; retried.
+    pub const IP_ADDRESS_POOL_EXHAUSTED: &str = "IPAddressPoolExhausted";
+    /// The IPAddress bound to a claim of the machine is not a usable address.
+    pub const INVALID_IP_ADDRESS: &str = "InvalidIPAddress";
     /// No host of the LibvirtCluster may run the machine and has the memory for it; retried.
     pub const NO_HOST_FITS: &str = "NoHostFits";
     /// The Machine's spec.failureDomain names no host of the LibvirtCluster

@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{Initialization, MachineAddress, SecretReference};
+use super::shared::{Initialization, MachineAddress, PoolReference, SecretReference};
 
 /// One virtual machine: CPU, memory, disk size and the base image to boot from.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -56,6 +56,7 @@ use super::shared::{Initialization, MachineAddress, SecretReference};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)").message("providerID can be set once and is immutable after that"))]
+#[x_kube(validation = Rule::new("has(self.addressesFromPools) == has(oldSelf.addressesFromPools)").message("addressesFromPools is immutable: the machine's addresses came from where it says; roll out a new LibvirtMachineTemplate instead"))]
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
     #[serde(default = "default_vcpu")]
@@ -77,6 +78,24 @@ pub struct LibvirtMachineSpec {
     #[schemars(length(min = 1, max = 255), pattern(r"^[^/\s]+$"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("image is immutable: the root disk is an overlay on it; roll out a new LibvirtMachineTemplate instead"))]
     pub image: String,
+    /// IPAM pools (CAPI's IPAM contract) to take the machine's addresses from,
+    /// e.g. an InClusterIPPool of the in-cluster IPAM provider: one
+    /// IPAddressClaim per pool, named `<LibvirtMachine>-<index>`, owned by the
+    /// LibvirtMachine and deleted with it. The guest gets the addresses, with
+    /// the pool's prefix and gateway, from a cloud-init network-config on its
+    /// seed ISO; the network's DHCP is then not used (no reservation), so this
+    /// works on a network onto a host bridge, where libvirt runs no DHCP.
+    /// Without it, the address comes from a DHCP reservation. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("addressesFromPools is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub addresses_from_pools: Option<Vec<PoolReference>>,
+    /// DNS servers the guest uses with addresses from addressesFromPools (the
+    /// network's DHCP would otherwise give them). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 3))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("nameservers is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub nameservers: Option<Vec<String>>,
     /// Set by the provider to libvirt://<LibvirtMachine UID>; the kubelet must
     /// report the same provider ID.
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]

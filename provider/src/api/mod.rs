@@ -9,6 +9,7 @@
 pub mod capi;
 mod cluster;
 pub mod conditions;
+pub mod ipam;
 mod machine;
 mod shared;
 mod templates;
@@ -16,7 +17,8 @@ mod templates;
 pub use cluster::{ClusterHost, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost};
 pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
 pub use shared::{
-    ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, SecretReference,
+    ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,
+    SecretReference,
 };
 pub use templates::{
     LibvirtClusterTemplate, LibvirtClusterTemplateResource, LibvirtClusterTemplateSpec, LibvirtMachineTemplate,

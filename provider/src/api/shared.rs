@@ -80,3 +80,19 @@ pub struct SecretReference {
     #[schemars(length(min = 1, max = 253), pattern(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
     pub name: String,
 }
+
+/// An IPAM pool (CAPI's IPAM contract), e.g. the in-cluster provider's
+/// `InClusterIPPool` or `GlobalInClusterIPPool`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolReference {
+    /// API group of the pool, e.g. ipam.cluster.x-k8s.io.
+    #[schemars(length(min = 1, max = 253))]
+    pub api_group: String,
+    /// Kind of the pool, e.g. InClusterIPPool.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+    /// Name of the pool (in the machine's namespace, unless the kind is cluster-wide).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}

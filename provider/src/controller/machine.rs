@@ -9,6 +9,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
+use super::addresses::{self, Claimed};
 use super::cluster::{get_optional, owner_name, paused_reason};
 use super::condition_list::{self, Status};
 use super::machine_decision::{
@@ -33,6 +34,8 @@ struct Gathered {
     machine: Option<Machine>,
     cluster: Option<Cluster>,
     libvirt_cluster: Option<LibvirtCluster>,
+    /// The addresses IPAM gave the machine (spec.addressesFromPools), once claimed.
+    static_addresses: Vec<capl_host::cloud_init::StaticAddress>,
 }
 
 pub async fn reconcile(object: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -73,7 +76,7 @@ async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gath
         }
         _ => None,
     };
-    Ok(Gathered { machine, cluster, libvirt_cluster })
+    Ok(Gathered { machine, cluster, libvirt_cluster, static_addresses: Vec::new() })
 }
 
 /// The bootstrap data: `Machine.spec.bootstrap.dataSecretName` -> Secret key `value`.
@@ -206,6 +209,9 @@ fn host_spec(
         control_plane_host: endpoint.map(|e| e.host).filter(|h| !h.is_empty()),
         domain_type: ctx.settings.domain_type,
         console_log_dir: ctx.settings.console_log_dir.clone(),
+        ipam: object.spec.addresses_from_pools.is_some(),
+        static_addresses: g.static_addresses.clone(),
+        nameservers: object.spec.nameservers.clone().unwrap_or_default(),
     }
 }
 
@@ -247,7 +253,7 @@ fn host_view(result: &Result<Option<MachineReport>, HostError>, object: &Libvirt
 async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Action, Error> {
     let ns = object.namespace().ok_or_else(|| Error::NoNamespace(object.name_any()))?;
     let api: Api<LibvirtMachine> = Api::namespaced(ctx.client.clone(), &ns);
-    let g = gather(object, ctx, &ns).await?;
+    let mut g = gather(object, ctx, &ns).await?;
     let uid = object.uid().unwrap_or_default();
     let identity = machine_identity(object);
     // With a provider ID we never set, the UID stands in for the host lookups: it finds nothing of ours.
@@ -343,6 +349,23 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
         }
     }
+    if object.spec.addresses_from_pools.is_some()
+        && !deleting
+        && location.is_some()
+        && !matches!(snapshot.host, Host::Failed { .. })
+    {
+        // Addresses from IPAM: claimed once the machine has a host, known before anything is created.
+        let cluster = g.cluster.as_ref().map(|c| c.name_any());
+        match addresses::claim(ctx, object, &ns, cluster.as_deref()).await? {
+            Claimed::Ready(found) => g.static_addresses = found,
+            Claimed::Waiting { reason, message } => {
+                snapshot.host = Host::Failed { reason, message, transient: true };
+            }
+            Claimed::Failed { reason, message } => {
+                snapshot.host = Host::Failed { reason, message, transient: false };
+            }
+        }
+    }
     let user_uri = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
     if location.is_some() && !matches!(snapshot.host, Host::Failed { .. }) {
         // A reconnect is announced under the URI opened; its machines record the user's.
@@ -382,6 +405,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
             MachineAction::RemoveFinalizer => {
                 ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
+                addresses::release(ctx, object, &ns).await?;
                 object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                 return Ok(Action::await_change());
             }
@@ -401,6 +425,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                 };
                 ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
                 ctx.lease_found(&uid);
+                addresses::release(ctx, object, &ns).await?;
                 object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                 return Ok(Action::await_change());
             }
@@ -547,6 +572,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
                             ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
                         }
                         ctx.lease_found(&uid);
+                        addresses::release(ctx, object, &ns).await?;
                         object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
                         return Ok(Action::await_change());
                     }

@@ -7,6 +7,7 @@
 //! idempotent; after a step the snapshot is updated and decided again) and
 //! **report** (conditions, status, events, requeue).
 
+pub mod addresses;
 pub mod cluster;
 pub mod cluster_decision;
 pub mod condition_list;
@@ -412,6 +413,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             let machines = for_credentials.clone();
             move |secret| watch_mapping::libvirt_machines_of_credentials(&machines, &secret)
         })
+        // A claim of spec.addressesFromPools that gets its address.
+        .owns(api::<crate::api::ipam::IPAddressClaim>(&client, &ns), watcher::Config::default())
         .graceful_shutdown_on(shutdown)
         .run(machine::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachine"), ctx.clone())
         .for_each(|result| async move {

@@ -21,6 +21,7 @@ mod reconcile_events;
 mod reconcile_gates;
 mod reconcile_hosts;
 mod reconcile_hung_host;
+mod reconcile_ipam;
 mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
+use capl::api::ipam::{IPAddress, IPAddressClaim};
 use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate};
 use capl::manifests::{self, DeploymentSettings};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -171,6 +172,35 @@ async fn manager_binary_with_the_simulated_host_provisions_a_machine() {
         })
         .await;
     assert_eq!(template.status.unwrap().capacity.unwrap()["memory"].0, "512Mi");
+
+    // A machine with its address from an IPAM pool: the manager claims it, says
+    // the pool does not exist, and takes the address the IPAM provider (played
+    // here) binds; deleting the machine deletes its claim.
+    create_bootstrap_secret(&w, "m1-bootstrap", cloud_config("m1")).await;
+    let m1: Machine = w.apply(machine_json("m1", "demo", "m1", Some("m1-bootstrap"))).await;
+    let mut lm1 = libvirt_machine_json("m1", "demo", Some(("m1", &m1.uid().unwrap())));
+    let pool = json!({ "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "lab-pool" });
+    lm1["spec"]["addressesFromPools"] = json!([pool]);
+    let _: LibvirtMachine = w.apply(lm1).await;
+    let _: LibvirtMachine = w
+        .wait_for("m1", "IPAddressPoolNotFound", |lm: &LibvirtMachine| {
+            has(machine_conditions(lm), "DomainProvisioningReady", "False", Some("IPAddressPoolNotFound"))
+        })
+        .await;
+    let _: IPAddress = w
+        .apply(json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddress",
+            "metadata": { "name": "m1-0" },
+            "spec": { "address": "192.168.122.250", "prefix": 24, "gateway": "192.168.122.1",
+                      "claimRef": { "name": "m1-0" }, "poolRef": pool },
+        }))
+        .await;
+    let _: IPAddressClaim = w.patch_status("m1-0", json!({ "addressRef": { "name": "m1-0" } })).await;
+    let _: LibvirtMachine = w.wait_for("m1", "ready", machine_ready).await;
+    w.delete::<LibvirtMachine>("m1").await;
+    w.delete::<Machine>("m1").await;
+    w.wait_gone::<LibvirtMachine>("m1").await;
+    w.wait_gone::<IPAddressClaim>("m1-0").await;
 
     // Leader election held a Lease in the given namespace.
     let lease: Lease = w

@@ -103,6 +103,7 @@ const SCENARIOS: &[Scenario] = &[
         only_on: Some(Backend::RealLibvirtd),
     },
     both("console_log_file", "log", console_log_file),
+    both("static_addresses_on_a_bridge_network", "ipam", static_addresses_on_a_bridge),
     Scenario {
         name: "console_log_dir_missing_is_named",
         tag: "nolog",
@@ -114,6 +115,30 @@ const SCENARIOS: &[Scenario] = &[
         only_on: Some(Backend::RealLibvirtd),
     },
 ];
+
+/// On the real daemon the bridge is a Linux bridge made here (no address, no
+/// port but the guest's: nothing outside is reached) and removed afterwards.
+fn static_addresses_on_a_bridge(c: &Ctx) {
+    let bridge = format!("capl-br{}", std::process::id() % 100_000);
+    let real = !c.hv.uri().starts_with("sim:");
+    if real {
+        let made = std::process::Command::new("ip").args(["link", "add", "name", &bridge, "type", "bridge"]).status();
+        assert!(
+            made.as_ref().is_ok_and(|s| s.success()),
+            "cannot make the Linux bridge {bridge} (`ip link add`, as root; iproute2): {made:?}"
+        );
+        let _ = std::process::Command::new("ip").args(["link", "set", &bridge, "up"]).status();
+    }
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        host_support::static_addresses_on_a_bridge_network(c.hv, c.fx, &c.namespace, &bridge)
+    }));
+    if real {
+        let _ = std::process::Command::new("ip").args(["link", "del", &bridge]).status();
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
 
 /// The console log goes to `<dir>/<domain>-console.log`; on a real host virtlogd writes the file.
 fn console_log_file(c: &Ctx) {

@@ -89,6 +89,9 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         // KVM does not work on the test machines: always TCG.
         domain_type: DomainTypePreference::Qemu,
         console_log_dir: None,
+        ipam: false,
+        static_addresses: Vec::new(),
+        nameservers: Vec::new(),
     }
 }
 
@@ -695,4 +698,59 @@ fn without_timestamps(xml: &str) -> String {
         (Some(start), Some(end)) if start < end => format!("{}{}", &xml[..start], &xml[end + "</timestamps>".len()..]),
         _ => xml.to_string(),
     }
+}
+
+/// A machine with addresses from IPAM on a libvirt network onto a host bridge
+/// (`forward mode='bridge'`, no `<ip>`, no DHCP): the cluster's check takes
+/// the network, the domain is defined on it and runs, the seed ISO carries a
+/// network-config with the address for the domain's MAC, no DHCP entry is
+/// made, the report has the address, and delete leaves nothing. `bridge` is a
+/// Linux bridge that exists on the host (made by the caller).
+pub fn static_addresses_on_a_bridge_network(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, bridge: &str) {
+    use capl_host::cloud_init::{StaticAddress, iso_file};
+    use capl_host::{InfraSpec, check_infrastructure};
+    let lan = format!("{namespace}-lan");
+    let _ = hv.network_stop(&lan);
+    let _ = hv.network_undefine(&lan);
+    hv.network_define(&format!("<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"))
+        .unwrap();
+    hv.network_start(&lan).unwrap();
+    let infra = InfraSpec { network: lan.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    check_infrastructure(hv, &infra).expect("a bridge-mode network needs no <ip>: its machines take IPAM addresses");
+
+    let mut spec = fresh_spec(hv, fx, namespace, "ipam-0");
+    spec.network = lan.clone();
+    spec.ipam = true;
+    spec.static_addresses = vec![StaticAddress {
+        address: "10.231.250.10".parse().unwrap(),
+        prefix: 24,
+        gateway: Some("10.231.250.1".parse().unwrap()),
+    }];
+    spec.nameservers = vec!["10.231.250.1".into()];
+    let names = spec.names();
+    create_machine(hv, &spec, &user_data(&spec)).expect("create on the bridge network");
+    let report = observe_machine(hv, &spec).unwrap().expect("the domain exists");
+    assert_eq!(report.state, DomainState::Running);
+    assert!(
+        report.addresses.contains(&MachineAddress::InternalIp("10.231.250.10".parse().unwrap())),
+        "{:?}",
+        report.addresses
+    );
+    let xml = hv.domain_xml(&names.domain).unwrap();
+    assert!(xml.contains(&format!("<source network='{lan}'")), "{xml}");
+    let mac = report.mac.clone().expect("the domain has a MAC");
+    assert!(xml.contains(&mac), "{xml}");
+    let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    let config = String::from_utf8(iso_file(&seed, "network-config").expect("a network-config on the seed")).unwrap();
+    assert!(config.contains(&format!("macaddress: \"{mac}\"")), "{config}");
+    assert!(config.contains("- \"10.231.250.10/24\""), "{config}");
+    assert!(config.contains("via: \"10.231.250.1\""), "{config}");
+    assert!(!hv.network_xml(&lan).unwrap().contains("<host"), "no DHCP entry on the bridged network");
+    assert!(!dhcp_hosts(hv, fx).iter().any(|(_, name, _)| *name == names.domain), "none on the cluster network either");
+
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), Vec::new());
+    let left = leftovers(hv, fx, std::slice::from_ref(&spec));
+    assert_eq!(left, Vec::<String>::new());
+    hv.network_stop(&lan).unwrap();
+    hv.network_undefine(&lan).unwrap();
 }

@@ -1,0 +1,196 @@
+//! Addresses from IPAM pools (CAPI's IPAM contract): a LibvirtMachine with
+//! spec.addressesFromPools claims its address, waits for it, and gives it to
+//! the guest in a cloud-init network-config, on a network onto a host bridge
+//! where libvirt runs no DHCP; its claims go with it.
+
+use crate::support::*;
+use capl::api::ipam::{IPAddress, IPAddressClaim};
+use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl_host::hypervisor::{HostAdmin, Hypervisor};
+use kube::ResourceExt;
+use serde_json::json;
+
+/// A network onto the host bridge `br-lab`: libvirt gives its guests no address.
+const BRIDGED: &str = "lab-bridged";
+
+fn add_bridged_network(w: &World) {
+    let conn = libvirt_sim::connect(&w.uri).unwrap();
+    conn.network_define_xml(&format!(
+        "<network><name>{BRIDGED}</name><forward mode='bridge'/><bridge name='br-lab'/></network>"
+    ))
+    .unwrap();
+    conn.network_create(BRIDGED).unwrap();
+}
+
+fn pool_ref(name: &str) -> serde_json::Value {
+    json!({ "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": name })
+}
+
+/// Machine + LibvirtMachine `name` of cluster `demo` with its address from `pool`.
+pub async fn ipam_machine(w: &World, name: &str, pool: &str) {
+    let secret = format!("{name}-bootstrap");
+    create_bootstrap_secret(w, &secret, cloud_config(name)).await;
+    let m: capl::api::capi::Machine = w.apply(machine_json(name, "demo", name, Some(&secret))).await;
+    let mut lm = libvirt_machine_json(name, "demo", Some((name, &m.uid().unwrap())));
+    lm["spec"]["addressesFromPools"] = json!([pool_ref(pool)]);
+    lm["spec"]["nameservers"] = json!(["10.77.0.2"]);
+    let _: LibvirtMachine = w.apply(lm).await;
+}
+
+/// The cluster on the test's host, on the bridged network.
+pub async fn bridged_cluster(w: &World) {
+    add_bridged_network(w);
+    let c: capl::api::capi::Cluster = w.apply(cluster_json("demo", "demo-lc", true)).await;
+    let mut lc = libvirt_cluster_json("demo-lc", &w.uri, Some(("demo", &c.uid().unwrap())));
+    lc["spec"]["network"] = json!(BRIDGED);
+    let _: LibvirtCluster = w.apply(lc).await;
+    let _: capl::api::capi::Cluster =
+        w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
+}
+
+fn internal_ips(lm: &LibvirtMachine) -> Vec<String> {
+    let addresses = lm.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
+    addresses.into_iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address).collect()
+}
+
+/// The seed ISO's network-config of the machine's domain, and the MAC of its interface.
+pub fn seed_network_config(w: &World, domain: &str) -> (Option<String>, String) {
+    let hv = w.inspect();
+    let xml = hv.domain_xml(domain).unwrap();
+    let mac = xml.split("<mac address='").nth(1).and_then(|rest| rest.split('\'').next()).unwrap().to_string();
+    let seed = format!("{}{domain}{}", capl_host::naming::SEED_VOLUME_PREFIX, capl_host::naming::SEED_VOLUME_SUFFIX);
+    let bytes = hv.volume_download(DOMAIN_POOL, &seed).unwrap();
+    let text = capl_host::cloud_init::iso_file(&bytes, "network-config").map(|b| String::from_utf8(b).unwrap());
+    (text, mac)
+}
+
+/// The provider claims, waits (saying why: the pool does not exist), and once an IPAM provider
+/// (played by the test: the IPAddress and the claim's status, as CAPI's
+/// contract has them) binds an address, the guest gets it from its seed's
+/// network-config, found by its MAC, with the pool's gateway and the
+/// nameservers; no DHCP entry is made. Deleting the machine deletes its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_takes_its_address_from_an_ipam_claim() {
+    let w = World::new("rc-ipam").await;
+    let _manager = w.start_manager();
+    bridged_cluster(&w).await;
+    ipam_machine(&w, "m0", "lab-pool").await;
+
+    let claim: IPAddressClaim =
+        w.wait_for("m0-0", "the machine's claim", |c: &IPAddressClaim| c.metadata.uid.is_some()).await;
+    assert_eq!(claim.spec.pool_ref.name, "lab-pool");
+    assert_eq!(claim.spec.cluster_name.as_deref(), Some("demo"));
+    let owner = &claim.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("LibvirtMachine", "m0", Some(true)));
+    // No pool of that name exists (the test plays the IPAM provider): said, and waited for.
+    let lm: LibvirtMachine = w
+        .wait_for("m0", "IPAddressPoolNotFound", |lm: &LibvirtMachine| {
+            has(machine_conditions(lm), "DomainProvisioningReady", "False", Some("IPAddressPoolNotFound"))
+        })
+        .await;
+    let message = &condition(machine_conditions(&lm), "DomainProvisioningReady").unwrap().message;
+    assert!(message.contains("IPAddressClaim m0-0") && message.contains("InClusterIPPool lab-pool"), "{message}");
+    assert_eq!(w.inspect().domain_list().unwrap().len(), 0, "nothing is created before the address is known");
+
+    // The IPAM provider's part.
+    let _: IPAddress = w
+        .apply(json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddress",
+            "metadata": { "name": "m0-0" },
+            "spec": { "address": "10.77.0.10", "prefix": 24, "gateway": "10.77.0.1",
+                      "claimRef": { "name": "m0-0" }, "poolRef": pool_ref("lab-pool") },
+        }))
+        .await;
+    let _: IPAddressClaim = w.patch_status("m0-0", json!({ "addressRef": { "name": "m0-0" } })).await;
+
+    let lm: LibvirtMachine = w.wait_for("m0", "ready", machine_ready).await;
+    assert_eq!(internal_ips(&lm), vec!["10.77.0.10".to_string()]);
+    let domain = lm.status.as_ref().and_then(|s| s.domain_name.clone()).unwrap();
+    let (config, mac) = seed_network_config(&w, &domain);
+    let config = config.expect("the seed has a network-config");
+    assert!(config.contains(&format!("macaddress: \"{mac}\"")), "{config}");
+    assert!(config.contains("- \"10.77.0.10/24\""), "{config}");
+    assert!(config.contains("via: \"10.77.0.1\""), "{config}");
+    assert!(config.contains("- \"10.77.0.2\""), "{config}");
+    assert!(config.contains("dhcp4: false"), "{config}");
+    let hosts = w.inspect().network_xml(NETWORK).unwrap();
+    assert!(!hosts.contains(&domain), "no DHCP entry on the cluster's other network: {hosts}");
+
+    w.delete::<capl::api::capi::Machine>("m0").await;
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    assert!(w.api::<IPAddressClaim>().get_opt("m0-0").await.unwrap().is_none(), "the claim goes with the machine");
+    assert_eq!(w.inspect().domain_list().unwrap().len(), 0);
+}
+
+/// With CAPI's in-cluster IPAM provider itself: two machines get the two
+/// addresses of a pool (each in its guest's network-config); a third waits,
+/// saying the pool is exhausted, and a fourth names a pool that does not
+/// exist; neither creates anything. Deleting a machine releases its address,
+/// and the waiting machine gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_share_an_in_cluster_pool_and_wait_when_it_is_exhausted() {
+    let w = World::new("rc-ipam-pool").await;
+    let capi = w
+        .env
+        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
+        .await
+        .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"));
+    let _manager = w.start_manager();
+    bridged_cluster(&w).await;
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1alpha2", "InClusterIPPool"),
+        "inclusterippools",
+    );
+    let pools: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(w.client.clone(), &w.ns, &resource);
+    let pool: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+        "metadata": { "name": "lab-pool" },
+        "spec": { "addresses": ["10.77.0.10-10.77.0.11"], "prefix": 24, "gateway": "10.77.0.1" },
+    }))
+    .unwrap();
+    pools.create(&Default::default(), &pool).await.unwrap();
+
+    ipam_machine(&w, "m0", "lab-pool").await;
+    ipam_machine(&w, "m1", "lab-pool").await;
+    let mut given = Vec::new();
+    for name in ["m0", "m1"] {
+        let lm: LibvirtMachine = w.wait_for_within(WAIT, name, "ready", machine_ready).await;
+        let ips = internal_ips(&lm);
+        assert_eq!(ips.len(), 1, "{name}: {ips:?}");
+        let domain = lm.status.as_ref().and_then(|s| s.domain_name.clone()).unwrap();
+        let config = seed_network_config(&w, &domain).0.expect("a network-config");
+        assert!(config.contains(&format!("- \"{}/24\"", ips[0])), "{config}");
+        given.push(ips[0].clone());
+    }
+    given.sort();
+    assert_eq!(given, vec!["10.77.0.10".to_string(), "10.77.0.11".to_string()]);
+
+    ipam_machine(&w, "m2", "lab-pool").await;
+    ipam_machine(&w, "m3", "no-such-pool").await;
+    let lm: LibvirtMachine = w
+        .wait_for("m2", "IPAddressPoolExhausted", |lm: &LibvirtMachine| {
+            has(machine_conditions(lm), "DomainProvisioningReady", "False", Some("IPAddressPoolExhausted"))
+        })
+        .await;
+    let message = &condition(machine_conditions(&lm), "DomainProvisioningReady").unwrap().message;
+    assert!(message.contains("InClusterIPPool lab-pool") && message.contains("2 of 2 in use"), "{message}");
+    let lm: LibvirtMachine = w
+        .wait_for("m3", "IPAddressPoolNotFound", |lm: &LibvirtMachine| {
+            has(machine_conditions(lm), "DomainProvisioningReady", "False", Some("IPAddressPoolNotFound"))
+        })
+        .await;
+    let message = &condition(machine_conditions(&lm), "DomainProvisioningReady").unwrap().message;
+    assert!(message.contains("InClusterIPPool no-such-pool") && message.contains("does not exist"), "{message}");
+    assert_eq!(w.inspect().domain_list().unwrap().len(), 2, "only m0 and m1 have domains");
+
+    // m0 goes: its claim is deleted, the provider frees its address, m2 gets it.
+    let freed = internal_ips(&w.api::<LibvirtMachine>().get("m0").await.unwrap())[0].clone();
+    w.delete::<capl::api::capi::Machine>("m0").await;
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    w.wait_gone::<IPAddressClaim>("m0-0").await;
+    let lm: LibvirtMachine = w.wait_for("m2", "ready", machine_ready).await;
+    assert_eq!(internal_ips(&lm), vec![freed]);
+    capi.ensure_running().unwrap();
+}
