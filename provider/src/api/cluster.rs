@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{ApiEndpoint, FailureDomain, Initialization, SecretReference};
+use super::shared::{ApiEndpoint, FailureDomain, Initialization, PoolReference, SecretReference};
 
 /// Points to a libvirt host and the network and storage pools the machines use.
 ///
@@ -96,6 +96,14 @@ pub struct LibvirtClusterSpec {
     /// waits for Cluster.spec.controlPlaneEndpoint. Can be set once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
+    /// Allocate the control-plane endpoint from an IPAM pool when neither this
+    /// LibvirtCluster nor its Cluster names one: the provider claims an address
+    /// (IPAddressClaim `<name>-endpoint`, owned by this LibvirtCluster), sets
+    /// spec.controlPlaneEndpoint to it, and deletes the claim when the
+    /// LibvirtCluster is deleted. Pick a pool (or range) the machines' pools do
+    /// not hand out, and outside any DHCP range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint_from: Option<EndpointSource>,
     /// A Secret in this namespace with the credentials the URI's transport
     /// needs: for qemu+tls:// the keys ca.crt, tls.crt and tls.key (the CA
     /// that signed the host's certificate, and a client certificate and key
@@ -107,6 +115,18 @@ pub struct LibvirtClusterSpec {
     /// `hosts`: the credentials of every host that names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<SecretReference>,
+}
+
+/// Where an allocated control-plane endpoint comes from.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSource {
+    /// The IPAM pool (CAPI's IPAM contract) to claim the address from.
+    pub pool: PoolReference,
+    /// The port of the endpoint (default 6443).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
 }
 
 /// One libvirt host of a LibvirtCluster, and the failure domain of its machines.

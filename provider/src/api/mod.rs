@@ -14,7 +14,7 @@ mod machine;
 mod shared;
 mod templates;
 
-pub use cluster::{ClusterHost, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost};
+pub use cluster::{ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost};
 pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,

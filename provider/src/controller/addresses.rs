@@ -38,97 +38,124 @@ pub fn claim_name(machine: &str, index: usize) -> String {
     format!("{machine}-{index}")
 }
 
-fn owned_by(claim: &IPAddressClaim, object: &LibvirtMachine) -> bool {
-    let uid = object.uid().unwrap_or_default();
-    claim.owner_references().iter().any(|o| o.uid == uid && o.kind == LibvirtMachine::kind(&()))
+/// The object a claim belongs to: a LibvirtMachine (its addresses) or a
+/// LibvirtCluster (its control-plane endpoint).
+pub struct ClaimOwner {
+    /// As messages name it, e.g. "LibvirtMachine m0".
+    pub describe: String,
+    pub reference: OwnerReference,
 }
 
-/// Makes sure each claim exists, and returns the addresses once all have one.
+impl ClaimOwner {
+    pub fn of<K: Resource<DynamicType = ()>>(object: &K) -> Self {
+        let kind = K::kind(&()).to_string();
+        let name = object.meta().name.clone().unwrap_or_default();
+        Self {
+            describe: format!("{kind} {name}"),
+            reference: OwnerReference {
+                api_version: K::api_version(&()).to_string(),
+                kind,
+                name,
+                uid: object.meta().uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        }
+    }
+}
+
+fn owned_by(claim: &IPAddressClaim, owner: &OwnerReference) -> bool {
+    claim.owner_references().iter().any(|o| o.uid == owner.uid && o.kind == owner.kind)
+}
+
+/// Makes sure each of the machine's claims exists, and returns the addresses once all have one.
 pub async fn claim(ctx: &Context, object: &LibvirtMachine, ns: &str, cluster: Option<&str>) -> Result<Claimed, Error> {
-    let pools = object.spec.addresses_from_pools.clone().unwrap_or_default();
-    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), ns);
-    let addresses: Api<IPAddress> = Api::namespaced(ctx.client.clone(), ns);
-    let machine = object.name_any();
+    let owner = ClaimOwner::of(object);
     let mut found = Vec::new();
-    for (index, pool) in pools.iter().enumerate() {
-        let name = claim_name(&machine, index);
-        let pool_name = format!("{} {}", pool.kind, pool.name);
-        let claim = match claims.get_opt(&name).await? {
-            Some(claim) => claim,
-            None => {
-                let mut claim = IPAddressClaim::new(
-                    &name,
-                    IPAddressClaimSpec { pool_ref: pool.clone(), cluster_name: cluster.map(str::to_string) },
-                );
-                claim.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: LibvirtMachine::api_version(&()).to_string(),
-                    kind: LibvirtMachine::kind(&()).to_string(),
-                    name: machine.clone(),
-                    uid: object.uid().unwrap_or_default(),
-                    controller: Some(true),
-                    block_owner_deletion: Some(true),
-                }]);
-                if let Some(cluster) = cluster {
-                    claim.metadata.labels = Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
-                }
-                match claims.create(&PostParams::default(), &claim).await {
-                    Ok(created) => created,
-                    // Made by a reconcile a moment ago: read it back.
-                    Err(kube::Error::Api(e)) if e.code == 409 => claims.get(&name).await?,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        if !owned_by(&claim, object) {
-            return Ok(Claimed::Failed {
-                reason: reasons::OBJECT_COLLISION,
-                message: format!(
-                    "LibvirtMachine {machine}: IPAddressClaim {ns}/{name} exists and is not this machine's: delete or rename it so the machine can claim its address from {pool_name}"
-                ),
-            });
-        }
-        if claim.spec.pool_ref != *pool {
-            return Ok(Claimed::Failed {
-                reason: reasons::OBJECT_COLLISION,
-                message: format!(
-                    "LibvirtMachine {machine}: IPAddressClaim {ns}/{name} claims from {} {}, not from {pool_name}: delete the claim",
-                    claim.spec.pool_ref.kind, claim.spec.pool_ref.name
-                ),
-            });
-        }
-        let bound = claim.status.as_ref().and_then(|s| s.address_ref.as_ref()).map(|r| r.name.clone());
-        let address = match bound.filter(|n| !n.is_empty()) {
-            Some(address) => addresses.get_opt(&address).await?,
-            None => None,
-        };
-        let Some(address) = address else {
-            if let Some((reason, why)) = pool_problem(ctx, ns, pool).await {
-                let message = format!("LibvirtMachine {machine}: IPAddressClaim {name} has no address: {why}");
-                return Ok(Claimed::Waiting { reason, message });
-            }
-            return Ok(Claimed::Waiting {
-                reason: reasons::WAITING_FOR_IP_ADDRESS,
-                message: waiting(&machine, &name, &pool_name, &claim),
-            });
-        };
-        match static_address(&address) {
-            Ok(a) => found.push(a),
-            Err(why) => {
-                return Ok(Claimed::Failed {
-                    reason: reasons::INVALID_IP_ADDRESS,
-                    message: format!(
-                        "LibvirtMachine {machine}: IPAddress {ns}/{} from {pool_name}: {why}",
-                        address.name_any()
-                    ),
-                });
-            }
+    for (index, pool) in object.spec.addresses_from_pools.iter().flatten().enumerate() {
+        match claim_one(ctx, ns, &owner, &claim_name(&object.name_any(), index), pool, cluster).await? {
+            Claimed::Ready(mut a) => found.append(&mut a),
+            other => return Ok(other),
         }
     }
     Ok(Claimed::Ready(found))
 }
 
+/// Makes sure claim `name` of `owner` on `pool` exists; its address once it has one.
+pub async fn claim_one(
+    ctx: &Context,
+    ns: &str,
+    owner: &ClaimOwner,
+    name: &str,
+    pool: &PoolReference,
+    cluster: Option<&str>,
+) -> Result<Claimed, Error> {
+    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let addresses: Api<IPAddress> = Api::namespaced(ctx.client.clone(), ns);
+    let who = &owner.describe;
+    let pool_name = format!("{} {}", pool.kind, pool.name);
+    let claim = match claims.get_opt(name).await? {
+        Some(claim) => claim,
+        None => {
+            let mut claim = IPAddressClaim::new(
+                name,
+                IPAddressClaimSpec { pool_ref: pool.clone(), cluster_name: cluster.map(str::to_string) },
+            );
+            claim.metadata.owner_references = Some(vec![owner.reference.clone()]);
+            if let Some(cluster) = cluster {
+                claim.metadata.labels = Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
+            }
+            match claims.create(&PostParams::default(), &claim).await {
+                Ok(created) => created,
+                // Made by a reconcile a moment ago: read it back.
+                Err(kube::Error::Api(e)) if e.code == 409 => claims.get(name).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if !owned_by(&claim, &owner.reference) {
+        return Ok(Claimed::Failed {
+            reason: reasons::OBJECT_COLLISION,
+            message: format!(
+                "{who}: IPAddressClaim {ns}/{name} exists and is not this object's: delete or rename it so that an address can be claimed from {pool_name}"
+            ),
+        });
+    }
+    if claim.spec.pool_ref != *pool {
+        return Ok(Claimed::Failed {
+            reason: reasons::OBJECT_COLLISION,
+            message: format!(
+                "{who}: IPAddressClaim {ns}/{name} claims from {} {}, not from {pool_name}: delete the claim",
+                claim.spec.pool_ref.kind, claim.spec.pool_ref.name
+            ),
+        });
+    }
+    let bound = claim.status.as_ref().and_then(|s| s.address_ref.as_ref()).map(|r| r.name.clone());
+    let address = match bound.filter(|n| !n.is_empty()) {
+        Some(address) => addresses.get_opt(&address).await?,
+        None => None,
+    };
+    let Some(address) = address else {
+        if let Some((reason, why)) = pool_problem(ctx, ns, pool).await {
+            let message = format!("{who}: IPAddressClaim {name} has no address: {why}");
+            return Ok(Claimed::Waiting { reason, message });
+        }
+        return Ok(Claimed::Waiting {
+            reason: reasons::WAITING_FOR_IP_ADDRESS,
+            message: waiting(who, name, &pool_name, &claim),
+        });
+    };
+    Ok(match static_address(&address) {
+        Ok(a) => Claimed::Ready(vec![a]),
+        Err(why) => Claimed::Failed {
+            reason: reasons::INVALID_IP_ADDRESS,
+            message: format!("{who}: IPAddress {ns}/{} from {pool_name}: {why}", address.name_any()),
+        },
+    })
+}
+
 /// Why claim `name` has no address: the IPAM provider's own word when it gave one.
-fn waiting(machine: &str, name: &str, pool: &str, claim: &IPAddressClaim) -> String {
+fn waiting(who: &str, name: &str, pool: &str, claim: &IPAddressClaim) -> String {
     let said = claim
         .status
         .as_ref()
@@ -136,11 +163,11 @@ fn waiting(machine: &str, name: &str, pool: &str, claim: &IPAddressClaim) -> Str
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "False"));
     match said {
         Some(c) => format!(
-            "LibvirtMachine {machine}: IPAddressClaim {name} has no address from {pool}: {} ({}); fix the pool (or free addresses in it)",
+            "{who}: IPAddressClaim {name} has no address from {pool}: {} ({}); fix the pool (or free addresses in it)",
             c.message, c.reason
         ),
         None => format!(
-            "LibvirtMachine {machine}: waiting for IPAddressClaim {name} to get an address from {pool}: check that the pool exists and that an IPAM provider for its kind is installed"
+            "{who}: waiting for IPAddressClaim {name} to get an address from {pool}: check that the pool exists and that an IPAM provider for its kind is installed"
         ),
     }
 }
@@ -225,18 +252,24 @@ pub fn static_address(address: &IPAddress) -> Result<StaticAddress, String> {
 /// Deletes the machine's claims (those that are its own); the IPAM provider
 /// then releases their addresses.
 pub async fn release(ctx: &Context, object: &LibvirtMachine, ns: &str) -> Result<(), Error> {
+    let owner = ClaimOwner::of(object);
     let count = object.spec.addresses_from_pools.as_ref().map_or(0, Vec::len);
-    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), ns);
     for index in 0..count {
-        let name = claim_name(&object.name_any(), index);
-        if let Some(claim) = claims.get_opt(&name).await?
-            && owned_by(&claim, object)
-        {
-            match claims.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+        release_one(ctx, ns, &owner, &claim_name(&object.name_any(), index)).await?;
+    }
+    Ok(())
+}
+
+/// Deletes claim `name` when it is `owner`'s.
+pub async fn release_one(ctx: &Context, ns: &str, owner: &ClaimOwner, name: &str) -> Result<(), Error> {
+    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), ns);
+    if let Some(claim) = claims.get_opt(name).await?
+        && owned_by(&claim, &owner.reference)
+    {
+        match claims.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

@@ -9,6 +9,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
+use super::addresses::{self, ClaimOwner, Claimed};
 use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, InfraCheck, decide};
 use super::condition_list::{self, Status};
 use super::{Context, Error, credentials, object_patch};
@@ -74,10 +75,47 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         owner_cluster: owner.as_ref().map(|c| (c.name_any(), c.spec.control_plane_endpoint.clone())),
         spec_endpoint: object.spec.control_plane_endpoint.clone(),
         host: InfraCheck::NotChecked,
+        endpoint_waiting: None,
         several_hosts: false,
         unhealthy_hosts: Vec::new(),
         machines,
     };
+
+    let no_endpoint = |e: &Option<crate::api::ApiEndpoint>| e.as_ref().is_none_or(|e| e.host.is_empty());
+    if let Some(from) = &object.spec.control_plane_endpoint_from
+        && !deleting
+        && snapshot.has_finalizer
+        && snapshot.paused.is_none()
+        && no_endpoint(&snapshot.spec_endpoint)
+        && let Some((cluster, cluster_endpoint)) = &snapshot.owner_cluster
+        && no_endpoint(cluster_endpoint)
+    {
+        // An endpoint from IPAM: claimed, then written into the spec (set once).
+        let owner = ClaimOwner::of(object);
+        let claim = endpoint_claim_name(&object.name_any());
+        match addresses::claim_one(ctx, &ns, &owner, &claim, &from.pool, Some(cluster)).await? {
+            Claimed::Ready(found) if !found.is_empty() => {
+                let endpoint =
+                    crate::api::ApiEndpoint { host: found[0].address.to_string(), port: from.port.unwrap_or(6443) };
+                object_patch::patch_spec(
+                    &api,
+                    &object.name_any(),
+                    serde_json::json!({ "controlPlaneEndpoint": endpoint }),
+                )
+                .await?;
+                let note = format!(
+                    "{}:{} from {} {} (IPAddressClaim {claim})",
+                    endpoint.host, endpoint.port, from.pool.kind, from.pool.name
+                );
+                ctx.event(object, EventType::Normal, "EndpointAllocated", "AllocateEndpoint", &note).await;
+                snapshot.spec_endpoint = Some(endpoint);
+            }
+            Claimed::Ready(_) => {}
+            Claimed::Waiting { reason, message } | Claimed::Failed { reason, message } => {
+                snapshot.endpoint_waiting = Some((reason, message));
+            }
+        }
+    }
 
     // Decide and act until the plan has no more steps for this reconcile.
     let mut failure_domains = None;
@@ -97,6 +135,11 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
                 failure_domains = checked.failure_domains;
             }
             ClusterAction::RemoveFinalizer => {
+                if object.spec.control_plane_endpoint_from.is_some() {
+                    // The allocated endpoint's address goes back to its pool.
+                    let owner = ClaimOwner::of(object);
+                    addresses::release_one(ctx, &ns, &owner, &endpoint_claim_name(&object.name_any())).await?;
+                }
                 object_patch::remove_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 return Ok(Action::await_change());
             }
@@ -105,6 +148,11 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
 
     report(object, ctx, &api, &plan, failure_domains).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// The IPAddressClaim of an allocated control-plane endpoint.
+pub fn endpoint_claim_name(libvirt_cluster: &str) -> String {
+    format!("{libvirt_cluster}-endpoint")
 }
 
 /// The name of the Cluster this LibvirtCluster belongs to: CAPI's label, else the owner reference.

@@ -27,6 +27,9 @@ pub struct ClusterSnapshot {
     pub owner_cluster: Option<(String, Option<ApiEndpoint>)>,
     pub spec_endpoint: Option<ApiEndpoint>,
     pub host: InfraCheck,
+    /// Why an endpoint asked for with spec.controlPlaneEndpointFrom is not there
+    /// yet (reason, message): its claim waits for an address.
+    pub endpoint_waiting: Option<(&'static str, String)>,
     /// The cluster lists hosts (spec.hosts): report HostsReady.
     pub several_hosts: bool,
     /// With several hosts: one message per host whose check failed.
@@ -124,6 +127,18 @@ pub fn decide(s: &ClusterSnapshot) -> ClusterPlan {
         return plan(ClusterAction::AddFinalizer, Vec::new());
     }
     let Some(endpoint) = usable(&s.spec_endpoint).or(usable(cluster_endpoint)) else {
+        if let Some((reason, message)) = &s.endpoint_waiting {
+            return ClusterPlan {
+                requeue: Some(RETRY_AFTER_TRANSIENT_FAILURE),
+                ..plan(
+                    ClusterAction::Nothing,
+                    with_summary(vec![
+                        ConditionUpdate::false_(CONTROL_PLANE_ENDPOINT_READY, reason, message.clone()),
+                        ConditionUpdate::unknown(INFRASTRUCTURE_READY, reason, message.clone()),
+                    ]),
+                )
+            };
+        }
         let message = format!(
             "no control plane endpoint: set spec.controlPlaneEndpoint on this LibvirtCluster or on Cluster {cluster}"
         );
@@ -205,6 +220,7 @@ mod tests {
             owner_cluster: Some(("c".into(), None)),
             spec_endpoint: endpoint("192.168.122.10"),
             host: InfraCheck::Ready,
+            endpoint_waiting: None,
             several_hosts: false,
             unhealthy_hosts: Vec::new(),
             machines: Vec::new(),
@@ -277,6 +293,21 @@ mod tests {
         let p =
             decide(&ClusterSnapshot { host: failed(r::INFRASTRUCTURE_PROVISIONING_FAILED, true), ..ready_cluster() });
         assert_eq!(p.requeue, Some(RETRY_AFTER_TRANSIENT_FAILURE));
+    }
+
+    #[test]
+    fn an_endpoint_waiting_for_its_address_says_why_and_looks_again() {
+        let waiting = Some((r::IP_ADDRESS_POOL_EXHAUSTED, "pool vips has no free address".to_string()));
+        let s = ClusterSnapshot { spec_endpoint: None, endpoint_waiting: waiting, ..ready_cluster() };
+        let p = decide(&s);
+        assert_eq!(p.action, ClusterAction::Nothing, "no host check before the endpoint is known");
+        assert_eq!(condition(&p, CONTROL_PLANE_ENDPOINT_READY), (Status::False, r::IP_ADDRESS_POOL_EXHAUSTED));
+        assert_eq!(p.requeue, Some(RETRY_AFTER_TRANSIENT_FAILURE));
+        assert!(!p.provisioned);
+        // Once allocated (in the spec), the wait is over whatever it said.
+        let s =
+            ClusterSnapshot { endpoint_waiting: Some((r::WAITING_FOR_IP_ADDRESS, String::new())), ..ready_cluster() };
+        assert_eq!(condition(&decide(&s), CONTROL_PLANE_ENDPOINT_READY).0, Status::True);
     }
 
     #[test]

@@ -321,6 +321,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         })
         // Credentials Secrets, metadata only (their content is read when used):
         // a new or changed Secret is checked at once.
+        // The claim of an allocated control-plane endpoint that gets its address.
+        .owns(api::<crate::api::ipam::IPAddressClaim>(&client, &ns), watcher::Config::default())
         .watches_stream(secret_metadata(&client, &ns), move |secret| {
             watch_mapping::libvirt_clusters_of_credentials(&cluster_store, &secret)
         })

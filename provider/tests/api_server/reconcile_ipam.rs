@@ -194,3 +194,65 @@ async fn machines_share_an_in_cluster_pool_and_wait_when_it_is_exhausted() {
     assert_eq!(internal_ips(&lm), vec![freed]);
     capi.ensure_running().unwrap();
 }
+
+/// A LibvirtCluster with controlPlaneEndpointFrom and no endpoint anywhere
+/// claims one from the pool (with the in-cluster IPAM provider) and writes it
+/// into spec.controlPlaneEndpoint; a second cluster on the now empty pool
+/// says so; deleting the first releases the address, and the second gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_gets_its_control_plane_endpoint_from_a_pool() {
+    let w = World::new("rc-ipam-vip").await;
+    let _capi = w
+        .env
+        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
+        .await
+        .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"));
+    let _manager = w.start_manager();
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1alpha2", "InClusterIPPool"),
+        "inclusterippools",
+    );
+    let pools: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(w.client.clone(), &w.ns, &resource);
+    let pool: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+        "metadata": { "name": "vip-pool" },
+        "spec": { "addresses": ["10.77.0.5"], "prefix": 24, "gateway": "10.77.0.1" },
+    }))
+    .unwrap();
+    pools.create(&Default::default(), &pool).await.unwrap();
+
+    for cluster in ["one", "two"] {
+        let lc_name = format!("{cluster}-lc");
+        let c: capl::api::capi::Cluster = w.apply(cluster_json(cluster, &lc_name, false)).await;
+        let mut lc = libvirt_cluster_json(&lc_name, &w.uri, Some((cluster, &c.uid().unwrap())));
+        lc["spec"]["controlPlaneEndpointFrom"] = json!({ "pool": pool_ref("vip-pool"), "port": 6443 });
+        let _: LibvirtCluster = w.apply(lc).await;
+        if cluster == "one" {
+            let lc: LibvirtCluster = w
+                .wait_for(&lc_name, "an allocated endpoint", |lc: &LibvirtCluster| {
+                    has(cluster_conditions(lc), "ControlPlaneEndpointReady", "True", None)
+                })
+                .await;
+            let endpoint = lc.spec.control_plane_endpoint.clone().unwrap();
+            assert_eq!((endpoint.host.as_str(), endpoint.port), ("10.77.0.5", 6443));
+            let claim: IPAddressClaim = w.api().get("one-lc-endpoint").await.unwrap();
+            assert_eq!(claim.owner_references()[0].name, "one-lc");
+        }
+    }
+    let lc: LibvirtCluster = w
+        .wait_for("two-lc", "IPAddressPoolExhausted", |lc: &LibvirtCluster| {
+            has(cluster_conditions(lc), "ControlPlaneEndpointReady", "False", Some("IPAddressPoolExhausted"))
+        })
+        .await;
+    let message = &condition(cluster_conditions(&lc), "ControlPlaneEndpointReady").unwrap().message;
+    assert!(message.contains("LibvirtCluster two-lc") && message.contains("InClusterIPPool vip-pool"), "{message}");
+    assert!(lc.spec.control_plane_endpoint.is_none());
+
+    w.delete::<LibvirtCluster>("one-lc").await;
+    w.wait_gone::<LibvirtCluster>("one-lc").await;
+    w.wait_gone::<IPAddressClaim>("one-lc-endpoint").await;
+    let lc: LibvirtCluster = w
+        .wait_for("two-lc", "the released endpoint", |lc: &LibvirtCluster| lc.spec.control_plane_endpoint.is_some())
+        .await;
+    assert_eq!(lc.spec.control_plane_endpoint.unwrap().host, "10.77.0.5");
+}

@@ -712,10 +712,13 @@ pub fn static_addresses_on_a_bridge_network(hv: &dyn HostAdmin, fx: &Fixture, na
     let lan = format!("{namespace}-lan");
     let _ = hv.network_stop(&lan);
     let _ = hv.network_undefine(&lan);
-    hv.network_define(&format!("<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"))
-        .unwrap();
+    hv.network_define(&format!(
+        "<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"
+    ))
+    .unwrap();
     hv.network_start(&lan).unwrap();
-    let infra = InfraSpec { network: lan.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
+    let infra =
+        InfraSpec { network: lan.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
     check_infrastructure(hv, &infra).expect("a bridge-mode network needs no <ip>: its machines take IPAM addresses");
 
     let mut spec = fresh_spec(hv, fx, namespace, "ipam-0");
