@@ -58,7 +58,9 @@ impl ClaimOwner {
                 name,
                 uid: object.meta().uid.clone().unwrap_or_default(),
                 controller: Some(true),
-                block_owner_deletion: Some(true),
+                // Not set: under OwnerReferencesPermissionEnforcement that would
+                // need update on the owner's finalizers, which the manager does not hold.
+                block_owner_deletion: None,
             },
         }
     }
