@@ -333,6 +333,41 @@ fn replace_field(path: &Path, key: &str, value: &str) -> Result<()> {
 /// Copies cert-manager's CRDs (`deploy/crds` of `github.com/cert-manager/cert-manager` at
 /// [`CERT_MANAGER_VERSION`]), after checking that this is the version the pinned clusterctl
 /// installs by default.
+/// Copies the `*.yaml` files of `sources` (directories of the module `origin`) to
+/// `<dir>/<name>`, through a `.partial-` directory renamed at the end, so that an
+/// interrupted copy is never taken for a complete one. Files in the module cache are
+/// read-only: the bytes are copied, not the mode. Fails when no YAML is found (the
+/// module's layout changed). Returns the target directory and the number of files.
+fn copy_yaml_files(dir: &Path, name: &str, sources: &[PathBuf], origin: &str) -> Result<(PathBuf, usize)> {
+    let partial = dir.join(format!(".partial-{name}"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    let mut copied = 0;
+    for source in sources {
+        for entry in std::fs::read_dir(source).with_context(|| format!("listing {} ({origin})", source.display()))? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|ext| ext == "yaml") {
+                let target = partial.join(path.file_name().expect("a listed file has a name"));
+                std::fs::write(&target, std::fs::read(&path)?)
+                    .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
+                copied += 1;
+            }
+        }
+    }
+    if copied == 0 {
+        let listed: Vec<String> = sources.iter().map(|s| s.display().to_string()).collect();
+        bail!("no CRD YAML in {} ({origin}): its layout changed", listed.join(", "));
+    }
+    let target = dir.join(name);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&partial, &target)?;
+    Ok((target, copied))
+}
+
 fn copy_cert_manager_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
     let capi_dir = PathBuf::from(downloaded_field(sh, &capi, "Dir")?);
@@ -351,27 +386,7 @@ fn copy_cert_manager_crds(sh: &Shell, dir: &Path) -> Result<()> {
     }
     let cert_manager = format!("github.com/cert-manager/cert-manager@{CERT_MANAGER_VERSION}");
     let crds = PathBuf::from(downloaded_field(sh, &cert_manager, "Dir")?).join("deploy/crds");
-    let partial = dir.join(format!(".partial-{CERT_MANAGER_CRDS_DIR}"));
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    std::fs::create_dir_all(&partial)?;
-    let mut copied = 0;
-    for entry in std::fs::read_dir(&crds).with_context(|| format!("listing {} ({cert_manager})", crds.display()))? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|ext| ext == "yaml") {
-            std::fs::write(partial.join(path.file_name().expect("a listed file has a name")), std::fs::read(&path)?)?;
-            copied += 1;
-        }
-    }
-    if copied == 0 {
-        bail!("no CRD YAML in {} ({cert_manager}): its layout changed", crds.display());
-    }
-    let target = dir.join(CERT_MANAGER_CRDS_DIR);
-    if target.exists() {
-        std::fs::remove_dir_all(&target)?;
-    }
-    std::fs::rename(&partial, &target)?;
+    let (target, copied) = copy_yaml_files(dir, CERT_MANAGER_CRDS_DIR, &[crds], &cert_manager)?;
     eprintln!("control plane: copied {copied} cert-manager {CERT_MANAGER_VERSION} CRDs to {}", target.display());
     Ok(())
 }
@@ -396,30 +411,7 @@ fn build_ipam_in_cluster_manager(sh: &Shell, dir: &Path) -> Result<()> {
 fn copy_ipam_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let ipam = format!("{IPAM_IN_CLUSTER_MODULE}@{IPAM_IN_CLUSTER_VERSION}");
     let bases = PathBuf::from(downloaded_field(sh, &ipam, "Dir")?).join("config/crd/bases");
-    let partial = dir.join(format!(".partial-{IPAM_CRDS_DIR}"));
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    std::fs::create_dir_all(&partial)?;
-    let mut copied = 0;
-    for entry in std::fs::read_dir(&bases).with_context(|| format!("listing {} ({ipam})", bases.display()))? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|ext| ext == "yaml") {
-            let target = partial.join(path.file_name().expect("a listed file has a name"));
-            // Files in the module cache are read-only; copy the bytes, not the mode.
-            std::fs::write(&target, std::fs::read(&path)?)
-                .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
-            copied += 1;
-        }
-    }
-    if copied == 0 {
-        bail!("no CRD YAML in {} ({ipam}): its layout changed", bases.display());
-    }
-    let target = dir.join(IPAM_CRDS_DIR);
-    if target.exists() {
-        std::fs::remove_dir_all(&target)?;
-    }
-    std::fs::rename(&partial, &target)?;
+    let (target, copied) = copy_yaml_files(dir, IPAM_CRDS_DIR, &[bases], &ipam)?;
     eprintln!("control plane: copied {copied} IPAM provider {IPAM_IN_CLUSTER_VERSION} CRDs to {}", target.display());
     Ok(())
 }
@@ -488,41 +480,9 @@ const CAPI_CRD_BASES: &[&str] =
 fn copy_capi_crds(sh: &Shell, dir: &Path) -> Result<()> {
     let capi = format!("sigs.k8s.io/cluster-api@{CAPI_VERSION}");
     let module_dir = downloaded_field(sh, &capi, "Dir")?;
-    let partial = dir.join(format!(".partial-{CAPI_CRDS_DIR}"));
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    std::fs::create_dir_all(&partial)?;
-    let mut copied = 0;
-    let mut entries = Vec::new();
-    for base in CAPI_CRD_BASES {
-        let bases = Path::new(&module_dir).join(base);
-        for entry in std::fs::read_dir(&bases)
-            .with_context(|| format!("listing CAPI's CRDs in {} (module {capi})", bases.display()))?
-        {
-            entries.push(entry);
-        }
-    }
-    let bases = Path::new(&module_dir).join(CAPI_CRD_BASES[0]);
-    for entry in entries {
-        let path = entry?.path();
-        if path.extension().is_some_and(|ext| ext == "yaml") {
-            let target = partial.join(path.file_name().expect("a listed file has a name"));
-            // Files in the module cache are read-only; copy the bytes, not the mode.
-            std::fs::write(&target, std::fs::read(&path)?)
-                .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
-            copied += 1;
-        }
-    }
-    if copied == 0 {
-        bail!("no CRD YAML in {} (module {capi}): its layout changed", bases.display());
-    }
-    let target = dir.join(CAPI_CRDS_DIR);
-    if target.exists() {
-        std::fs::remove_dir_all(&target)?;
-    }
-    std::fs::rename(&partial, target)?;
-    eprintln!("control plane: copied {copied} CAPI CRDs to {}", dir.join(CAPI_CRDS_DIR).display());
+    let sources: Vec<PathBuf> = CAPI_CRD_BASES.iter().map(|base| Path::new(&module_dir).join(base)).collect();
+    let (target, copied) = copy_yaml_files(dir, CAPI_CRDS_DIR, &sources, &format!("module {capi}"))?;
+    eprintln!("control plane: copied {copied} CAPI CRDs to {}", target.display());
     Ok(())
 }
 
