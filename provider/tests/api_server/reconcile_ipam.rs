@@ -48,6 +48,30 @@ pub async fn bridged_cluster(w: &World) {
         w.patch_status("demo", json!({ "initialization": { "infrastructureProvisioned": true } })).await;
 }
 
+/// An InClusterIPPool `name` (prefix 24, gateway 10.77.0.1) of the in-cluster IPAM provider.
+async fn create_pool(w: &World, name: &str, addresses: &str) {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1alpha2", "InClusterIPPool"),
+        "inclusterippools",
+    );
+    let pools: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(w.client.clone(), &w.ns, &resource);
+    let pool: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+        "metadata": { "name": name },
+        "spec": { "addresses": [addresses], "prefix": 24, "gateway": "10.77.0.1" },
+    }))
+    .unwrap();
+    pools.create(&Default::default(), &pool).await.unwrap_or_else(|e| panic!("creating InClusterIPPool {name}: {e}"));
+}
+
+/// CAPI core and the in-cluster IPAM provider, for as long as the value lives.
+async fn start_ipam(w: &World) -> testenv::CapiManager {
+    w.env
+        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
+        .await
+        .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"))
+}
+
 fn internal_ips(lm: &LibvirtMachine) -> Vec<String> {
     let addresses = lm.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
     addresses.into_iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address).collect()
@@ -131,25 +155,10 @@ async fn a_machine_takes_its_address_from_an_ipam_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_share_an_in_cluster_pool_and_wait_when_it_is_exhausted() {
     let w = World::new("rc-ipam-pool").await;
-    let capi = w
-        .env
-        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
-        .await
-        .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"));
+    let capi = start_ipam(&w).await;
     let _manager = w.start_manager();
     bridged_cluster(&w).await;
-    let resource = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1alpha2", "InClusterIPPool"),
-        "inclusterippools",
-    );
-    let pools: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(w.client.clone(), &w.ns, &resource);
-    let pool: kube::api::DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
-        "metadata": { "name": "lab-pool" },
-        "spec": { "addresses": ["10.77.0.10-10.77.0.11"], "prefix": 24, "gateway": "10.77.0.1" },
-    }))
-    .unwrap();
-    pools.create(&Default::default(), &pool).await.unwrap();
+    create_pool(&w, "lab-pool", "10.77.0.10-10.77.0.11").await;
 
     ipam_machine(&w, "m0", "lab-pool").await;
     ipam_machine(&w, "m1", "lab-pool").await;
@@ -202,24 +211,9 @@ async fn machines_share_an_in_cluster_pool_and_wait_when_it_is_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_gets_its_control_plane_endpoint_from_a_pool() {
     let w = World::new("rc-ipam-vip").await;
-    let _capi = w
-        .env
-        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
-        .await
-        .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"));
+    let _capi = start_ipam(&w).await;
     let _manager = w.start_manager();
-    let resource = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("ipam.cluster.x-k8s.io", "v1alpha2", "InClusterIPPool"),
-        "inclusterippools",
-    );
-    let pools: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(w.client.clone(), &w.ns, &resource);
-    let pool: kube::api::DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
-        "metadata": { "name": "vip-pool" },
-        "spec": { "addresses": ["10.77.0.5"], "prefix": 24, "gateway": "10.77.0.1" },
-    }))
-    .unwrap();
-    pools.create(&Default::default(), &pool).await.unwrap();
+    create_pool(&w, "vip-pool", "10.77.0.5").await;
 
     for cluster in ["one", "two"] {
         let lc_name = format!("{cluster}-lc");
