@@ -81,15 +81,6 @@ impl Reservations {
                 && now.duration_since(r.since) < UNCREATED
         });
     }
-
-    /// How many machines hold a reservation (for tests).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Whether CAPI marked the machine as a control-plane one.
