@@ -49,11 +49,18 @@ pub struct CapiOptions {
     ipam_in_cluster: bool,
     core_webhooks: bool,
     feature_gates: Option<String>,
+    namespace: Option<String>,
 }
 
 impl Default for CapiOptions {
     fn default() -> Self {
-        Self { kubeadm_providers: false, ipam_in_cluster: false, core_webhooks: true, feature_gates: None }
+        Self {
+            kubeadm_providers: false,
+            ipam_in_cluster: false,
+            core_webhooks: true,
+            feature_gates: None,
+            namespace: None,
+        }
     }
 }
 
@@ -94,6 +101,15 @@ impl CapiOptions {
     /// IPAM provider, which has no such flag).
     pub fn feature_gates(mut self, gates: &str) -> Self {
         self.feature_gates = Some(gates.to_owned());
+        self
+    }
+
+    /// Every manager watches only `namespace` (`--namespace`), not the whole API server: for
+    /// tests that share one API server, where a manager of one test must not act on another
+    /// test's objects (the IPAM provider, for one, puts its finalizer on every claim it sees,
+    /// and a claim it saw is not deleted once that manager has stopped).
+    pub fn watch_namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Some(namespace.to_owned());
         self
     }
 }
@@ -253,7 +269,7 @@ impl ManagerProcess {
             "--insecure-diagnostics=true".to_owned(),
             "--leader-elect=false".to_owned(),
         ];
-        let (args, webhook_port) = match provider.flags {
+        let (mut args, webhook_port) = match provider.flags {
             Flags::Capi => {
                 let cert_dir = dir.join("webhook-certs");
                 std::fs::create_dir_all(&cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
@@ -281,6 +297,9 @@ impl ManagerProcess {
                 (args, None)
             }
         };
+        if let Some(namespace) = &options.namespace {
+            args.push(format!("--namespace={namespace}"));
+        }
         let process = SupervisedProcess::start(
             provider.name,
             &binary,

@@ -64,10 +64,12 @@ async fn create_pool(w: &World, name: &str, addresses: &str) {
     pools.create(&Default::default(), &pool).await.unwrap_or_else(|e| panic!("creating InClusterIPPool {name}: {e}"));
 }
 
-/// CAPI core and the in-cluster IPAM provider, for as long as the value lives.
+/// CAPI core and the in-cluster IPAM provider, for as long as the value lives, watching
+/// only the test's namespace (the API server is shared with the other tests, among them
+/// one that plays the IPAM provider itself).
 async fn start_ipam(w: &World) -> testenv::CapiManager {
     w.env
-        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster())
+        .start_capi(testenv::CapiOptions::new().without_core_webhooks().with_ipam_in_cluster().watch_namespace(&w.ns))
         .await
         .unwrap_or_else(|e| panic!("starting CAPI core and the in-cluster IPAM provider: {e:#}"))
 }
