@@ -10,9 +10,16 @@
 //! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE cdrom, `/dev/sr0`);
 //! 3. prints one line to the serial console that tests grep for:
 //!    `CAPL-GUEST instance-id=<id> local-hostname=<name> user-data-sha256=<hex>`;
-//! 4. brings `eth0` up and runs `udhcpc -x hostname:<local-hostname>`, printing
-//!    `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
-//! 5. stays alive.
+//! 4. with a `network-config` on the seed (the provider's cloud-init v2 for
+//!    addresses from IPAM: one interface matched by MAC, its addresses, a
+//!    default route), configures that interface and prints
+//!    `CAPL-GUEST static ip=<address> dev=<interface> gateway=<gateway>`;
+//!    without one, brings `eth0` up and runs `udhcpc -x hostname:<local-hostname>`,
+//!    printing `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
+//! 5. pings every address a `#capl-ping <address>...` line of the user-data
+//!    names (but its own) until it answers, printing `CAPL-GUEST ping <address> ok`
+//!    (or `failed` after 5 minutes): tests see guests reach each other;
+//! 6. stays alive.
 //!
 //! The disk is a FAT "superfloppy" made bootable by syslinux, written with
 //! mtools (no loop devices, no mounts), then converted to qcow2. It is cached
@@ -74,12 +81,51 @@ else
 fi
 [ -n "$host" ] && hostname "$host"
 ip link set lo up
-ip link set eth0 up || say "error: no eth0"
-if [ -n "$host" ]; then
-  udhcpc -f -i eth0 -s /etc/udhcpc.script -x "hostname:$host" -t 30 -T 2 -A 2 &
+# A network-config (the provider's v2, one interface matched by MAC) means
+# static addresses; without one, DHCP on eth0.
+nc=/mnt/cidata/network-config
+self=""
+if [ -f "$nc" ]; then
+  mac=$(sed -n 's/^ *macaddress: *"\(.*\)" *$/\1/p' "$nc" | head -n 1)
+  addrs=$(sed -n 's/^ *- *"\([0-9a-fA-F.:]*\/[0-9]*\)" *$/\1/p' "$nc")
+  gw=$(sed -n 's/^ *via: *"\([0-9.]*\)" *$/\1/p' "$nc" | head -n 1)
+  dev=""
+  for d in /sys/class/net/*; do
+    [ "$(cat "$d/address")" = "$mac" ] && dev=${d##*/}
+  done
+  if [ -z "$dev" ]; then
+    say "error: network-config names MAC $mac, no interface has it"
+  else
+    ip link set "$dev" up
+    for a in $addrs; do ip addr add "$a" dev "$dev"; done
+    [ -n "$gw" ] && ip route add default via "$gw"
+    first=$(echo "$addrs" | head -n 1)
+    self=${first%/*}
+    say "static ip=$self dev=$dev gateway=$gw"
+  fi
 else
-  udhcpc -f -i eth0 -s /etc/udhcpc.script -t 30 -T 2 -A 2 &
+  ip link set eth0 up || say "error: no eth0"
+  if [ -n "$host" ]; then
+    udhcpc -f -i eth0 -s /etc/udhcpc.script -x "hostname:$host" -t 30 -T 2 -A 2 &
+  else
+    udhcpc -f -i eth0 -s /etc/udhcpc.script -t 30 -T 2 -A 2 &
+  fi
 fi
+# A line "capl-ping <address>..." after a hash in the user-data: ping each (not our own)
+# until it answers, for up to 5 minutes, and say so.
+reach() {
+  n=0
+  while [ $n -lt 150 ]; do
+    if ping -c 1 -W 2 "$1" > /dev/null 2>&1; then say "ping $1 ok"; return; fi
+    n=$((n + 1))
+    sleep 1
+  done
+  say "ping $1 failed"
+}
+peers=$(sed -n 's/^#capl-ping[[:space:]]*//p' /mnt/cidata/user-data 2>/dev/null)
+for p in $peers; do
+  [ "$p" = "$self" ] || reach "$p" &
+done
 while true; do
   wait
   sleep 60
