@@ -45,6 +45,7 @@
 //! (`PR_SET_PDEATHSIG`) and the next start removes the left-over directory.
 
 pub mod control_plane_versions;
+pub mod lab;
 pub mod remote_access;
 pub mod test_host;
 

@@ -24,7 +24,10 @@
 //!   dnsmasq killed while guests wait for leases (local control plane and the
 //!   guest image of `cargo xtask guest-image` as well);
 //! - `two_managers`: two manager processes without leader election reserving
-//!   addresses on one network at once (local control plane as well).
+//!   addresses on one network at once (local control plane as well);
+//! - `two_hosts`: two more private libvirtd started by the test (not the
+//!   test host), guests of both on one Linux bridge with static addresses,
+//!   reaching each other (the guest image as well).
 //!
 //! The tests on the real daemon share it and run side by side, except
 //! `daemon_faults`, which kills it: it takes the daemon alone
@@ -46,6 +49,7 @@ mod hung_host_manager;
 mod libvirt_real;
 mod real_support;
 mod remote_credentials;
+mod two_hosts;
 mod two_managers;
 
 /// Who uses the private libvirtd in this test process: shared by the tests

@@ -130,14 +130,19 @@ impl Drop for CleanUp {
 }
 
 /// The bootable test guest (`cargo xtask guest-image`) as a volume of the
-/// base pool: `capl-test-guest-<key>.qcow2`, `<key>` being the image's cache
-/// directory (kernel and scripts), uploaded unless it is there. The image is
-/// [`GUEST_IMAGE_ENV`], or what the built xtask's `guest-image` prints.
+/// test host's base pool: see [`guest_image_volume_in`].
 pub fn guest_image_volume(hv: &dyn HostAdmin) -> String {
+    guest_image_volume_in(hv, test_host::BASE_POOL)
+}
+
+/// The bootable test guest as a volume of `pool`: `capl-test-guest-<key>.qcow2`,
+/// `<key>` being the image's cache directory (kernel and scripts), uploaded
+/// unless it is there. The image is [`GUEST_IMAGE_ENV`], or what the built
+/// xtask's `guest-image` prints.
+pub fn guest_image_volume_in(hv: &dyn HostAdmin, pool: &str) -> String {
     let image = guest_image_path();
     let key = image.parent().and_then(Path::file_name).map_or("image".into(), |n| n.to_string_lossy().into_owned());
     let volume = format!("capl-test-guest-{key}.qcow2");
-    let pool = test_host::BASE_POOL;
     if hv.volume_xml(pool, &volume).is_ok() {
         return volume;
     }
