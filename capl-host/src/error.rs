@@ -151,6 +151,15 @@ pub enum HostError {
     ConsoleLogDirMissing { dir: String, uri: String, detail: String },
 
     #[error(
+        "network \"{network}\" on {uri} puts guests on the host interface \"{device}\", which does not exist on that host ({detail}): create the bridge there (ip link add {device} type bridge, with the port onto the LAN in it) or point the network at a bridge the host has (virsh net-edit {network}); the domain stays defined, stopped, and starts on a later try once the bridge is there"
+    )]
+    /// A start failed because the network's bridge (or other host device) is missing:
+    /// libvirt starts a network in forward mode bridge without looking for its bridge,
+    /// and has no call that says whether a host interface exists when its interface
+    /// driver is not installed.
+    BridgeMissing { network: String, device: String, uri: String, detail: String },
+
+    #[error(
         "{kind} \"{object}\" on {uri}: cannot read its XML ({detail}): this libvirt returns XML the provider does not understand, please report it"
     )]
     UnreadableXml { kind: ObjectKind, object: String, uri: String, detail: String },
@@ -193,9 +202,10 @@ impl HostError {
     /// What kind of failure this is.
     pub fn kind(&self) -> FailureKind {
         match self {
-            HostError::NetworkMissing { .. } | HostError::PoolMissing { .. } | HostError::ImageMissing { .. } => {
-                FailureKind::InfrastructureMissing
-            }
+            HostError::NetworkMissing { .. }
+            | HostError::PoolMissing { .. }
+            | HostError::ImageMissing { .. }
+            | HostError::BridgeMissing { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
             HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,

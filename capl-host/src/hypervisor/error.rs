@@ -171,11 +171,33 @@ impl HypervisorError {
         let Some((path, _)) = rest.split_once(": No such file or directory") else { return false };
         path.rsplit_once('/').is_some_and(|(parent, _)| parent.trim_end_matches('/') == dir.trim_end_matches('/'))
     }
+
+    /// The host network device a start needed and did not find: QEMU's driver says
+    /// "Cannot get interface MTU on '<device>': No such device" when a network in forward
+    /// mode bridge names a Linux bridge the host does not have (libvirt starts such a
+    /// network without looking; only the guest's tap finds out).
+    pub fn missing_device(&self) -> Option<&str> {
+        let (before, _) = self.message.split_once("': No such device")?;
+        let (_, device) = before.rsplit_once('\'')?;
+        (!device.is_empty()).then_some(device)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_bridge_is_named() {
+        let e = HypervisorError {
+            kind: ErrorKind::Other,
+            code: 38,
+            message: "Cannot get interface MTU on 'br-lab': No such device".into(),
+        };
+        assert_eq!(e.missing_device(), Some("br-lab"));
+        let other = HypervisorError { message: "Unable to open file: /x/y: No such file or directory".into(), ..e };
+        assert_eq!(other.missing_device(), None);
+    }
 
     #[test]
     fn numbers_map_to_kinds() {

@@ -148,6 +148,12 @@ impl MachineRun<'_> {
             Ok(()) => Ok(()),
             // Started by someone else between our state read and this call.
             Err(e) if e.is_already_running() => Ok(()),
+            Err(e) if e.missing_device().is_some() => Err(HostError::BridgeMissing {
+                network: self.spec.network.clone(),
+                device: e.missing_device().unwrap_or_default().to_string(),
+                uri: self.uri.clone(),
+                detail: e.to_string(),
+            }),
             Err(e) => Err(self
                 .console_log_error(&e)
                 .unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))),

@@ -105,6 +105,13 @@ const SCENARIOS: &[Scenario] = &[
     both("console_log_file", "log", console_log_file),
     both("static_addresses_on_a_bridge_network", "ipam", static_addresses_on_a_bridge),
     Scenario {
+        name: "bridge_missing_is_named",
+        tag: "nobr",
+        run: bridge_missing,
+        // The simulator does not model the host's network interfaces.
+        only_on: Some(Backend::RealLibvirtd),
+    },
+    Scenario {
         name: "console_log_dir_missing_is_named",
         tag: "nolog",
         run: |c| {
@@ -135,6 +142,26 @@ fn static_addresses_on_a_bridge(c: &Ctx) {
     if real {
         let _ = std::process::Command::new("ip").args(["link", "del", &bridge]).status();
     }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A bridge named by the test that does not exist until the scenario makes it
+/// (then removed again).
+fn bridge_missing(c: &Ctx) {
+    let bridge = format!("capl-nb{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().map(|out| out.status);
+    let _ = ip(&["link", "del", &bridge]);
+    let make = || {
+        let made = ip(&["link", "add", "name", &bridge, "type", "bridge"]);
+        assert!(made.as_ref().is_ok_and(|s| s.success()), "cannot make the Linux bridge {bridge}: {made:?}");
+        let _ = ip(&["link", "set", &bridge, "up"]);
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        host_support::bridge_missing_is_named(c.hv, c.fx, &c.namespace, &bridge, &make)
+    }));
+    let _ = ip(&["link", "del", &bridge]);
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }

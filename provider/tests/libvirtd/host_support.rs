@@ -604,6 +604,54 @@ pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
+/// A network in forward mode bridge onto a Linux bridge the host does not have:
+/// libvirt starts the network without looking, and the domain's start fails. The
+/// create fails naming the network, the bridge, the host and the fix, as missing
+/// infrastructure that is not retried as a lost connection; once the bridge exists
+/// the next create starts the domain it left defined; delete removes everything.
+/// `bridge` must not exist when called; `make_bridge` creates it.
+pub fn bridge_missing_is_named(
+    hv: &dyn HostAdmin,
+    fx: &Fixture,
+    namespace: &str,
+    bridge: &str,
+    make_bridge: &dyn Fn(),
+) {
+    let lan = format!("{namespace}-nobr");
+    let _ = hv.network_stop(&lan);
+    let _ = hv.network_undefine(&lan);
+    hv.network_define(&format!(
+        "<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"
+    ))
+    .unwrap();
+    hv.network_start(&lan).expect("libvirt starts a bridge-mode network without looking for its bridge");
+    let mut spec = fresh_spec(hv, fx, namespace, "nobr-0");
+    spec.network = lan.clone();
+    spec.ipam = true;
+    spec.static_addresses = vec![capl_host::cloud_init::StaticAddress {
+        address: "10.231.251.10".parse().unwrap(),
+        prefix: 24,
+        gateway: None,
+    }];
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("no bridge, no start");
+    assert!(
+        matches!(&err, HostError::BridgeMissing { network, device, uri, .. }
+            if *network == lan && device == bridge && uri == hv.uri()),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains(&format!("ip link add {bridge} type bridge")), "{message}");
+    assert_eq!(err.kind(), FailureKind::InfrastructureMissing, "{err}");
+    assert!(!err.is_transient(), "{err}");
+    make_bridge();
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("the bridge exists now");
+    assert_eq!(observe_machine(hv, &spec).unwrap().map(|r| r.state), Some(DomainState::Running), "{report:?}");
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), Vec::new());
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    hv.network_stop(&lan).unwrap();
+    hv.network_undefine(&lan).unwrap();
+}
+
 /// Another DHCP entry of the network (under another name) uses the MAC the
 /// machine derives from its domain name: the machine takes the next of its
 /// MAC candidates, reserves an address of its own for it and defines its

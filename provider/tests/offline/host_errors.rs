@@ -59,6 +59,12 @@ fn all_errors() -> Vec<HostError> {
             uri: uri(),
             detail: "Unable to open file: /var/log/capl/default-worker-0-1a2b3c-console.log: No such file or directory (libvirt error 38)".into(),
         },
+        HostError::BridgeMissing {
+            network: "lab-lan".into(),
+            device: "br-lab".into(),
+            uri: uri(),
+            detail: "Cannot get interface MTU on 'br-lab': No such device (libvirt error 38)".into(),
+        },
         HostError::Unreachable {
             uri: uri(),
             source: HypervisorError::new(
