@@ -22,6 +22,7 @@ pub mod objects;
 pub mod provider_process;
 pub mod scenario_init;
 pub mod scenario_move;
+pub mod scenario_multihost;
 pub mod scenario_workload;
 pub mod scenarios;
 pub mod stack;

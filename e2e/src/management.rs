@@ -72,11 +72,17 @@ impl Management {
                 let env = TestEnv::start().await.context("starting the local control plane")?;
                 // With the kubeadm bootstrap and control plane providers (and their
                 // webhooks): the workload scenarios' clusters are kubeadm ones; with
-                // ClusterTopology for the one from the ClusterClass flavor.
+                // ClusterTopology for the one from the ClusterClass flavor; and the
+                // in-cluster IPAM provider for the multihost scenario's pools.
                 let capi = env
-                    .start_capi(CapiOptions::new().with_kubeadm_providers().feature_gates("ClusterTopology=true"))
+                    .start_capi(
+                        CapiOptions::new()
+                            .with_kubeadm_providers()
+                            .with_ipam_in_cluster()
+                            .feature_gates("ClusterTopology=true"),
+                    )
                     .await
-                    .context("starting the CAPI core, kubeadm bootstrap and kubeadm control plane managers")?;
+                    .context("starting the CAPI core, kubeadm bootstrap, kubeadm control plane and IPAM managers")?;
                 env.install_crds_from_dir(&repo_root().join("config/crd/bases"))
                     .await
                     .context("installing the provider's CRDs from config/crd/bases")?;

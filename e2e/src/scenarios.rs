@@ -71,6 +71,11 @@ pub fn all() -> Vec<Scenario> {
             id: "workload-topology",
             run: |s| Box::pin(crate::scenario_workload::workload_topology(s)),
         },
+        Scenario {
+            name: "one Cluster over two hosts on one bridge, addresses and endpoint from IPAM",
+            id: "multihost",
+            run: |s| Box::pin(crate::scenario_multihost::multihost(s)),
+        },
         // Last: it adds clusterctl's inventory to the stack's management cluster.
         Scenario {
             name: "clusterctl move to a second management cluster",

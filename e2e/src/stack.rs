@@ -113,6 +113,8 @@ fn guest_image_from_xtask() -> Result<PathBuf> {
 /// A running stack.
 pub struct Stack {
     pub placement: Placement,
+    /// The guest image file (libvirt only), for scenarios that upload it to hosts of their own.
+    pub guest_image: Option<PathBuf>,
     /// The host through virsh; `None` on the simulator.
     pub host: Option<HostView>,
     /// Where the guests' serial consoles are logged (libvirt only).
@@ -185,7 +187,17 @@ impl Stack {
             &work_dir.join("provider.log"),
         )
         .await?;
-        Ok(Self { placement, host, console_dir, work_dir, provider, management, namespaces: Vec::new(), swept: false })
+        Ok(Self {
+            placement,
+            guest_image: config.guest_image.clone(),
+            host,
+            console_dir,
+            work_dir,
+            provider,
+            management,
+            namespaces: Vec::new(),
+            swept: false,
+        })
     }
 
     pub fn client(&self) -> Client {
@@ -344,24 +356,29 @@ fn upload_guest_image(host: &HostView, image: &Path) -> Result<String> {
 /// volume of that name exists; `builder` is the command that makes the image.
 /// Returns the volume name.
 pub fn upload_base_image(host: &HostView, image: &Path, kind: &str, builder: &str) -> Result<String> {
+    upload_base_image_to(host, TEST_BASE_POOL, image, kind, builder)
+}
+
+/// [`upload_base_image`] into `pool`.
+pub fn upload_base_image_to(host: &HostView, pool: &str, image: &Path, kind: &str, builder: &str) -> Result<String> {
     let key = image
         .parent()
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "image".into());
     let volume = format!("capl-e2e-{kind}-{key}.qcow2");
-    if host.volume_exists(TEST_BASE_POOL, &volume) {
+    if host.volume_exists(pool, &volume) {
         return Ok(volume);
     }
     let size = std::fs::metadata(image)
         .with_context(|| format!("the {kind} image {} is missing: run `{builder}`", image.display()))?
         .len();
     let image_path = image.display().to_string();
-    host.virsh(&["vol-create-as", TEST_BASE_POOL, &volume, &format!("{size}b"), "--format", "qcow2"])?;
-    if let Err(err) = host.virsh(&["vol-upload", "--pool", TEST_BASE_POOL, &volume, &image_path]) {
-        let _ = host.virsh(&["vol-delete", "--pool", TEST_BASE_POOL, &volume]);
+    host.virsh(&["vol-create-as", pool, &volume, &format!("{size}b"), "--format", "qcow2"])?;
+    if let Err(err) = host.virsh(&["vol-upload", "--pool", pool, &volume, &image_path]) {
+        let _ = host.virsh(&["vol-delete", "--pool", pool, &volume]);
         return Err(err);
     }
-    host.virsh(&["pool-refresh", TEST_BASE_POOL])?;
+    host.virsh(&["pool-refresh", pool])?;
     Ok(volume)
 }

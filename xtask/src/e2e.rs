@@ -30,7 +30,7 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, move); repeatable.
+    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, multihost, move); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).

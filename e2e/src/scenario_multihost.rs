@@ -1,0 +1,295 @@
+//! The e2e scenario `multihost` (issue 16): one Cluster over two libvirt hosts on one
+//! L2, addresses and the control-plane endpoint from CAPI's in-cluster IPAM provider.
+//!
+//! Two private libvirtd beside the test host (`testenv::lab`), each with the network
+//! `lab-lan` in forward mode bridge onto one Linux bridge whose only address, the lab
+//! gateway, is inside a network namespace of its own. The README's complete example
+//! ("Several hosts") is applied as written, with its variables filled in; a
+//! MachineDeployment of four with a plain bootstrap Secret follows. Checked from
+//! outside: the endpoint is allocated; the machines land on both hosts (placement by
+//! available memory), each with a distinct address of the pool; every guest's serial
+//! console shows that address and pings of every other guest (so guests on different
+//! hosts reach each other) and of the gateway; the lab namespace reaches them all.
+//! Deleting the Cluster leaves nothing on either host and no IPAddress.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use testenv::lab::{ExtraLibvirtd, LabBridge};
+
+use crate::host_view::HostView;
+use crate::objects::{self, Kind};
+use crate::scenarios::{MACHINE_READY, say};
+use crate::stack::{Stack, upload_base_image_to};
+use crate::wait::{Check, until};
+
+const ID: &str = "multihost";
+/// The lab subnet; the machines' pool is `.10-.13`, the endpoint `.250`.
+const GATEWAY: &str = "10.79.0.1";
+const MACHINES: [&str; 4] = ["10.79.0.10", "10.79.0.11", "10.79.0.12", "10.79.0.13"];
+const VIP: &str = "10.79.0.250";
+const NETWORK: &str = "lab-lan";
+const BASE_POOL: &str = "capl-lab-base";
+const DOMAIN_POOL: &str = "capl-lab-disks";
+const HOSTS: [&str; 2] = ["rack1", "rack2"];
+/// How long the guests may take to print their address and reach every peer.
+const GUESTS_REACH: Duration = Duration::from_secs(420);
+
+/// The README's YAML block that follows `<!-- e2e: multihost -->`.
+pub fn readme_example(readme: &str) -> Result<String> {
+    let (_, after) =
+        readme.split_once("<!-- e2e: multihost -->").context("README.md has no `<!-- e2e: multihost -->`")?;
+    let (_, block) = after.split_once("```yaml\n").context("no ```yaml block after `<!-- e2e: multihost -->`")?;
+    let (yaml, _) = block.split_once("\n```").context("the multihost YAML block is not closed")?;
+    Ok(format!("{yaml}\n"))
+}
+
+/// `${NAME}` and `${NAME:=default}` replaced from `vars` (a default when `NAME` is not
+/// there); a variable with neither is an error naming it.
+pub fn substitute(text: &str, vars: &BTreeMap<&str, String>) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').with_context(|| format!("unclosed ${{ in {:?}", &rest[start..]))? + start;
+        let inner = &rest[start + 2..end];
+        let (name, default) = match inner.split_once(":=") {
+            Some((name, default)) => (name, Some(default)),
+            None => (inner, None),
+        };
+        match (vars.get(name), default) {
+            (Some(value), _) => out.push_str(value),
+            (None, Some(default)) => out.push_str(default),
+            (None, None) => bail!("variable {name} has no value and no default"),
+        }
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn ipam_resource(kind: &str, plural: &str, version: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ipam.cluster.x-k8s.io", version, kind), plural)
+}
+
+fn kubectl_apply(stack: &Stack, ns: &str, manifest: &Path) -> Result<()> {
+    let kubectl = testenv::Assets::locate()?.kubectl().context("kubectl is not in the control-plane directory")?;
+    let output = std::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(stack.management.kubeconfig_path())
+        .args(["apply", "--request-timeout=60s", "-n", ns, "-f"])
+        .arg(manifest)
+        .output()
+        .with_context(|| format!("running {}", kubectl.display()))?;
+    if !output.status.success() {
+        bail!("kubectl apply -f {} failed: {}", manifest.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(())
+}
+
+/// What one running machine of the scenario is.
+struct Placed {
+    name: String,
+    host: String,
+    domain: String,
+    ip: String,
+}
+
+pub async fn multihost(stack: &mut Stack) -> Result<String> {
+    let guest_image =
+        stack.guest_image.clone().context("the multihost scenario needs the guest image (libvirt backend)")?;
+    let ns = stack.namespace(ID).await?;
+    let console_dir = stack.console_dir.clone().context("the multihost scenario needs a console log directory")?;
+    let lab = LabBridge::create(&format!("mh{}", std::process::id() % 10_000), GATEWAY, 24)?;
+    let mut daemons = Vec::new();
+    let mut views = Vec::new();
+    let mut image = String::new();
+    for name in HOSTS {
+        let daemon = ExtraLibvirtd::start(name)?;
+        daemon.add_dir_pool(BASE_POOL)?;
+        daemon.add_dir_pool(DOMAIN_POOL)?;
+        daemon.add_bridged_network(NETWORK, lab.bridge())?;
+        let view = HostView::new(daemon.uri());
+        image = upload_base_image_to(&view, BASE_POOL, &guest_image, "guest", "cargo xtask guest-image")?;
+        daemons.push(daemon);
+        views.push(view);
+    }
+    say(ID, format!("two libvirtd ({}, {}) on bridge {} with network {NETWORK}", HOSTS[0], HOSTS[1], lab.bridge()));
+
+    let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).context("reading README.md")?;
+    let vars: BTreeMap<&str, String> = [
+        ("CAPL_LAB_MACHINE_ADDRESSES", format!("{}-{}", MACHINES[0], MACHINES[3])),
+        ("CAPL_LAB_GATEWAY", GATEWAY.to_string()),
+        ("CAPL_LAB_VIP", VIP.to_string()),
+        ("CAPL_BASE_POOL", BASE_POOL.to_string()),
+        ("CAPL_DOMAIN_POOL", DOMAIN_POOL.to_string()),
+        ("CAPL_RACK1_URI", daemons[0].uri().to_string()),
+        ("CAPL_RACK2_URI", daemons[1].uri().to_string()),
+        // The tiny test guest: four of them share two cores under TCG.
+        ("CAPL_WORKER_VCPU", "1".to_string()),
+        ("CAPL_WORKER_MEMORY_MIB", "256".to_string()),
+        ("CAPL_WORKER_DISK_GIB", "1".to_string()),
+        ("CAPL_IMAGE", image.clone()),
+    ]
+    .into_iter()
+    .collect();
+    let manifest = stack.work_dir.join("multihost.yaml");
+    std::fs::write(&manifest, substitute(&readme_example(&readme)?, &vars)?)?;
+    kubectl_apply(stack, &ns, &manifest)?;
+    let client = stack.client();
+    // Every guest pings all the pool's addresses (but its own) and the gateway.
+    let user_data = format!("#cloud-config\n#capl-ping {} {GATEWAY}\n", MACHINES.join(" "));
+    objects::create(&client, &ns, Kind::Secret, objects::bootstrap_secret(&ns, "lab-bootstrap", "lab", &user_data))
+        .await?;
+    objects::create(
+        &client,
+        &ns,
+        Kind::MachineDeployment,
+        objects::machine_deployment(&ns, "lab-md", "lab", MACHINES.len() as i64, "lab-workers", "lab-bootstrap"),
+    )
+    .await?;
+    say(ID, "README example applied; MachineDeployment of 4 created");
+
+    let result = check(&client, &ns, &views, &console_dir, &lab).await;
+    let cleanup = clean_up(&client, &ns, &views).await;
+    let summary = result?;
+    cleanup?;
+    Ok(summary)
+}
+
+async fn check(client: &Client, ns: &str, views: &[HostView], console_dir: &Path, lab: &LabBridge) -> Result<String> {
+    let endpoint = until("the LibvirtCluster's allocated endpoint", Duration::from_secs(120), || async {
+        let lc = objects::get(client, ns, Kind::LibvirtCluster, "lab").await?.context("LibvirtCluster lab is gone")?;
+        Ok(match objects::str_at(&lc, &["spec", "controlPlaneEndpoint", "host"]) {
+            Some(host) => Check::Done(host.to_string()),
+            None => Check::Pending(format!("{:?}", objects::condition(&lc, "ControlPlaneEndpointReady"))),
+        })
+    })
+    .await?;
+    ensure!(endpoint == VIP, "the endpoint is {endpoint}, not {VIP} from pool lab-vips");
+    let lc = objects::get(client, ns, Kind::LibvirtCluster, "lab").await?.context("LibvirtCluster lab")?;
+    let domains: BTreeSet<String> = lc.data["status"]["failureDomains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["name"].as_str().map(str::to_string))
+        .collect();
+    ensure!(domains == HOSTS.iter().map(|h| h.to_string()).collect(), "status.failureDomains: {domains:?}");
+    say(ID, format!("endpoint {endpoint}; failure domains {domains:?}"));
+
+    let placed: Vec<Placed> = until("four LibvirtMachines ready with addresses", MACHINE_READY, || async {
+        let lms = objects::list(client, ns, Kind::LibvirtMachine).await?;
+        let ready: Vec<Placed> = lms
+            .iter()
+            .filter(|lm| objects::condition(lm, "Ready").map(|c| c.0) == Some("True"))
+            .filter_map(|lm| {
+                Some(Placed {
+                    name: objects::name(lm),
+                    host: objects::str_at(lm, &["status", "failureDomain"])?.to_string(),
+                    domain: objects::str_at(lm, &["status", "domainName"])?.to_string(),
+                    ip: objects::internal_ip(lm)?,
+                })
+            })
+            .collect();
+        Ok(if ready.len() == MACHINES.len() {
+            Check::Done(ready)
+        } else {
+            let states: Vec<String> = lms
+                .iter()
+                .map(|lm| format!("{}: {:?}", objects::name(lm), objects::condition(lm, "DomainProvisioningReady")))
+                .collect();
+            Check::Pending(format!("{} of {} ready; {}", ready.len(), MACHINES.len(), states.join("; ")))
+        })
+    })
+    .await?;
+    let ips: BTreeSet<&str> = placed.iter().map(|p| p.ip.as_str()).collect();
+    ensure!(ips == MACHINES.into_iter().collect(), "the machines' addresses {ips:?} are not the pool's {MACHINES:?}");
+    let mut per_host: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for p in &placed {
+        let index = HOSTS.iter().position(|h| *h == p.host).with_context(|| format!("{} is on {}", p.name, p.host))?;
+        let on_host = views[index].domains()?;
+        ensure!(on_host.contains(&p.domain), "{} ({}) is not on {}: {on_host:?}", p.name, p.domain, p.host);
+        per_host.entry(HOSTS[index]).or_default().push(&p.ip);
+    }
+    ensure!(per_host.len() == 2, "placement used one host only: {per_host:?}");
+    say(ID, format!("placed {per_host:?}"));
+
+    until("every guest to show its address and reach every other and the gateway", GUESTS_REACH, || async {
+        let mut missing = Vec::new();
+        for p in &placed {
+            let log =
+                std::fs::read_to_string(console_dir.join(format!("{}-console.log", p.domain))).unwrap_or_default();
+            if log.contains("CAPL-GUEST ping") && log.contains(" failed") {
+                bail!("guest {} could not reach a peer; its console:\n{log}", p.name);
+            }
+            let mut want = vec![format!("CAPL-GUEST static ip={} ", p.ip), format!("CAPL-GUEST ping {GATEWAY} ok")];
+            want.extend(MACHINES.iter().filter(|m| **m != p.ip).map(|m| format!("CAPL-GUEST ping {m} ok")));
+            missing.extend(want.into_iter().filter(|w| !log.contains(w)).map(|w| format!("{}: {w}", p.name)));
+        }
+        Ok(if missing.is_empty() { Check::Done(()) } else { Check::Pending(missing.join("; ")) })
+    })
+    .await?;
+    for ip in MACHINES {
+        ensure!(lab.ping(ip), "the lab namespace does not reach {ip}");
+    }
+    Ok(format!("endpoint {VIP}; {per_host:?}; every guest reached the other three and the gateway"))
+}
+
+/// Deletes the Cluster, then checks both hosts hold nothing of it and every address is free.
+async fn clean_up(client: &Client, ns: &str, views: &[HostView]) -> Result<()> {
+    crate::stack::delete_all_clusters(client, ns).await?;
+    for (view, host) in views.iter().zip(HOSTS) {
+        let domains = view.domains()?;
+        let volumes = view.volumes(DOMAIN_POOL)?;
+        ensure!(domains.is_empty() && volumes.is_empty(), "left on {host}: domains {domains:?}, volumes {volumes:?}");
+    }
+    let addresses: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &ipam_resource("IPAddress", "ipaddresses", "v1beta2"));
+    until("every IPAddress of the namespace to be released", Duration::from_secs(120), || async {
+        let left: Vec<String> = addresses.list(&Default::default()).await?.items.iter().map(objects::name).collect();
+        Ok(if left.is_empty() { Check::Done(()) } else { Check::Pending(left.join(", ")) })
+    })
+    .await?;
+    say(ID, "Cluster deleted: nothing left on either host, every address released");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_example_renders_with_every_variable() {
+        let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).unwrap();
+        let yaml = readme_example(&readme).unwrap();
+        let vars: BTreeMap<&str, String> = [
+            "CAPL_LAB_MACHINE_ADDRESSES",
+            "CAPL_LAB_GATEWAY",
+            "CAPL_LAB_VIP",
+            "CAPL_RACK1_URI",
+            "CAPL_RACK2_URI",
+            "CAPL_IMAGE",
+        ]
+        .into_iter()
+        .map(|n| (n, format!("<{n}>")))
+        .collect();
+        let text = substitute(&yaml, &vars).unwrap();
+        assert!(!text.contains("${"), "{text}");
+        assert!(text.contains("uri: <CAPL_RACK2_URI>") && text.contains("memoryMiB: 2048"), "{text}");
+        let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(serde::Deserialize::deserialize)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["InClusterIPPool", "InClusterIPPool", "Cluster", "LibvirtCluster", "LibvirtMachineTemplate"]
+        );
+        let missing = substitute("${NOPE}", &BTreeMap::new()).unwrap_err().to_string();
+        assert!(missing.contains("NOPE"), "{missing}");
+    }
+}
