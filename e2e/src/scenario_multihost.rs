@@ -179,7 +179,19 @@ async fn check(client: &Client, ns: &str, views: &[HostView], console_dir: &Path
         .filter_map(|d| d["name"].as_str().map(str::to_string))
         .collect();
     ensure!(domains == HOSTS.iter().map(|h| h.to_string()).collect(), "status.failureDomains: {domains:?}");
-    say(ID, format!("endpoint {endpoint}; failure domains {domains:?}"));
+    // CAPI core copies them into the Cluster, where KubeadmControlPlane and MachineDeployments read them.
+    let copied = until("CAPI to copy the failure domains into the Cluster", Duration::from_secs(120), || async {
+        let cluster = objects::get(client, ns, Kind::Cluster, "lab").await?.context("Cluster lab is gone")?;
+        let names: BTreeSet<String> = cluster.data["status"]["failureDomains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect();
+        Ok(if names == domains { Check::Done(names) } else { Check::Pending(format!("{names:?}")) })
+    })
+    .await?;
+    say(ID, format!("endpoint {endpoint}; failure domains {domains:?}, in the Cluster too: {copied:?}"));
 
     let placed: Vec<Placed> = until("four LibvirtMachines ready with addresses", MACHINE_READY, || async {
         let lms = objects::list(client, ns, Kind::LibvirtMachine).await?;
@@ -216,6 +228,25 @@ async fn check(client: &Client, ns: &str, views: &[HostView], console_dir: &Path
         per_host.entry(HOSTS[index]).or_default().push(&p.ip);
     }
     ensure!(per_host.len() == 2, "placement used one host only: {per_host:?}");
+    // The contract: CAPI copies each LibvirtMachine's status.failureDomain into its Machine.
+    until("each Machine's status.failureDomain to name its host", Duration::from_secs(120), || async {
+        let mut wrong = Vec::new();
+        for p in &placed {
+            let lm = objects::get(client, ns, Kind::LibvirtMachine, &p.name).await?.context("LibvirtMachine gone")?;
+            let owner =
+                lm.metadata.owner_references.iter().flatten().find(|o| o.kind == "Machine").map(|o| o.name.clone());
+            let machine = match owner {
+                Some(name) => objects::get(client, ns, Kind::Machine, &name).await?,
+                None => None,
+            };
+            let copied = machine.as_ref().and_then(|m| objects::str_at(m, &["status", "failureDomain"]));
+            if copied != Some(p.host.as_str()) {
+                wrong.push(format!("{}: {copied:?}, not {}", p.name, p.host));
+            }
+        }
+        Ok(if wrong.is_empty() { Check::Done(()) } else { Check::Pending(wrong.join("; ")) })
+    })
+    .await?;
     say(ID, format!("placed {per_host:?}"));
 
     until("every guest to show its address and reach every other and the gateway", GUESTS_REACH, || async {
