@@ -1,5 +1,5 @@
 //! Reading a libvirt network's XML: its first IPv4 subnet, DHCP ranges and
-//! DHCP host reservations.
+//! DHCP host reservations, and its DNS host entries.
 
 use std::net::Ipv4Addr;
 
@@ -31,11 +31,20 @@ pub struct Ipv4Subnet {
     pub hosts: Vec<DhcpHost>,
 }
 
+/// One `<dns><host ip=..><hostname>..</hostname></host>` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsHost {
+    /// `None` for an IPv6 entry (the provider only allocates IPv4).
+    pub ip: Option<Ipv4Addr>,
+    pub hostnames: Vec<String>,
+}
+
 /// What the provider reads from a network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkInfo {
     pub name: String,
     pub ipv4: Option<Ipv4Subnet>,
+    pub dns_hosts: Vec<DnsHost>,
     /// `<forward mode=..>`: none for an isolated network, `nat`, `route`,
     /// `open`, or `bridge` (a network onto an existing host bridge, on which
     /// libvirt runs no DHCP).
@@ -81,7 +90,16 @@ pub fn parse_network(xml: &str) -> Result<NetworkInfo, String> {
         .map(parse_ip)
         .transpose()?;
     let forward_mode = root.child("forward").map(|f| f.attr("mode").unwrap_or("nat").to_string());
-    Ok(NetworkInfo { name, ipv4, forward_mode })
+    let dns_hosts = root
+        .child("dns")
+        .into_iter()
+        .flat_map(|dns| dns.children_named("host"))
+        .map(|host| DnsHost {
+            ip: host.attr("ip").and_then(|ip| ip.parse().ok()),
+            hostnames: host.children_named("hostname").map(|h| h.text.trim().to_string()).collect(),
+        })
+        .collect();
+    Ok(NetworkInfo { name, ipv4, forward_mode, dns_hosts })
 }
 
 fn parse_ip(ip: &XmlElement) -> Result<Ipv4Subnet, String> {
@@ -136,6 +154,20 @@ mod tests {
         assert_eq!(v4.broadcast_address(), Ipv4Addr::new(192, 168, 122, 255));
         assert!(v4.contains(Ipv4Addr::new(192, 168, 122, 200)));
         assert!(!v4.contains(Ipv4Addr::new(192, 168, 123, 1)));
+    }
+
+    #[test]
+    fn reads_dns_hosts() {
+        let xml = "<network><name>n</name><dns><host ip='10.0.0.250'><hostname>a</hostname><hostname>b</hostname>\
+                   </host><host ip='fd00::5'><hostname>v6</hostname></host></dns></network>";
+        let net = parse_network(xml).unwrap();
+        assert_eq!(
+            net.dns_hosts,
+            vec![
+                DnsHost { ip: Some(Ipv4Addr::new(10, 0, 0, 250)), hostnames: vec!["a".into(), "b".into()] },
+                DnsHost { ip: None, hostnames: vec!["v6".into()] },
+            ]
+        );
     }
 
     #[test]

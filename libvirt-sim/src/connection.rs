@@ -293,8 +293,9 @@ impl Connection {
         Ok(())
     }
 
-    /// `virNetworkUpdate`. Only the `ip-dhcp-host` section of the first IPv4 `<ip>`
-    /// (`parent_index` -1 or 0) is modeled; live and persistent config are one.
+    /// `virNetworkUpdate`. The `ip-dhcp-host` section of the first IPv4 `<ip>`
+    /// (`parent_index` -1 or 0) and the `dns-host` section are modeled; live and
+    /// persistent config are one.
     pub fn network_update(
         &self,
         name: &str,
@@ -306,13 +307,15 @@ impl Connection {
     ) -> Result<()> {
         let mut state = self.call(Op::NetworkUpdate)?;
         let net = network_mut(&mut state, name)?;
-        if section != UpdateSection::IpDhcpHost {
+        if !matches!(section, UpdateSection::IpDhcpHost | UpdateSection::DnsHost) {
             return Err(Error::new(
                 ErrorCode::NoSupport,
-                format!("libvirt-sim models only the ip-dhcp-host section of virNetworkUpdate, not {section:?}"),
+                format!(
+                    "libvirt-sim models only the ip-dhcp-host and dns-host sections of virNetworkUpdate, not {section:?}"
+                ),
             ));
         }
-        if parent_index > 0 {
+        if section == UpdateSection::IpDhcpHost && parent_index > 0 {
             return Err(Error::invalid(format!(
                 "couldn't update dhcp host entry - no <ip family='ipv4'> element found at index {parent_index} in network '{name}'"
             )));
@@ -325,7 +328,10 @@ impl Connection {
         if config && !net.persistent {
             return Err(Error::invalid("cannot change persistent config of a transient network"));
         }
-        net.def.update_dhcp_host(command, xml)
+        match section {
+            UpdateSection::DnsHost => net.def.update_dns_host(command, xml),
+            _ => net.def.update_dhcp_host(command, xml),
+        }
     }
 
     /// `virNetworkGetDHCPLeases` (all MACs, or the one given).

@@ -1,5 +1,6 @@
 //! Virtual networks: the definition (parsed from and formatted to libvirt's network XML),
-//! DHCP host reservations with `virNetworkUpdate`'s semantics, and leases.
+//! DHCP host reservations and DNS host entries with `virNetworkUpdate`'s semantics, and
+//! leases.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -18,8 +19,30 @@ struct NetworkDoc {
     forward: Option<ForwardEl>,
     bridge: Option<BridgeEl>,
     mac: Option<MacEl>,
+    dns: Option<DnsEl>,
     #[serde(default)]
     ip: Vec<IpEl>,
+}
+
+#[derive(Deserialize)]
+struct DnsEl {
+    #[serde(default)]
+    host: Vec<DnsHostEl>,
+}
+
+#[derive(Deserialize)]
+struct DnsHostEl {
+    #[serde(rename = "@ip")]
+    ip: Option<String>,
+    #[serde(default)]
+    hostname: Vec<String>,
+}
+
+/// One `<dns><host>` entry: an address and its names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsHost {
+    pub ip: Ipv4Addr,
+    pub hostnames: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +143,7 @@ pub struct NetworkDef {
     pub forward_mode: Option<String>,
     pub bridge: Option<String>,
     pub mac: Option<Mac>,
+    pub dns_hosts: Vec<DnsHost>,
     pub ip: Option<NetworkIp>,
 }
 
@@ -260,12 +284,23 @@ impl NetworkDef {
             ),
             None => None,
         };
+        let dns_hosts = doc
+            .dns
+            .map(|dns| dns.host)
+            .unwrap_or_default()
+            .iter()
+            .map(|h| parse_dns_host(&name, h, false))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .map(|(ip, hostnames)| DnsHost { ip: ip.expect("checked"), hostnames })
+            .collect();
         Ok(NetworkDef {
             name,
             uuid,
             forward_mode: doc.forward.map(|f| f.mode.unwrap_or_else(|| "nat".to_string())),
             bridge: doc.bridge.and_then(|b| b.name),
             mac,
+            dns_hosts,
             ip,
         })
     }
@@ -284,6 +319,17 @@ impl NetworkDef {
         }
         if let Some(mac) = &self.mac {
             let _ = writeln!(x, "  <mac address='{mac}'/>");
+        }
+        if !self.dns_hosts.is_empty() {
+            let _ = writeln!(x, "  <dns>");
+            for h in &self.dns_hosts {
+                let _ = writeln!(x, "    <host ip='{}'>", h.ip);
+                for name in &h.hostnames {
+                    let _ = writeln!(x, "      <hostname>{}</hostname>", escape(name));
+                }
+                let _ = writeln!(x, "    </host>");
+            }
+            let _ = writeln!(x, "  </dns>");
         }
         if let Some(ip) = &self.ip {
             if ip.netmask_form {
@@ -390,6 +436,66 @@ impl NetworkDef {
         Ok(())
     }
 
+    /// Applies one `virNetworkUpdate` on section `dns-host`, as libvirt 11.3 does (measured):
+    /// an add is refused when an entry has the same address (names may repeat); a delete or
+    /// modify takes the one entry that has the address or one of the names, and is refused
+    /// when none or several do.
+    pub fn update_dns_host(&mut self, command: UpdateCommand, host_xml: &str) -> Result<()> {
+        let name = self.name.clone();
+        check_document(host_xml, "host").map_err(|e| {
+            if e.code() == ErrorCode::XmlError {
+                Error::xml(format!("unexpected element in update of network '{name}', expecting <host>"))
+            } else {
+                e
+            }
+        })?;
+        let el: DnsHostEl = quick_xml::de::from_str(host_xml).map_err(|e| serde_error("dns host", e))?;
+        let (ip, hostnames) = parse_dns_host(&name, &el, command == UpdateCommand::Delete)?;
+        let not_found = || Error::invalid(format!("couldn't locate a matching DNS HOST record in network {name}"));
+        match command {
+            UpdateCommand::AddFirst | UpdateCommand::AddLast => {
+                let ip = ip.expect("an add has an address");
+                if self.dns_hosts.iter().any(|h| h.ip == ip) {
+                    return Err(Error::invalid(format!(
+                        "there is already at least one DNS HOST record with a matching field in network {name}"
+                    )));
+                }
+                let host = DnsHost { ip, hostnames };
+                if command == UpdateCommand::AddFirst {
+                    self.dns_hosts.insert(0, host);
+                } else {
+                    self.dns_hosts.push(host);
+                }
+            }
+            UpdateCommand::Delete | UpdateCommand::Modify => {
+                // libvirt matches an entry on its address or on any of its names, and
+                // wants exactly one match.
+                let matches: Vec<usize> = (0..self.dns_hosts.len())
+                    .filter(|&i| {
+                        let h = &self.dns_hosts[i];
+                        ip == Some(h.ip) || hostnames.iter().any(|n| h.hostnames.contains(n))
+                    })
+                    .collect();
+                let found = match matches.as_slice() {
+                    [] => return Err(not_found()),
+                    [one] => *one,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "multiple matching DNS HOST records were found in network {name}"
+                        )));
+                    }
+                };
+                if command == UpdateCommand::Delete {
+                    self.dns_hosts.remove(found);
+                } else {
+                    let ip = ip.ok_or_else(not_found)?;
+                    self.dns_hosts[found] = DnsHost { ip, hostnames };
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every IP some reservation holds (a guest without that reservation cannot get it).
     pub(crate) fn reserved_ips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
         self.ip.iter().flat_map(|ip| ip.hosts.iter().filter_map(|h| h.ip))
@@ -412,6 +518,21 @@ impl NetworkDef {
         }
         None
     }
+}
+
+/// A `<dns><host>`'s address and names; an entry in a definition or an add needs both
+/// (libvirt: "Missing IP address in network '...' DNS HOST record", "Missing hostname ...").
+fn parse_dns_host(network: &str, h: &DnsHostEl, partial_ok: bool) -> Result<(Option<Ipv4Addr>, Vec<String>)> {
+    let ip = match &h.ip {
+        None if partial_ok => None,
+        None => return Err(Error::xml(format!("Missing IP address in network '{network}' DNS HOST record"))),
+        Some(text) => Some(parse_ip(text, || format!("Invalid IP address in network '{network}' DNS HOST record"))?),
+    };
+    let hostnames: Vec<String> = h.hostname.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+    if hostnames.is_empty() && !partial_ok {
+        return Err(Error::xml(format!("Missing hostname in network '{network}' DNS HOST record")));
+    }
+    Ok((ip, hostnames))
 }
 
 fn host_xml(h: &DhcpHost) -> String {

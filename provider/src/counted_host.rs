@@ -70,6 +70,9 @@ impl Hypervisor for Counted {
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
         self.count("network_update").network_update_dhcp_host(network, command, host_xml)
     }
+    fn network_update_dns_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
+        self.count("network_update").network_update_dns_host(network, command, host_xml)
+    }
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
         self.count("network_dhcp_leases").network_dhcp_leases(network)
     }

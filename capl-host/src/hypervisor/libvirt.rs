@@ -76,6 +76,19 @@ impl LibvirtHypervisor {
         self.conn.lookup_network_by_name(name).map_err(from_virt)
     }
 
+    /// `virNetworkUpdate` of `section`: live when the network runs, config when it is persistent.
+    fn network_update(&self, network: &str, command: NetworkUpdateCommand, section: u32, xml: &str) -> Result<()> {
+        let net = self.network(network)?;
+        let flags = network_update_flags(net.is_active().map_err(from_virt)?, net.is_persistent().map_err(from_virt)?);
+        let cmd = match command {
+            NetworkUpdateCommand::Modify => sys::VIR_NETWORK_UPDATE_COMMAND_MODIFY,
+            NetworkUpdateCommand::Delete => sys::VIR_NETWORK_UPDATE_COMMAND_DELETE,
+            NetworkUpdateCommand::AddLast => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+            NetworkUpdateCommand::AddFirst => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_FIRST,
+        };
+        net.update(cmd, section, -1, xml, flags).map_err(from_virt)
+    }
+
     fn pool(&self, name: &str) -> Result<StoragePool> {
         self.conn.lookup_storage_pool_by_name(name).map_err(from_virt)
     }
@@ -131,15 +144,11 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
-        let net = self.network(network)?;
-        let flags = network_update_flags(net.is_active().map_err(from_virt)?, net.is_persistent().map_err(from_virt)?);
-        let cmd = match command {
-            NetworkUpdateCommand::Modify => sys::VIR_NETWORK_UPDATE_COMMAND_MODIFY,
-            NetworkUpdateCommand::Delete => sys::VIR_NETWORK_UPDATE_COMMAND_DELETE,
-            NetworkUpdateCommand::AddLast => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
-            NetworkUpdateCommand::AddFirst => sys::VIR_NETWORK_UPDATE_COMMAND_ADD_FIRST,
-        };
-        net.update(cmd, sys::VIR_NETWORK_SECTION_IP_DHCP_HOST, -1, host_xml, flags).map_err(from_virt)
+        self.network_update(network, command, sys::VIR_NETWORK_SECTION_IP_DHCP_HOST, host_xml)
+    }
+
+    fn network_update_dns_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
+        self.network_update(network, command, sys::VIR_NETWORK_SECTION_DNS_HOST, host_xml)
     }
 
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {

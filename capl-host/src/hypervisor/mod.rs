@@ -248,6 +248,9 @@ pub trait Hypervisor: Send + Sync {
     /// `virNetworkUpdate` on the `ip-dhcp-host` section of the first IPv4
     /// `<ip>` element, applied live and to the persistent config.
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()>;
+    /// `virNetworkUpdate` on the `dns-host` section (`<host ip=..><hostname>..</hostname></host>`),
+    /// applied live and to the persistent config.
+    fn network_update_dns_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()>;
     /// `virNetworkGetDHCPLeases` for all MACs.
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>>;
 

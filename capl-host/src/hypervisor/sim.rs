@@ -117,25 +117,11 @@ impl Hypervisor for SimHypervisor {
     }
 
     fn network_update_dhcp_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
-        // The same flags as the libvirt implementation: live when the network
-        // runs, config when it is persistent.
-        let info = self.conn.network_lookup_by_name(network).map_err(|e| self.err(e))?;
-        let mut flags = update_flags::AFFECT_CURRENT;
-        if info.active {
-            flags |= update_flags::AFFECT_LIVE;
-        }
-        if info.persistent {
-            flags |= update_flags::AFFECT_CONFIG;
-        }
-        let command = match command {
-            NetworkUpdateCommand::Modify => UpdateCommand::Modify,
-            NetworkUpdateCommand::Delete => UpdateCommand::Delete,
-            NetworkUpdateCommand::AddLast => UpdateCommand::AddLast,
-            NetworkUpdateCommand::AddFirst => UpdateCommand::AddFirst,
-        };
-        self.conn
-            .network_update(network, command, UpdateSection::IpDhcpHost, -1, host_xml, flags)
-            .map_err(|e| self.err(e))
+        self.network_update(network, command, UpdateSection::IpDhcpHost, host_xml)
+    }
+
+    fn network_update_dns_host(&self, network: &str, command: NetworkUpdateCommand, host_xml: &str) -> Result<()> {
+        self.network_update(network, command, UpdateSection::DnsHost, host_xml)
     }
 
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
@@ -313,6 +299,34 @@ impl HostAdmin for SimHypervisor {
 
     fn domain_shutdown(&self, name: &str) -> Result<()> {
         self.conn.domain_shutdown(name).map_err(|e| self.err(e))
+    }
+}
+
+impl SimHypervisor {
+    /// `virNetworkUpdate` of `section` with the same flags as the libvirt implementation:
+    /// live when the network runs, config when it is persistent.
+    fn network_update(
+        &self,
+        network: &str,
+        command: NetworkUpdateCommand,
+        section: UpdateSection,
+        host_xml: &str,
+    ) -> Result<()> {
+        let info = self.conn.network_lookup_by_name(network).map_err(|e| self.err(e))?;
+        let mut flags = update_flags::AFFECT_CURRENT;
+        if info.active {
+            flags |= update_flags::AFFECT_LIVE;
+        }
+        if info.persistent {
+            flags |= update_flags::AFFECT_CONFIG;
+        }
+        let command = match command {
+            NetworkUpdateCommand::Modify => UpdateCommand::Modify,
+            NetworkUpdateCommand::Delete => UpdateCommand::Delete,
+            NetworkUpdateCommand::AddLast => UpdateCommand::AddLast,
+            NetworkUpdateCommand::AddFirst => UpdateCommand::AddFirst,
+        };
+        self.conn.network_update(network, command, section, -1, host_xml, flags).map_err(|e| self.err(e))
     }
 }
 

@@ -138,6 +138,7 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario { name: "domain lifecycle events", run: domain_lifecycle_events, not_on: &[] },
     Scenario { name: "node memory counts defined domains", run: node_memory_counts_defined_domains, not_on: &[] },
+    Scenario { name: "dns host entries: one per address, deleted by address and name", run: dns_hosts, not_on: &[] },
     Scenario {
         name: "domain guest shutdown events",
         run: domain_guest_shutdown_events,
@@ -352,6 +353,48 @@ fn dhcp_host_add(ctx: &Ctx) {
     assert_eq!(attr_of(&xml, "host", "mac").as_deref(), Some("52:54:00:10:00:01"), "{xml}");
     assert_eq!(attr_of(&xml, "host", "name").as_deref(), Some("m1"), "{xml}");
     assert_eq!(attr_of(&xml, "host", "ip"), Some(format!("10.231.{s}.150")), "{xml}");
+}
+
+/// What an endpoint from a libvirt network relies on: an entry per address (a second
+/// entry with the same address is refused, one with the same name is not); a delete
+/// matches an entry on its address or any of its names and is refused, deleting
+/// nothing, when no entry or several match.
+fn dns_hosts(ctx: &Ctx) {
+    let net = ctx.network("net", true);
+    let s = ctx.subnet();
+    let entry = |ip: u8, name: &str| format!("<host ip='10.231.{s}.{ip}'><hostname>{name}</hostname></host>");
+    let listed = || -> Vec<(String, Vec<String>)> {
+        let info = capl_host::network_xml::parse_network(&ctx.hv.network_xml(&net).unwrap()).unwrap();
+        info.dns_hosts.iter().map(|h| (h.ip.unwrap().to_string(), h.hostnames.clone())).collect()
+    };
+    ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::AddLast, &entry(250, "ours")).unwrap();
+    let e = expect_err(
+        ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::AddLast, &entry(250, "theirs")),
+        ErrorKind::OperationInvalid,
+        Some(55),
+        "same address",
+    );
+    assert!(e.message.contains("matching field") && e.message.contains(&net), "{e}");
+    ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::AddLast, &entry(251, "theirs")).unwrap();
+    ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::AddLast, &entry(252, "theirs")).unwrap();
+    let e = expect_err(
+        ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::Delete, &entry(250, "theirs")),
+        ErrorKind::OperationInvalid,
+        Some(55),
+        "address of one entry, name of two others",
+    );
+    assert!(e.message.contains("multiple matching DNS HOST records"), "{e}");
+    let e = expect_err(
+        ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::Delete, &entry(253, "nobody")),
+        ErrorKind::OperationInvalid,
+        Some(55),
+        "no entry",
+    );
+    assert!(e.message.contains("couldn't locate a matching DNS HOST record"), "{e}");
+    assert_eq!(listed().len(), 3, "a refused delete deletes nothing: {:?}", listed());
+    ctx.hv.network_update_dns_host(&net, NetworkUpdateCommand::Delete, &entry(250, "ours")).unwrap();
+    let theirs = vec!["theirs".to_string()];
+    assert_eq!(listed(), vec![(format!("10.231.{s}.251"), theirs.clone()), (format!("10.231.{s}.252"), theirs)]);
 }
 
 fn dhcp_host_duplicate(ctx: &Ctx) {
