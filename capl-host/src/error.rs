@@ -159,6 +159,11 @@ pub enum HostError {
     /// driver is not installed.
     BridgeMissing { network: String, device: String, uri: String, detail: String },
 
+    #[error("network \"{network}\" on {uri} has no address for a control-plane endpoint: {detail}")]
+    /// A control-plane endpoint from a libvirt network: no IPv4 subnet, or every address
+    /// outside the DHCP ranges is taken; `detail` says which, and the fix.
+    NoEndpointAddress { network: String, uri: String, detail: String },
+
     #[error(
         "{kind} \"{object}\" on {uri}: cannot read its XML ({detail}): this libvirt returns XML the provider does not understand, please report it"
     )]
@@ -217,6 +222,7 @@ impl HostError {
                 FailureKind::HostUnreachable
             }
             HostError::NoFreeAddress { .. }
+            | HostError::NoEndpointAddress { .. }
             | HostError::ConsoleLogDirMissing { .. }
             | HostError::Libvirt { .. }
             | HostError::UnreadableXml { .. } => FailureKind::ProvisioningFailed,

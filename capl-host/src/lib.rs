@@ -21,6 +21,7 @@ pub mod cloud_init;
 pub mod credentials;
 pub mod dhcp;
 pub mod domain_xml;
+pub mod endpoint;
 pub mod error;
 pub mod hypervisor;
 pub mod infra;

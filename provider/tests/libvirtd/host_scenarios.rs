@@ -104,6 +104,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     both("console_log_file", "log", console_log_file),
     both("static_addresses_on_a_bridge_network", "ipam", static_addresses_on_a_bridge),
+    both("endpoint_from_network", "vip", |c| host_support::endpoint_from_network(c.hv, c.fx, &c.namespace)),
     Scenario {
         name: "bridge_missing_is_named",
         tag: "nobr",

@@ -604,6 +604,31 @@ pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
+/// A control-plane endpoint from the network: the highest free address outside the
+/// guests' ranges, the same one again for the same owner, another for another owner;
+/// release deletes the owner's DNS host entry and nothing else.
+pub fn endpoint_from_network(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::endpoint::{allocate_endpoint, endpoint_hostname, endpoint_of, release_endpoint};
+    let (ours, theirs) = (endpoint_hostname(&format!("{namespace}-a")), endpoint_hostname(&format!("{namespace}-b")));
+    for name in [&ours, &theirs] {
+        let _ = release_endpoint(hv, &fx.network, name);
+    }
+    let a = allocate_endpoint(hv, &fx.network, &ours).expect("an endpoint");
+    assert_eq!(allocate_endpoint(hv, &fx.network, &ours).unwrap(), a, "the same owner gets the same address");
+    let b = allocate_endpoint(hv, &fx.network, &theirs).unwrap();
+    assert_ne!(a, b);
+    let subnet = parse_network(&hv.network_xml(&fx.network).unwrap()).unwrap().ipv4.unwrap();
+    for ip in [a, b] {
+        assert!(subnet.contains(ip) && ip != subnet.address, "{ip}");
+        let ranges = capl_host::dhcp::address_ranges(&subnet);
+        assert!(ranges.iter().all(|r| ip < r.start || ip > r.end), "{ip} is in a guest range {ranges:?}");
+    }
+    assert_eq!(release_endpoint(hv, &fx.network, &ours).unwrap(), Some(a));
+    assert_eq!(release_endpoint(hv, &fx.network, &ours).unwrap(), None, "released once");
+    assert_eq!(endpoint_of(hv, &fx.network, &theirs).unwrap(), Some(b), "the other entry stays");
+    assert_eq!(release_endpoint(hv, &fx.network, &theirs).unwrap(), Some(b));
+}
+
 /// A network in forward mode bridge onto a Linux bridge the host does not have:
 /// libvirt starts the network without looking, and the domain's start fails. The
 /// create fails naming the network, the bridge, the host and the fix, as missing

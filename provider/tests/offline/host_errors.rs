@@ -65,6 +65,11 @@ fn all_errors() -> Vec<HostError> {
             uri: uri(),
             detail: "Cannot get interface MTU on 'br-lab': No such device (libvirt error 38)".into(),
         },
+        HostError::NoEndpointAddress {
+            network: "default".into(),
+            uri: uri(),
+            detail: "every address of 192.168.122.0/24 outside the DHCP ranges is the host's, reserved, leased or named in its DNS: narrow a <dhcp> <range> (virsh net-edit default) to leave addresses outside it, or take the endpoint from an IPAM pool (controlPlaneEndpointFrom.pool)".into(),
+        },
         HostError::Unreachable {
             uri: uri(),
             source: HypervisorError::new(
