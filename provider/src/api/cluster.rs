@@ -55,6 +55,7 @@ use super::shared::{ApiEndpoint, FailureDomain, Initialization, PoolReference, S
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.controlPlaneEndpoint) || (has(self.controlPlaneEndpoint) && self.controlPlaneEndpoint == oldSelf.controlPlaneEndpoint)").message("controlPlaneEndpoint can be set once and is immutable after that"))]
 #[x_kube(validation = Rule::new("has(self.uri) != has(self.hosts)").message("set either uri (one host) or hosts (several hosts, each a failure domain), not both and not neither"))]
+#[x_kube(validation = Rule::new("!has(self.controlPlaneEndpointFrom) || !has(self.controlPlaneEndpointFrom.network) || has(self.uri)").message("an endpoint from the libvirt network needs the one-host form (uri): with hosts, each host's network is its own; take the endpoint from an IPAM pool (controlPlaneEndpointFrom.pool)"))]
 pub struct LibvirtClusterSpec {
     /// libvirt connection URI of the one host, e.g. qemu+tcp://libvirt.lab/system,
     /// qemu+tls://host/system or qemu+libssh://user@host/system. Immutable.
@@ -96,12 +97,13 @@ pub struct LibvirtClusterSpec {
     /// waits for Cluster.spec.controlPlaneEndpoint. Can be set once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
-    /// Allocate the control-plane endpoint from an IPAM pool when neither this
-    /// LibvirtCluster nor its Cluster names one: the provider claims an address
-    /// (IPAddressClaim `<name>-endpoint`, owned by this LibvirtCluster), sets
-    /// spec.controlPlaneEndpoint to it, and deletes the claim when the
-    /// LibvirtCluster is deleted. Pick a pool (or range) the machines' pools do
-    /// not hand out, and outside any DHCP range.
+    /// Allocate the control-plane endpoint when neither this LibvirtCluster nor
+    /// its Cluster names one, from an IPAM pool (the provider claims an address,
+    /// IPAddressClaim `<name>-endpoint` owned by this LibvirtCluster; pick a pool
+    /// the machines' pools do not hand out, outside any DHCP range) or from the
+    /// libvirt network (one host only); the provider sets
+    /// spec.controlPlaneEndpoint to it and releases the address when the
+    /// LibvirtCluster is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint_from: Option<EndpointSource>,
     /// A Secret in this namespace with the credentials the URI's transport
@@ -117,17 +119,30 @@ pub struct LibvirtClusterSpec {
     pub credentials_ref: Option<SecretReference>,
 }
 
-/// Where an allocated control-plane endpoint comes from.
+/// Where an allocated control-plane endpoint comes from: an IPAM pool or the libvirt network.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.pool) != has(self.network)").message("set pool (an IPAM pool) or network (the cluster's libvirt network), not both and not neither"))]
 pub struct EndpointSource {
     /// The IPAM pool (CAPI's IPAM contract) to claim the address from.
-    pub pool: PoolReference,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolReference>,
+    /// Take the address from the cluster's libvirt network on its one host
+    /// (spec.uri): the highest free address of the network's IPv4 subnet
+    /// outside the guests' DHCP ranges, recorded on the host as a DNS host
+    /// entry `capl-endpoint-<LibvirtCluster UID>` (guests on the network
+    /// resolve that name); deleted when the LibvirtCluster is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkEndpoint>,
     /// The port of the endpoint (default 6443).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
 }
+
+/// An endpoint from the libvirt network (no options yet).
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Default)]
+pub struct NetworkEndpoint {}
 
 /// One libvirt host of a LibvirtCluster, and the failure domain of its machines.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]

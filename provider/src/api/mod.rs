@@ -14,7 +14,9 @@ mod machine;
 mod shared;
 mod templates;
 
-pub use cluster::{ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost};
+pub use cluster::{
+    ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost, NetworkEndpoint,
+};
 pub use machine::{LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,
@@ -43,6 +45,11 @@ pub const MACHINE_FINALIZER: &str = "libvirtmachine.infrastructure.cluster.x-k8s
 /// event listing what may remain there. Presence is enough (any value).
 /// For a host that will never answer again.
 pub const SKIP_HOST_CLEANUP_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/libvirt-skip-host-cleanup";
+
+/// On a LibvirtCluster whose endpoint comes from the libvirt network: the name of its
+/// DNS host entry on the host (`capl-endpoint-<UID at allocation>`), written before the
+/// entry is made; the entry with this name is the one deleted with the LibvirtCluster.
+pub const ENDPOINT_DNS_HOST_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/libvirt-endpoint-dns-host";
 
 /// Every CRD this crate defines, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {

@@ -16,7 +16,8 @@ use super::{Context, Error, credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
 use crate::api::{
-    CLUSTER_FINALIZER, ClusterHost, FailureDomain, Initialization, LibvirtCluster, LibvirtClusterStatus, LibvirtMachine,
+    CLUSTER_FINALIZER, ClusterHost, ENDPOINT_DNS_HOST_ANNOTATION, FailureDomain, Initialization, LibvirtCluster,
+    LibvirtClusterStatus, LibvirtMachine, SKIP_HOST_CLEANUP_ANNOTATION,
 };
 use capl_host::infra::{InfraSpec, check_infrastructure};
 
@@ -90,30 +91,33 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
         && let Some((cluster, cluster_endpoint)) = &snapshot.owner_cluster
         && no_endpoint(cluster_endpoint)
     {
-        // An endpoint from IPAM: claimed, then written into the spec (set once).
-        let owner = ClaimOwner::of(object);
-        let claim = endpoint_claim_name(&object.name_any());
-        match addresses::claim_one(ctx, &ns, &owner, &claim, &from.pool, Some(cluster)).await? {
-            Claimed::Ready(found) if !found.is_empty() => {
-                let endpoint =
-                    crate::api::ApiEndpoint { host: found[0].address.to_string(), port: from.port.unwrap_or(6443) };
+        // An endpoint from IPAM or from the libvirt network, then written into the spec (set once).
+        let allocated = match (&from.pool, &from.network) {
+            (Some(pool), _) => endpoint_from_pool(ctx, object, &ns, pool, cluster).await?,
+            (None, Some(_)) => endpoint_from_network(ctx, object, &api, &ns).await?,
+            (None, None) => Allocated::Waiting(
+                reasons::INVALID_HOSTS,
+                format!(
+                    "LibvirtCluster {}: controlPlaneEndpointFrom names neither pool nor network",
+                    object.name_any()
+                ),
+            ),
+        };
+        match allocated {
+            Allocated::Address { host, note } => {
+                let endpoint = crate::api::ApiEndpoint { host, port: from.port.unwrap_or(6443) };
                 object_patch::patch_spec(
                     &api,
                     &object.name_any(),
                     serde_json::json!({ "controlPlaneEndpoint": endpoint }),
                 )
                 .await?;
-                let note = format!(
-                    "{}:{} from {} {} (IPAddressClaim {claim})",
-                    endpoint.host, endpoint.port, from.pool.kind, from.pool.name
-                );
+                let note = format!("{}:{} {note}", endpoint.host, endpoint.port);
                 ctx.event(object, EventType::Normal, "EndpointAllocated", "AllocateEndpoint", &note).await;
                 snapshot.spec_endpoint = Some(endpoint);
             }
-            Claimed::Ready(_) => {}
-            Claimed::Waiting { reason, message } | Claimed::Failed { reason, message } => {
-                snapshot.endpoint_waiting = Some((reason, message));
-            }
+            Allocated::Waiting(reason, message) => snapshot.endpoint_waiting = Some((reason, message)),
+            Allocated::NotYet => {}
         }
     }
 
@@ -135,10 +139,17 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
                 failure_domains = checked.failure_domains;
             }
             ClusterAction::RemoveFinalizer => {
-                if object.spec.control_plane_endpoint_from.is_some() {
-                    // The allocated endpoint's address goes back to its pool.
-                    let owner = ClaimOwner::of(object);
-                    addresses::release_one(ctx, &ns, &owner, &endpoint_claim_name(&object.name_any())).await?;
+                if let Some(from) = &object.spec.control_plane_endpoint_from {
+                    // The allocated endpoint's address goes back to its pool, or to the network.
+                    if from.pool.is_some() {
+                        let owner = ClaimOwner::of(object);
+                        addresses::release_one(ctx, &ns, &owner, &endpoint_claim_name(&object.name_any())).await?;
+                    }
+                    if from.network.is_some()
+                        && let Some(requeue) = release_network_endpoint(ctx, object, &ns).await?
+                    {
+                        return Ok(requeue);
+                    }
                 }
                 object_patch::remove_finalizer(&api, object, CLUSTER_FINALIZER).await?;
                 return Ok(Action::await_change());
@@ -148,6 +159,136 @@ async fn reconcile_inner(object: &LibvirtCluster, ctx: &Context) -> Result<Actio
 
     report(object, ctx, &api, &plan, failure_domains).await?;
     Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// What an allocation of the control-plane endpoint came to in this reconcile.
+enum Allocated {
+    /// The address, and where it came from (for the event).
+    Address { host: String, note: String },
+    /// Not yet, or not possible: the condition's reason and message.
+    Waiting(&'static str, String),
+    /// Nothing to report (the claim has no address yet and said nothing).
+    NotYet,
+}
+
+async fn endpoint_from_pool(
+    ctx: &Context,
+    object: &LibvirtCluster,
+    ns: &str,
+    pool: &crate::api::PoolReference,
+    cluster: &str,
+) -> Result<Allocated, Error> {
+    let owner = ClaimOwner::of(object);
+    let claim = endpoint_claim_name(&object.name_any());
+    Ok(match addresses::claim_one(ctx, ns, &owner, &claim, pool, Some(cluster)).await? {
+        Claimed::Ready(found) if !found.is_empty() => Allocated::Address {
+            host: found[0].address.to_string(),
+            note: format!("from {} {} (IPAddressClaim {claim})", pool.kind, pool.name),
+        },
+        Claimed::Ready(_) => Allocated::NotYet,
+        Claimed::Waiting { reason, message } | Claimed::Failed { reason, message } => {
+            Allocated::Waiting(reason, message)
+        }
+    })
+}
+
+/// The DNS host name of this LibvirtCluster's endpoint entry: recorded in an annotation
+/// before the entry is made (so it survives `clusterctl move`, which gives the object a
+/// new UID), derived from the UID the first time.
+async fn endpoint_dns_name(object: &LibvirtCluster, api: &Api<LibvirtCluster>) -> Result<String, Error> {
+    if let Some(name) = object.annotations().get(ENDPOINT_DNS_HOST_ANNOTATION) {
+        return Ok(name.clone());
+    }
+    let name = capl_host::endpoint::endpoint_hostname(&object.uid().unwrap_or_default());
+    let patch = serde_json::json!({ "metadata": { "annotations": { ENDPOINT_DNS_HOST_ANNOTATION: name } } });
+    api.patch(&object.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;
+    Ok(name)
+}
+
+async fn endpoint_from_network(
+    ctx: &Context,
+    object: &LibvirtCluster,
+    api: &Api<LibvirtCluster>,
+    ns: &str,
+) -> Result<Allocated, Error> {
+    let owner = format!("LibvirtCluster {}", object.name_any());
+    let hosts = object.spec.hosts();
+    let [host] = hosts.as_slice() else {
+        return Ok(Allocated::Waiting(
+            reasons::INVALID_HOSTS,
+            format!(
+                "{owner}: an endpoint from the libvirt network needs the one-host form (spec.uri); take it from an IPAM pool (controlPlaneEndpointFrom.pool)"
+            ),
+        ));
+    };
+    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner).await? {
+        Ok(opened) => opened,
+        Err(unusable) => return Ok(Allocated::Waiting(unusable.reason, unusable.message)),
+    };
+    let hostname = endpoint_dns_name(object, api).await?;
+    let (network, name) = (host.network.clone(), hostname.clone());
+    let started = Instant::now();
+    let result =
+        ctx.connections.host(&opened).call(move |h| capl_host::endpoint::allocate_endpoint(h, &network, &name)).await;
+    ctx.metrics.host_operation("allocate_endpoint", started.elapsed());
+    Ok(match result {
+        Ok(ip) => Allocated::Address {
+            host: ip.to_string(),
+            note: format!("from libvirt network {} on {} (DNS host entry {hostname})", host.network, host.uri),
+        },
+        Err(err) => Allocated::Waiting(
+            super::host_failure::cluster_reason(err.kind()),
+            credentials::as_user_wrote_it(format!("{owner}: {err}"), &opened, &host.uri),
+        ),
+    })
+}
+
+/// Deletes the endpoint's DNS host entry from the network (only the entry of this
+/// LibvirtCluster's name). `Some(action)` when it must be tried again (the host did not
+/// answer, said in a Warning event); with the skip-host-cleanup annotation the entry is
+/// left, said in a Warning event.
+async fn release_network_endpoint(ctx: &Context, object: &LibvirtCluster, ns: &str) -> Result<Option<Action>, Error> {
+    let Some(hostname) = object.annotations().get(ENDPOINT_DNS_HOST_ANNOTATION).cloned() else { return Ok(None) };
+    let hosts = object.spec.hosts();
+    let [host] = hosts.as_slice() else { return Ok(None) };
+    let owner = format!("LibvirtCluster {}", object.name_any());
+    if object.annotations().contains_key(SKIP_HOST_CLEANUP_ANNOTATION) {
+        let note = format!(
+            "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the DNS host entry {hostname} of the endpoint stays on network {} on {}",
+            host.network, host.uri
+        );
+        ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
+        return Ok(None);
+    }
+    let failed = |message: String| async move {
+        ctx.event(object, EventType::Warning, "EndpointReleaseFailed", "Delete", &message).await;
+        Ok(Some(Action::requeue(std::time::Duration::from_secs(20))))
+    };
+    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner).await? {
+        Ok(opened) => opened,
+        Err(unusable) => return failed(unusable.message).await,
+    };
+    let (network, name) = (host.network.clone(), hostname.clone());
+    let result =
+        ctx.connections.host(&opened).call(move |h| capl_host::endpoint::release_endpoint(h, &network, &name)).await;
+    match result {
+        Ok(Some(ip)) => {
+            let note = format!("released {ip} (DNS host entry {hostname}) on network {} on {}", host.network, host.uri);
+            ctx.event(object, EventType::Normal, "EndpointReleased", "Delete", &note).await;
+            Ok(None)
+        }
+        Ok(None) => Ok(None),
+        Err(err) => {
+            let message = credentials::as_user_wrote_it(
+                format!(
+                    "{owner}: {err}; the endpoint's DNS host entry {hostname} is released once the host answers (or set {SKIP_HOST_CLEANUP_ANNOTATION} to leave it)"
+                ),
+                &opened,
+                &host.uri,
+            );
+            failed(message).await
+        }
+    }
 }
 
 /// The IPAddressClaim of an allocated control-plane endpoint.

@@ -25,6 +25,7 @@ mod reconcile_ipam;
 mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;
+mod reconcile_network_endpoint;
 mod reconcile_restart;
 mod reconcile_template;
 mod reconcile_uri_policy;

@@ -195,6 +195,8 @@ fn readme_examples_parse_into_our_types() {
     assert!(!blocks.is_empty(), "the README shows at least one LibvirtCluster/LibvirtMachine example");
     let mut kinds = BTreeSet::new();
     for block in blocks {
+        // A block with clusterctl variables (the several-hosts example) is read filled in.
+        let (block, _) = substitute(&block);
         for doc in parse_documents(&block) {
             if doc["apiVersion"].as_str().is_some_and(|v| v.starts_with("infrastructure.cluster.x-k8s.io/")) {
                 check_our_kind(&doc, "README.md");
