@@ -254,13 +254,14 @@ impl Stack {
         Ok(leftovers)
     }
 
-    /// Removes every domain, volume and DHCP host whose name starts with
-    /// [`NAME_PREFIX`]; returns what it removed.
+    /// Removes every domain, volume and DHCP host whose name starts with one of this
+    /// run's namespaces (never another run's: two runs may share the host); returns
+    /// what it removed.
     fn sweep_host(&self) -> Vec<String> {
         let Some(host) = &self.host else {
             return Vec::new();
         };
-        sweep(host)
+        self.namespaces.iter().flat_map(|ns| sweep_prefix(host, &format!("{ns}-"))).collect()
     }
 }
 
@@ -274,11 +275,6 @@ impl Drop for Stack {
             }
         }
     }
-}
-
-/// Removes the run's leftovers from the host (see [`Stack::sweep_host`]).
-pub fn sweep(host: &HostView) -> Vec<String> {
-    sweep_prefix(host, NAME_PREFIX)
 }
 
 /// Removes every domain, volume (and seed ISO) and DHCP host of the test pool and
