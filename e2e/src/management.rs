@@ -105,8 +105,10 @@ impl Management {
                 .await?;
                 let management = Management::Kind { kubeconfig: kubeconfig.clone(), client: Client::try_from(config)? };
                 run(
-                    "clusterctl init (CAPI core and its cert-manager)",
-                    Command::new("clusterctl").args(["init", "--wait-providers", "--kubeconfig"]).arg(&kubeconfig),
+                    "clusterctl init (CAPI core, the in-cluster IPAM provider and cert-manager)",
+                    Command::new("clusterctl")
+                        .args(["init", "--ipam", "in-cluster", "--wait-providers", "--kubeconfig"])
+                        .arg(&kubeconfig),
                 )?;
                 run(
                     "installing the provider's CRDs",
