@@ -36,10 +36,14 @@ fn read(hv: &dyn Hypervisor, network: &str) -> HostResult<NetworkInfo> {
     })
 }
 
+/// The address a DNS host entry of the network records for `hostname`, if any.
+fn recorded(info: &NetworkInfo, hostname: &str) -> Option<Ipv4Addr> {
+    info.dns_hosts.iter().find(|h| h.hostnames.iter().any(|n| n == hostname)).and_then(|h| h.ip)
+}
+
 /// The address recorded for `hostname` on `network`, if any.
 pub fn endpoint_of(hv: &dyn Hypervisor, network: &str, hostname: &str) -> HostResult<Option<Ipv4Addr>> {
-    let info = read(hv, network)?;
-    Ok(info.dns_hosts.iter().find(|h| h.hostnames.iter().any(|n| n == hostname)).and_then(|h| h.ip))
+    Ok(recorded(&read(hv, network)?, hostname))
 }
 
 /// The endpoint address of `hostname` on `network`: the one already recorded, else the
@@ -50,7 +54,7 @@ pub fn allocate_endpoint(hv: &dyn Hypervisor, network: &str, hostname: &str) -> 
     let mut refused = HashSet::new();
     for _ in 0..ATTEMPTS {
         let info = read(hv, network)?;
-        if let Some(ip) = info.dns_hosts.iter().find(|h| h.hostnames.iter().any(|n| n == hostname)).and_then(|h| h.ip) {
+        if let Some(ip) = recorded(&info, hostname) {
             return Ok(ip);
         }
         let Some(subnet) = &info.ipv4 else {

@@ -76,19 +76,14 @@ fn ipam_resource(kind: &str, plural: &str, version: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("ipam.cluster.x-k8s.io", version, kind), plural)
 }
 
-fn kubectl_apply(stack: &Stack, ns: &str, manifest: &Path) -> Result<()> {
-    let kubectl = testenv::Assets::locate()?.kubectl().context("kubectl is not in the control-plane directory")?;
-    let output = std::process::Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(stack.management.kubeconfig_path())
-        .args(["apply", "--request-timeout=60s", "-n", ns, "-f"])
-        .arg(manifest)
-        .output()
-        .with_context(|| format!("running {}", kubectl.display()))?;
-    if !output.status.success() {
-        bail!("kubectl apply -f {} failed: {}", manifest.display(), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(())
+/// The names in an object's `status.failureDomains` (v1beta2 list form).
+fn failure_domain_names(object: &DynamicObject) -> BTreeSet<String> {
+    object.data["status"]["failureDomains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["name"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// What one running machine of the scenario is.
@@ -139,7 +134,7 @@ pub async fn multihost(stack: &mut Stack) -> Result<String> {
     .collect();
     let manifest = stack.work_dir.join("multihost.yaml");
     std::fs::write(&manifest, substitute(&readme_example(&readme)?, &vars)?)?;
-    kubectl_apply(stack, &ns, &manifest)?;
+    crate::scenario_workload::kubectl_apply(stack, Some(&ns), &manifest)?;
     let client = stack.client();
     // Every guest pings all the pool's addresses (but its own) and the gateway.
     let user_data = format!("#cloud-config\n#capl-ping {} {GATEWAY}\n", MACHINES.join(" "));
@@ -172,22 +167,12 @@ async fn check(client: &Client, ns: &str, views: &[HostView], console_dir: &Path
     .await?;
     ensure!(endpoint == VIP, "the endpoint is {endpoint}, not {VIP} from pool lab-vips");
     let lc = objects::get(client, ns, Kind::LibvirtCluster, "lab").await?.context("LibvirtCluster lab")?;
-    let domains: BTreeSet<String> = lc.data["status"]["failureDomains"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|d| d["name"].as_str().map(str::to_string))
-        .collect();
+    let domains = failure_domain_names(&lc);
     ensure!(domains == HOSTS.iter().map(|h| h.to_string()).collect(), "status.failureDomains: {domains:?}");
     // CAPI core copies them into the Cluster, where KubeadmControlPlane and MachineDeployments read them.
     let copied = until("CAPI to copy the failure domains into the Cluster", Duration::from_secs(120), || async {
         let cluster = objects::get(client, ns, Kind::Cluster, "lab").await?.context("Cluster lab is gone")?;
-        let names: BTreeSet<String> = cluster.data["status"]["failureDomains"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| d["name"].as_str().map(str::to_string))
-            .collect();
+        let names = failure_domain_names(&cluster);
         Ok(if names == domains { Check::Done(names) } else { Check::Pending(format!("{names:?}")) })
     })
     .await?;

@@ -200,7 +200,7 @@ pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: impl Fn
     let image = upload_base_image(stack.libvirt()?, &image_path, "node", "cargo xtask node-image")?;
     say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
     let manifest = generate_cluster(stack, ns, &image, flavor)?;
-    kubectl_apply(stack, &manifest)?;
+    kubectl_apply(stack, None, &manifest)?;
     let flavor_arg = if flavor == Flavor::Topology { " --flavor topology" } else { "" };
     say(format!(
         "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, 1 worker, endpoint {})",
@@ -375,15 +375,15 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
     Ok(path)
 }
 
-fn kubectl_apply(stack: &Stack, manifest: &Path) -> Result<()> {
+/// `kubectl apply -f manifest` to the management cluster, into `namespace` when given.
+pub(crate) fn kubectl_apply(stack: &Stack, namespace: Option<&str>, manifest: &Path) -> Result<()> {
     let kubectl = testenv::Assets::locate()?.kubectl().context("kubectl is not in the control-plane directory")?;
-    let output = std::process::Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(stack.management.kubeconfig_path())
-        .args(["apply", "--request-timeout=60s", "-f"])
-        .arg(manifest)
-        .output()
-        .with_context(|| format!("running {}", kubectl.display()))?;
+    let mut command = std::process::Command::new(&kubectl);
+    command.arg("--kubeconfig").arg(stack.management.kubeconfig_path()).args(["apply", "--request-timeout=60s"]);
+    if let Some(namespace) = namespace {
+        command.args(["-n", namespace]);
+    }
+    let output = command.arg("-f").arg(manifest).output().with_context(|| format!("running {}", kubectl.display()))?;
     if !output.status.success() {
         bail!("kubectl apply -f {} failed: {}", manifest.display(), String::from_utf8_lossy(&output.stderr).trim());
     }

@@ -363,13 +363,7 @@ impl NetworkDef {
     /// Applies one `virNetworkUpdate` on section `ip-dhcp-host` with libvirt's matching rules.
     pub fn update_dhcp_host(&mut self, command: UpdateCommand, host_xml: &str) -> Result<()> {
         let name = self.name.clone();
-        check_document(host_xml, "host").map_err(|e| {
-            if e.code() == ErrorCode::XmlError {
-                Error::xml(format!("unexpected element in update of network '{name}', expecting <host>"))
-            } else {
-                e
-            }
-        })?;
+        check_host_document(&name, host_xml)?;
         let el: HostEl = quick_xml::de::from_str(host_xml).map_err(|e| serde_error("dhcp host", e))?;
         let ip_def = self.ip.as_mut().ok_or_else(|| {
             Error::invalid(format!(
@@ -442,13 +436,7 @@ impl NetworkDef {
     /// when none or several do.
     pub fn update_dns_host(&mut self, command: UpdateCommand, host_xml: &str) -> Result<()> {
         let name = self.name.clone();
-        check_document(host_xml, "host").map_err(|e| {
-            if e.code() == ErrorCode::XmlError {
-                Error::xml(format!("unexpected element in update of network '{name}', expecting <host>"))
-            } else {
-                e
-            }
-        })?;
+        check_host_document(&name, host_xml)?;
         let el: DnsHostEl = quick_xml::de::from_str(host_xml).map_err(|e| serde_error("dns host", e))?;
         let (ip, hostnames) = parse_dns_host(&name, &el, command == UpdateCommand::Delete)?;
         let not_found = || Error::invalid(format!("couldn't locate a matching DNS HOST record in network {name}"));
@@ -518,6 +506,17 @@ impl NetworkDef {
         }
         None
     }
+}
+
+/// The document of a `virNetworkUpdate` on a host section must be one `<host>`.
+fn check_host_document(network: &str, host_xml: &str) -> Result<()> {
+    check_document(host_xml, "host").map_err(|e| {
+        if e.code() == ErrorCode::XmlError {
+            Error::xml(format!("unexpected element in update of network '{network}', expecting <host>"))
+        } else {
+            e
+        }
+    })
 }
 
 /// A `<dns><host>`'s address and names; an entry in a definition or an add needs both

@@ -604,6 +604,20 @@ pub fn console_log_dir_missing(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
+/// Defines and starts network `name` in forward mode bridge onto the Linux bridge
+/// `bridge` (a left-over one of that name is removed first); libvirt starts it
+/// without looking for the bridge. Returns the name.
+fn bridged_network(hv: &dyn HostAdmin, name: &str, bridge: &str) -> String {
+    let _ = hv.network_stop(name);
+    let _ = hv.network_undefine(name);
+    hv.network_define(&format!(
+        "<network><name>{name}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"
+    ))
+    .unwrap();
+    hv.network_start(name).unwrap_or_else(|e| panic!("starting bridge-mode network {name} onto {bridge}: {e}"));
+    name.to_string()
+}
+
 /// A control-plane endpoint from the network: the highest free address outside the
 /// guests' ranges, the same one again for the same owner, another for another owner;
 /// release deletes the owner's DNS host entry and nothing else.
@@ -642,14 +656,7 @@ pub fn bridge_missing_is_named(
     bridge: &str,
     make_bridge: &dyn Fn(),
 ) {
-    let lan = format!("{namespace}-nobr");
-    let _ = hv.network_stop(&lan);
-    let _ = hv.network_undefine(&lan);
-    hv.network_define(&format!(
-        "<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"
-    ))
-    .unwrap();
-    hv.network_start(&lan).expect("libvirt starts a bridge-mode network without looking for its bridge");
+    let lan = bridged_network(hv, &format!("{namespace}-nobr"), bridge);
     let mut spec = fresh_spec(hv, fx, namespace, "nobr-0");
     spec.network = lan.clone();
     spec.ipam = true;
@@ -782,14 +789,7 @@ fn without_timestamps(xml: &str) -> String {
 pub fn static_addresses_on_a_bridge_network(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, bridge: &str) {
     use capl_host::cloud_init::{StaticAddress, iso_file};
     use capl_host::{InfraSpec, check_infrastructure};
-    let lan = format!("{namespace}-lan");
-    let _ = hv.network_stop(&lan);
-    let _ = hv.network_undefine(&lan);
-    hv.network_define(&format!(
-        "<network><name>{lan}</name><forward mode='bridge'/><bridge name='{bridge}'/></network>"
-    ))
-    .unwrap();
-    hv.network_start(&lan).unwrap();
+    let lan = bridged_network(hv, &format!("{namespace}-lan"), bridge);
     let infra =
         InfraSpec { network: lan.clone(), base_pool: fx.base_pool.clone(), domain_pool: fx.domain_pool.clone() };
     check_infrastructure(hv, &infra).expect("a bridge-mode network needs no <ip>: its machines take IPAM addresses");
