@@ -123,6 +123,8 @@ struct Provider {
     /// manager started without webhooks.
     webhook_manifest: Option<&'static str>,
     flags: Flags,
+    /// Flags of this manager alone.
+    extra_args: &'static [&'static str],
 }
 
 /// The command-line conventions of a manager.
@@ -140,24 +142,34 @@ const CORE: Provider = Provider {
     binary: Assets::capi_manager,
     webhook_manifest: Some("core.yaml"),
     flags: Flags::Capi,
+    extra_args: &[],
 };
 const KUBEADM_BOOTSTRAP: Provider = Provider {
     name: "capi-kubeadm-bootstrap-manager",
     binary: Assets::capi_kubeadm_bootstrap_manager,
     webhook_manifest: Some("kubeadm-bootstrap.yaml"),
     flags: Flags::Capi,
+    extra_args: &[],
 };
 const KUBEADM_CONTROL_PLANE: Provider = Provider {
     name: "capi-kubeadm-control-plane-manager",
     binary: Assets::capi_kubeadm_control_plane_manager,
     webhook_manifest: Some("kubeadm-control-plane.yaml"),
     flags: Flags::Capi,
+    // KCP reads the workload cluster's etcd members through a port-forward of the
+    // workload API server to the etcd Pod, within a 10 s dial and a 15 s call by
+    // default; one failed read makes the control plane `Available=Unknown`
+    // (InspectionFailed, "Failed to get etcd members"). A control-plane guest whose
+    // CPUs QEMU emulates, sharing 2 host cores with its workers, answers slower than
+    // that for minutes at a time; a minute for each is what such a lab needs.
+    extra_args: &["--etcd-dial-timeout-duration=60s", "--etcd-call-timeout-duration=60s"],
 };
 const IPAM_IN_CLUSTER: Provider = Provider {
     name: "capi-ipam-in-cluster-manager",
     binary: Assets::ipam_in_cluster_manager,
     webhook_manifest: None,
     flags: Flags::IpamInCluster,
+    extra_args: &[],
 };
 
 /// CAPI's running managers (the core manager, and the kubeadm and IPAM providers if asked for) and
@@ -300,6 +312,7 @@ impl ManagerProcess {
         if let Some(namespace) = &options.namespace {
             args.push(format!("--namespace={namespace}"));
         }
+        args.extend(provider.extra_args.iter().map(|a| (*a).to_owned()));
         let process = SupervisedProcess::start(
             provider.name,
             &binary,
