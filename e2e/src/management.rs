@@ -153,6 +153,19 @@ impl Management {
         }
     }
 
+    /// Copies the local CAPI managers' logs into `dir` (they go with the control plane's
+    /// scratch directory when the run ends) and returns where they are; `None` on kind.
+    pub fn keep_capi_logs(&self, dir: &std::path::Path) -> Option<std::path::PathBuf> {
+        let Management::Local { capi, .. } = self else { return None };
+        std::fs::create_dir_all(dir).ok()?;
+        for log in capi.log_paths() {
+            if let Some(name) = log.file_name() {
+                let _ = std::fs::copy(log, dir.join(name));
+            }
+        }
+        Some(dir.to_path_buf())
+    }
+
     /// The end of the CAPI core manager's log.
     pub fn capi_log_tail(&self, lines: usize) -> String {
         match self {
