@@ -154,16 +154,18 @@ impl Management {
     }
 
     /// Copies the local CAPI managers' logs into `dir` (they go with the control plane's
-    /// scratch directory when the run ends) and returns where they are; `None` on kind.
-    pub fn keep_capi_logs(&self, dir: &std::path::Path) -> Option<std::path::PathBuf> {
-        let Management::Local { capi, .. } = self else { return None };
-        std::fs::create_dir_all(dir).ok()?;
+    /// scratch directory when the run ends); false on kind, which keeps them in its Pods.
+    pub fn keep_capi_logs(&self, dir: &std::path::Path) -> bool {
+        let Management::Local { capi, .. } = self else { return false };
+        if std::fs::create_dir_all(dir).is_err() {
+            return false;
+        }
         for log in capi.log_paths() {
             if let Some(name) = log.file_name() {
                 let _ = std::fs::copy(log, dir.join(name));
             }
         }
-        Some(dir.to_path_buf())
+        true
     }
 
     /// The end of the CAPI core manager's log.

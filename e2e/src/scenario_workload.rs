@@ -107,13 +107,7 @@ impl Timings {
 pub async fn workload(stack: &mut Stack) -> Result<String> {
     let ns = stack.namespace(ID).await?;
     let result = run(stack, &ns).await;
-    if let Err(err) = &result {
-        report_workload(&stack.client(), &ns).await;
-        report_guests(stack, &ns);
-        keep_capi_logs(stack, &ns);
-        return Err(anyhow::anyhow!("{err:#}"));
-    }
-    result
+    report_failure(stack, &ns, result).await
 }
 
 /// The `workload-topology` scenario: a cluster from the ClusterClass flavor
@@ -127,10 +121,16 @@ pub async fn workload(stack: &mut Stack) -> Result<String> {
 pub async fn workload_topology(stack: &mut Stack) -> Result<String> {
     let ns = stack.namespace(TOPOLOGY_ID).await?;
     let result = run_topology(stack, &ns).await;
+    report_failure(stack, &ns, result).await
+}
+
+/// On a workload scenario's failure: what the workload cluster says, each guest's console
+/// tail and the CAPI managers' logs kept, then the error with its whole chain of causes.
+async fn report_failure(stack: &Stack, ns: &str, result: Result<String>) -> Result<String> {
     if let Err(err) = &result {
-        report_workload(&stack.client(), &ns).await;
-        report_guests(stack, &ns);
-        keep_capi_logs(stack, &ns);
+        report_workload(&stack.client(), ns).await;
+        report_guests(stack, ns);
+        keep_capi_logs(stack, ns);
         return Err(anyhow::anyhow!("{err:#}"));
     }
     result
@@ -163,14 +163,7 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     .await?;
     timings.mark("kubeadm init done (KCP initialized)");
 
-    let workload = workload_client(&client, ns).await?;
-    let nodes_api: Api<Node> = Api::all(workload.clone());
-    let nodes = wait_nodes_ready(&nodes_api, 1, SETTLE).await?;
-    timings.mark("control-plane Node Ready");
-    wait_machines_running(&client, ns, 1).await?;
-    check_provider_ids(&client, ns, &nodes).await?;
-    kcp_available(&client, ns, &kcp_api, &kcp_name).await?;
-    timings.mark("KCP Available, its Machine Running with a nodeRef");
+    let (_, nodes) = control_plane_available(&client, ns, &kcp_api, &kcp_name, &mut timings).await?;
 
     crate::scenarios::clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
@@ -179,6 +172,27 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     let table = timings.table();
     eprintln!("  [{TOPOLOGY_ID}] timing (seconds since kubectl apply):\n{table}");
     Ok(format!("KubeadmControlPlane {kcp_name}, nodes {:?}\n{table}", node_names(&nodes)))
+}
+
+/// With the control-plane machine the only guest: its Node Ready through the endpoint,
+/// its Machine Running with a nodeRef and the Node's providerID its LibvirtMachine's,
+/// then KCP Available. Returns the workload cluster's client and its one Node.
+async fn control_plane_available(
+    client: &Client,
+    ns: &str,
+    kcp_api: &Api<kube::api::DynamicObject>,
+    kcp_name: &str,
+    timings: &mut Timings,
+) -> Result<(Client, Vec<Node>)> {
+    let workload = workload_client(client, ns).await?;
+    let nodes_api: Api<Node> = Api::all(workload.clone());
+    let nodes = wait_nodes_ready(&nodes_api, 1, SETTLE).await?;
+    timings.mark("control-plane Node Ready");
+    wait_machines_running(client, ns, 1).await?;
+    check_provider_ids(client, ns, &nodes).await?;
+    kcp_available(client, ns, kcp_api, kcp_name).await?;
+    timings.mark("KCP Available, its Machine Running with a nodeRef");
+    Ok((workload, nodes))
 }
 
 /// Uploads the node image (`$CAPL_NODE_IMAGE`) into the base pool, renders the default
@@ -251,14 +265,8 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
 
     // 3. The workload cluster through the endpoint, and KCP Available, while the
     // control-plane machine is the only guest.
-    let workload = workload_client(&client, ns).await?;
+    let (workload, _) = control_plane_available(&client, ns, &kcp_api, &kcp_name, &mut timings).await?;
     let nodes_api: Api<Node> = Api::all(workload.clone());
-    let nodes = wait_nodes_ready(&nodes_api, 1, SETTLE).await?;
-    timings.mark("control-plane Node Ready");
-    wait_machines_running(&client, ns, 1).await?;
-    check_provider_ids(&client, ns, &nodes).await?;
-    kcp_available(&client, ns, &kcp_api, &kcp_name).await?;
-    timings.mark("KCP Available, its Machine Running with a nodeRef");
 
     // 4. The MachineDeployment scaled to one: the worker joins.
     let md = format!("{CLUSTER}-md-0");
@@ -435,20 +443,14 @@ pub(crate) async fn workload_kubeconfig(client: &Client, ns: &str) -> Result<(Ku
 
 /// Waits until exactly `count` Nodes exist and all are Ready; returns them.
 async fn wait_nodes_ready(nodes: &Api<Node>, count: usize, timeout: Duration) -> Result<Vec<Node>> {
-    wait_nodes(nodes, count, true, timeout).await
-}
-
-/// Waits until at least `count` Nodes are Ready, and (`exact`) no other Node exists.
-async fn wait_nodes(nodes: &Api<Node>, count: usize, exact: bool, timeout: Duration) -> Result<Vec<Node>> {
-    let what = if exact { format!("exactly {count} Nodes, all Ready") } else { format!("{count} Ready Node(s)") };
-    until(&format!("{what} in the workload cluster"), timeout, || async {
+    until(&format!("exactly {count} Nodes, all Ready, in the workload cluster"), timeout, || async {
         let list = match nodes.list(&ListParams::default()).await {
             Ok(list) => list.items,
             // The endpoint may not answer for a moment (an API server restarting).
             Err(err) => return Ok(Check::Pending(format!("listing Nodes: {err}"))),
         };
         let ready_count = list.iter().filter(|n| node_ready(n)).count();
-        Ok(if ready_count >= count && (!exact || list.len() == count) {
+        Ok(if ready_count >= count && list.len() == count {
             Check::Done(list)
         } else {
             let seen: Vec<String> = list
@@ -742,7 +744,8 @@ pub(crate) fn kubeadm_failure(console: &str) -> Option<String> {
 /// On failure: keeps the CAPI managers' logs (KCP's says why it found the control plane
 /// unavailable) beside the guests' consoles.
 fn keep_capi_logs(stack: &Stack, ns: &str) {
-    if let Some(dir) = stack.management.keep_capi_logs(&stack.work_dir.join(format!("capi-logs-{ns}"))) {
+    let dir = stack.work_dir.join(format!("capi-logs-{ns}"));
+    if stack.management.keep_capi_logs(&dir) {
         eprintln!("e2e: the CAPI managers' logs are kept in {}", dir.display());
     }
 }
