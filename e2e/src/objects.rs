@@ -233,11 +233,12 @@ pub fn value_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
 
 /// The status of condition `type_` in `object.status.conditions`.
 pub fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<(&'a str, &'a str)> {
-    value_at(&object.data, &["status", "conditions"])?
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .map(|c| (c["status"].as_str().unwrap_or(""), c["reason"].as_str().unwrap_or("")))
+    condition_entry(object, type_).map(|c| (c["status"].as_str().unwrap_or(""), c["reason"].as_str().unwrap_or("")))
+}
+
+/// The entry of type `type_` in `status.conditions`.
+pub fn condition_entry<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    value_at(&object.data, &["status", "conditions"])?.as_array()?.iter().find(|c| c["type"] == type_)
 }
 
 /// The first `InternalIP` of `status.addresses`.

@@ -700,15 +700,15 @@ async fn kcp_available(client: &Client, ns: &str, kcp_api: &Api<kube::api::Dynam
             return Ok(Check::Done(()));
         }
         let mut seen = vec![
-            format!("Available {}", condition_text(&kcp.data, "Available")),
-            format!("EtcdClusterHealthy {}", condition_text(&kcp.data, "EtcdClusterHealthy")),
+            format!("Available {}", condition_text(&kcp, "Available")),
+            format!("EtcdClusterHealthy {}", condition_text(&kcp, "EtcdClusterHealthy")),
         ];
         for machine in objects::list(client, ns, Kind::Machine).await? {
             if machine.labels().contains_key("cluster.x-k8s.io/control-plane") {
                 seen.push(format!(
                     "Machine {} EtcdMemberHealthy {}",
                     machine.name_any(),
-                    condition_text(&machine.data, "EtcdMemberHealthy")
+                    condition_text(&machine, "EtcdMemberHealthy")
                 ));
             }
         }
@@ -718,9 +718,8 @@ async fn kcp_available(client: &Client, ns: &str, kcp_api: &Api<kube::api::Dynam
 }
 
 /// `status reason: message` of the condition `type_` in `object`'s `status.conditions`.
-fn condition_text(object: &Value, type_: &str) -> String {
-    let found = object["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == type_));
-    match found {
+fn condition_text(object: &kube::api::DynamicObject, type_: &str) -> String {
+    match objects::condition_entry(object, type_) {
         Some(c) => format!(
             "{} {}: {}",
             c["status"].as_str().unwrap_or("?"),
