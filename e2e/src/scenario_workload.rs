@@ -46,7 +46,7 @@ use crate::clusterctl::LocalRepository;
 use crate::objects::{self, Kind};
 use crate::scenarios::{Running, check_on_host, running_facts, say};
 use crate::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
-use crate::wait::{Check, until};
+use crate::wait::{Answered, Check, until};
 
 /// The environment variable with the node image's path (`cargo xtask node-image` prints it).
 pub const NODE_IMAGE_ENV: &str = "CAPL_NODE_IMAGE";
@@ -444,11 +444,7 @@ pub(crate) async fn workload_kubeconfig(client: &Client, ns: &str) -> Result<(Ku
 /// Waits until exactly `count` Nodes exist and all are Ready; returns them.
 async fn wait_nodes_ready(nodes: &Api<Node>, count: usize, timeout: Duration) -> Result<Vec<Node>> {
     until(&format!("exactly {count} Nodes, all Ready, in the workload cluster"), timeout, || async {
-        let list = match nodes.list(&ListParams::default()).await {
-            Ok(list) => list.items,
-            // The endpoint may not answer for a moment (an API server restarting).
-            Err(err) => return Ok(Check::Pending(format!("listing Nodes: {err}"))),
-        };
+        let list = nodes.list(&ListParams::default()).await.answered("listing Nodes")?.items;
         let ready_count = list.iter().filter(|n| node_ready(n)).count();
         Ok(if ready_count >= count && list.len() == count {
             Check::Done(list)
@@ -546,9 +542,9 @@ async fn pod_to_pod(workload: &Client, nodes: &[Node]) -> Result<String> {
             }]
         }
     }))?;
-    pods.create(&PostParams::default(), &server).await.context("creating the server Pod in the workload cluster")?;
+    create_pod(&pods, &server).await?;
     let server_ip = until("the server Pod to run with an IP", SETTLE, || async {
-        let pod = pods.get("capl-e2e-server").await?;
+        let pod = pods.get("capl-e2e-server").await.answered("reading Pod capl-e2e-server")?;
         let status = pod.status.clone().unwrap_or_default();
         Ok(match (status.phase.as_deref(), status.pod_ip.clone()) {
             (Some("Running"), Some(ip)) => Check::Done(ip),
@@ -572,18 +568,20 @@ async fn pod_to_pod(workload: &Client, nodes: &[Node]) -> Result<String> {
             }]
         }
     }))?;
-    pods.create(&PostParams::default(), &client_pod)
-        .await
-        .context("creating the client Pod in the workload cluster")?;
+    create_pod(&pods, &client_pod).await?;
     until("the client Pod on the worker to fetch the server's page", SETTLE, || async {
-        let pod = pods.get("capl-e2e-client").await?;
+        let pod = pods.get("capl-e2e-client").await.answered("reading Pod capl-e2e-client")?;
         Ok(match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Succeeded") => Check::Done(()),
             _ => Check::Pending(pod_state(&pod)),
         })
     })
     .await?;
-    let reply = pods.logs("capl-e2e-client", &LogParams::default()).await.context("reading the client Pod's log")?;
+    let reply = until("the client Pod's log", SETTLE, || async {
+        let log = pods.logs("capl-e2e-client", &LogParams::default()).await.answered("reading the client Pod's log")?;
+        Ok(Check::Done(log))
+    })
+    .await?;
     let reply = reply.lines().last().unwrap_or_default().to_string();
     ensure!(reply.contains(&marker), "the client Pod on {worker_name} printed {reply:?}, expected {marker:?}");
     for name in ["capl-e2e-client", "capl-e2e-server"] {
@@ -591,6 +589,19 @@ async fn pod_to_pod(workload: &Client, nodes: &[Node]) -> Result<String> {
     }
     say(ID, format!("Pod on {worker_name} fetched {:?} from {server_ip}", reply.trim()));
     Ok(reply.trim().to_string())
+}
+
+/// Creates `pod` in the workload cluster, repeating the request while the API server
+/// does not answer; a Pod that a request without answer did create counts as created.
+async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    until(&format!("Pod {name} to be created in the workload cluster"), SETTLE, || async {
+        match pods.create(&PostParams::default(), pod).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Check::Done(())),
+            result => result.answered(&format!("creating Pod {name} in the workload cluster")).map(|_| Check::Done(())),
+        }
+    })
+    .await
 }
 
 fn pod_state(pod: &Pod) -> String {
