@@ -16,6 +16,8 @@ pub enum ObjectKind {
     StoragePool,
     DhcpHost,
     Host,
+    /// A host interface (`virInterface`), e.g. a Linux bridge.
+    Interface,
 }
 
 impl fmt::Display for ObjectKind {
@@ -27,6 +29,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::StoragePool => "storage pool",
             ObjectKind::DhcpHost => "DHCP host entry",
             ObjectKind::Host => "host",
+            ObjectKind::Interface => "host interface",
         })
     }
 }
@@ -159,6 +162,15 @@ pub enum HostError {
     /// driver is not installed.
     BridgeMissing { network: String, device: String, uri: String, detail: String },
 
+    #[error(
+        "network \"{network}\" on {uri} puts guests on the host bridge \"{device}\", which that host does not have (libvirt's interface driver knows no interface of that name): create the bridge there (ip link add {device} type bridge, with the port onto the LAN in it) or point the network at a bridge the host has (virsh net-edit {network}); nothing was created on the host, and the next try goes on once the bridge is there"
+    )]
+    /// Found before anything is created: the host's libvirtd has its interface
+    /// driver and knows no interface named like the bridge of a network in
+    /// forward mode bridge. (Without that driver the domain's start finds out:
+    /// [`HostError::BridgeMissing`].)
+    BridgeNotOnHost { network: String, device: String, uri: String },
+
     #[error("network \"{network}\" on {uri} has no address for a control-plane endpoint: {detail}")]
     /// A control-plane endpoint from a libvirt network: no IPv4 subnet, or every address
     /// outside the DHCP ranges is taken; `detail` says which, and the fix.
@@ -210,7 +222,8 @@ impl HostError {
             HostError::NetworkMissing { .. }
             | HostError::PoolMissing { .. }
             | HostError::ImageMissing { .. }
-            | HostError::BridgeMissing { .. } => FailureKind::InfrastructureMissing,
+            | HostError::BridgeMissing { .. }
+            | HostError::BridgeNotOnHost { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
             HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,

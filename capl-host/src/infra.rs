@@ -1,10 +1,11 @@
 //! The LibvirtCluster check: the network and both pools exist, are active and
-//! are of a kind the provider can use (the network has IPv4; the pools are of
-//! a file-based type). Nothing on the host is created or started.
+//! are of a kind the provider can use (the network has IPv4, or is onto a host
+//! bridge the host has; the pools are of a file-based type). Nothing on the
+//! host is created or started.
 
 use super::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, Hypervisor};
-use crate::network_xml::parse_network;
+use crate::network_xml::{NetworkInfo, parse_network};
 use crate::xml_tree::XmlElement;
 
 /// Pool types whose volumes are files: qcow2 overlays with a backing file and
@@ -22,8 +23,9 @@ pub struct InfraSpec {
 /// Checks the network, then the base pool, then the domain pool (once when
 /// both pools are the same), and returns the first problem found.
 ///
-/// Costs one libvirt call per object (`network_is_active`, `pool_is_active`):
-/// 3 calls, 2 when the pools are the same.
+/// Costs one libvirt call per object (`network_is_active`, `pool_is_active`)
+/// and one to read the network's XML: 4 calls, 3 when the pools are the same,
+/// one more for a network onto a host bridge (the bridge's lookup).
 pub fn check_infrastructure(hv: &dyn Hypervisor, spec: &InfraSpec) -> HostResult<()> {
     check_network(hv, &spec.network)?;
     check_pool(hv, &spec.base_pool)?;
@@ -71,10 +73,36 @@ fn check_network_ipv4(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
         uri: uri.clone(),
         detail,
     })?;
+    check_host_bridge(hv, &info)?;
     match info.ipv4 {
         Some(_) => Ok(()),
         None if info.is_host_bridge() => Ok(()),
         None => Err(HostError::NoIpv4 { network: network.to_string(), uri }),
+    }
+}
+
+/// The host bridge a network in forward mode bridge puts guests on exists, as
+/// far as the host can say. libvirt starts such a network without looking for
+/// its bridge; a libvirtd with its interface driver answers for it, one without
+/// (`VIR_ERR_NO_SUPPORT`) cannot, and then the
+/// first domain's start is what finds out ([`HostError::BridgeMissing`]).
+pub fn check_host_bridge(hv: &dyn Hypervisor, info: &NetworkInfo) -> HostResult<()> {
+    let Some(bridge) = info.host_bridge() else { return Ok(()) };
+    match hv.interface_xml(bridge) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind == ErrorKind::NoInterface => Err(HostError::BridgeNotOnHost {
+            network: info.name.clone(),
+            device: bridge.to_string(),
+            uri: hv.uri().to_string(),
+        }),
+        Err(e) if e.kind == ErrorKind::NoSupport => Ok(()),
+        Err(source) => Err(HostError::Libvirt {
+            action: "look up",
+            kind: ObjectKind::Interface,
+            object: bridge.to_string(),
+            uri: hv.uri().to_string(),
+            source,
+        }),
     }
 }
 

@@ -49,6 +49,10 @@ pub struct NetworkInfo {
     /// `open`, or `bridge` (a network onto an existing host bridge, on which
     /// libvirt runs no DHCP).
     pub forward_mode: Option<String>,
+    /// `<bridge name=..>`: the Linux bridge libvirt made (NAT, routed and
+    /// isolated networks) or, in forward mode bridge, the host's own bridge the
+    /// network puts guests on.
+    pub bridge: Option<String>,
 }
 
 impl NetworkInfo {
@@ -56,6 +60,12 @@ impl NetworkInfo {
     /// the host's L2 and libvirt gives them no addresses.
     pub fn is_host_bridge(&self) -> bool {
         matches!(self.forward_mode.as_deref(), Some("bridge" | "macvtap" | "passthrough" | "private" | "vepa"))
+    }
+
+    /// The host's Linux bridge a network in forward mode bridge puts its guests
+    /// on: libvirt neither makes it nor checks that it exists.
+    pub fn host_bridge(&self) -> Option<&str> {
+        (self.forward_mode.as_deref() == Some("bridge")).then_some(self.bridge.as_deref()).flatten()
     }
 }
 
@@ -99,7 +109,8 @@ pub fn parse_network(xml: &str) -> Result<NetworkInfo, String> {
             hostnames: host.children_named("hostname").map(|h| h.text.trim().to_string()).collect(),
         })
         .collect();
-    Ok(NetworkInfo { name, ipv4, forward_mode, dns_hosts })
+    let bridge = root.child("bridge").and_then(|b| b.attr("name")).map(str::to_string);
+    Ok(NetworkInfo { name, ipv4, forward_mode, dns_hosts, bridge })
 }
 
 fn parse_ip(ip: &XmlElement) -> Result<Ipv4Subnet, String> {
@@ -168,6 +179,17 @@ mod tests {
                 DnsHost { ip: None, hostnames: vec!["v6".into()] },
             ]
         );
+    }
+
+    #[test]
+    fn only_a_network_in_forward_mode_bridge_names_a_host_bridge() {
+        let onto = parse_network("<network><name>lan</name><forward mode='bridge'/><bridge name='br-lab'/></network>");
+        assert_eq!(onto.unwrap().host_bridge(), Some("br-lab"));
+        let nat =
+            parse_network("<network><name>n</name><forward mode='nat'/><bridge name='virbr0'/></network>").unwrap();
+        assert_eq!((nat.bridge.as_deref(), nat.host_bridge()), (Some("virbr0"), None));
+        let macvtap = "<network><name>m</name><forward mode='bridge'><interface dev='eth0'/></forward></network>";
+        assert_eq!(parse_network(macvtap).unwrap().host_bridge(), None);
     }
 
     #[test]

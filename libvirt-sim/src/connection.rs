@@ -184,6 +184,15 @@ impl Connection {
         Ok(self.network_lookup_by_name(name)?.active)
     }
 
+    /// `virInterfaceLookupByName`: the simulated host is a libvirtd without its
+    /// interface driver (the host's own interfaces are not modelled), so this
+    /// fails with `VIR_ERR_NO_SUPPORT` as such a daemon does.
+    pub fn interface_lookup_by_name(&self, name: &str) -> Result<String> {
+        let _state = self.call(Op::InterfaceLookup)?;
+        let _ = name;
+        Err(Error::new(ErrorCode::NoSupport, "virInterfaceLookupByName"))
+    }
+
     /// `virNetworkGetXMLDesc`.
     pub fn network_get_xml_desc(&self, name: &str) -> Result<String> {
         let state = self.call(Op::NetworkGetXml)?;

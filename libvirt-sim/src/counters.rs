@@ -29,6 +29,7 @@ ops!(
     NetworkSetAutostart,
     NetworkUpdate,
     NetworkGetDhcpLeases,
+    InterfaceLookup,
     ListPools,
     PoolLookup,
     PoolGetXml,

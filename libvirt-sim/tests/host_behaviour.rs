@@ -50,6 +50,18 @@ fn leases(conn: &Connection) -> Vec<(String, String, Option<String>)> {
         .collect()
 }
 
+/// The simulated host models no host interfaces: it answers interface lookups as a
+/// libvirtd without its interface driver does, and counts the call.
+#[test]
+fn interface_lookups_are_not_supported_like_a_daemon_without_the_interface_driver() {
+    let host = host("sim://iface");
+    let conn = connect("sim://iface").unwrap();
+    let err = conn.interface_lookup_by_name("br0").unwrap_err();
+    assert_eq!((err.code(), err.number()), (ErrorCode::NoSupport, 3));
+    assert_eq!(err.message(), "this function is not supported by the connection driver: virInterfaceLookupByName");
+    assert_eq!(host.counters().calls(Op::InterfaceLookup), 1);
+}
+
 #[test]
 fn guests_ask_for_dhcp_after_the_delay_reserved_ip_first() {
     let host = host("sim:///behaviour-dhcp");

@@ -76,6 +76,9 @@ impl Hypervisor for Counted {
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>> {
         self.count("network_dhcp_leases").network_dhcp_leases(network)
     }
+    fn interface_xml(&self, name: &str) -> Result<String> {
+        self.count("interface_xml").interface_xml(name)
+    }
     fn pool_is_active(&self, name: &str) -> Result<bool> {
         self.count("pool_is_active").pool_is_active(name)
     }

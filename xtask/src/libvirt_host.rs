@@ -118,6 +118,10 @@ const PACKAGES: &[Package] = &[
     pkg("libvirt-daemon-driver-qemu", "libvirtd's QEMU driver"),
     pkg("libvirt-daemon-driver-network", "libvirtd's network driver (NAT network, dnsmasq)"),
     pkg("libvirt-daemon-driver-storage", "libvirtd's storage driver (dir pools)"),
+    pkg(
+        "libvirt-daemon-driver-interface",
+        "libvirtd's interface driver: whether a network's host bridge exists, checked before a machine is made",
+    ),
     pkg("libvirt-daemon-driver-storage-scsi", "a pool type the provider refuses (scsi), for the test that it says so"),
     pkg("libvirt-clients", "virsh"),
     pkg("libvirt-dev", "libvirt's headers and libvirt.so for the virt crate"),

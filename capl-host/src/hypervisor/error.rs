@@ -23,6 +23,11 @@ pub enum ErrorKind {
     NoStoragePool,
     /// VIR_ERR_NO_STORAGE_VOL (50)
     NoStorageVol,
+    /// VIR_ERR_NO_INTERFACE (57): no host interface of that name.
+    NoInterface,
+    /// VIR_ERR_NO_SUPPORT (3): the connection's driver does not implement the
+    /// call (e.g. interface calls on a libvirtd without its interface driver).
+    NoSupport,
     /// VIR_ERR_OPERATION_INVALID (55): e.g. starting a running domain, using an inactive pool.
     OperationInvalid,
     /// VIR_ERR_INVALID_ARG (8)
@@ -79,6 +84,7 @@ pub type Result<T, E = HypervisorError> = std::result::Result<T, E>;
 /// libvirt's `virErrorNumber` values the table below names.
 mod code {
     pub const INTERNAL_ERROR: i32 = 1;
+    pub const NO_SUPPORT: i32 = 3;
     pub const NO_CONNECT: i32 = 5;
     pub const INVALID_CONN: i32 = 6;
     pub const INVALID_ARG: i32 = 8;
@@ -93,6 +99,7 @@ mod code {
     pub const NO_STORAGE_POOL: i32 = 49;
     pub const NO_STORAGE_VOL: i32 = 50;
     pub const OPERATION_INVALID: i32 = 55;
+    pub const NO_INTERFACE: i32 = 57;
     pub const STORAGE_VOL_EXIST: i32 = 90;
 }
 
@@ -112,6 +119,8 @@ pub fn kind_of(number: i32, transport: bool) -> ErrorKind {
         code::NO_NETWORK => ErrorKind::NoNetwork,
         code::NO_STORAGE_POOL => ErrorKind::NoStoragePool,
         code::NO_STORAGE_VOL => ErrorKind::NoStorageVol,
+        code::NO_INTERFACE => ErrorKind::NoInterface,
+        code::NO_SUPPORT => ErrorKind::NoSupport,
         code::OPERATION_INVALID => ErrorKind::OperationInvalid,
         code::INVALID_ARG => ErrorKind::InvalidArg,
         code::XML_ERROR | code::XML_DETAIL => ErrorKind::XmlError,
@@ -220,7 +229,9 @@ mod tests {
         assert_eq!(kind_of(1, transport), ErrorKind::ConnectionLost);
         assert_eq!(kind_of(38, driver), ErrorKind::Other);
         assert_eq!(kind_of(1, driver), ErrorKind::Other);
-        assert_eq!(kind_of(3, driver), ErrorKind::Other);
+        assert_eq!(kind_of(57, driver), ErrorKind::NoInterface);
+        assert_eq!(kind_of(3, driver), ErrorKind::NoSupport);
+        assert_eq!(kind_of(4, driver), ErrorKind::Other);
     }
 
     /// Messages the real libvirt 11.3 gave in the remote_credentials tests.

@@ -156,6 +156,10 @@ impl Hypervisor for LibvirtHypervisor {
         dhcp_leases(&net)
     }
 
+    fn interface_xml(&self, name: &str) -> Result<String> {
+        self.conn.lookup_interface_by_name(name).and_then(|i| i.xml_desc(0)).map_err(from_virt)
+    }
+
     fn pool_is_active(&self, name: &str) -> Result<bool> {
         self.pool(name)?.is_active().map_err(from_virt)
     }

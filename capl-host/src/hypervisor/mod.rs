@@ -254,6 +254,14 @@ pub trait Hypervisor: Send + Sync {
     /// `virNetworkGetDHCPLeases` for all MACs.
     fn network_dhcp_leases(&self, network: &str) -> Result<Vec<DhcpLease>>;
 
+    // --- host interfaces --------------------------------------------------
+
+    /// `virInterfaceLookupByName` + `virInterfaceGetXMLDesc` (flags 0): a host
+    /// interface (e.g. the Linux bridge a network in forward mode bridge names).
+    /// `NoInterface` when the host has none of that name; `NoSupport` from a
+    /// libvirtd without its interface driver, which cannot tell.
+    fn interface_xml(&self, name: &str) -> Result<String>;
+
     // --- storage pools ----------------------------------------------------
 
     fn pool_is_active(&self, name: &str) -> Result<bool>;

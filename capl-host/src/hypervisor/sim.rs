@@ -138,6 +138,10 @@ impl Hypervisor for SimHypervisor {
             .collect())
     }
 
+    fn interface_xml(&self, name: &str) -> Result<String> {
+        self.conn.interface_lookup_by_name(name).map_err(|e| self.err(e))
+    }
+
     fn pool_is_active(&self, name: &str) -> Result<bool> {
         self.conn.storage_pool_is_active(name).map_err(|e| self.err(e))
     }

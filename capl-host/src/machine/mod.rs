@@ -420,10 +420,11 @@ impl<'a> MachineRun<'a> {
 
     /// What would make a create fail halfway, checked before anything is made:
     /// the base image is usable and the network has an address for us (our
-    /// reservation, or a free one).
+    /// reservation, or a free one); with static addresses, the host has the
+    /// bridge of a network onto one (when its libvirtd can say).
     fn preflight(&self) -> HostResult<()> {
         self.base_image()?;
-        if self.spec.is_static() { Ok(()) } else { self.address_available() }
+        if self.spec.is_static() { self.host_bridge_present() } else { self.address_available() }
     }
 
     /// The domain `info` exists: start it when it is stopped (autostart on

@@ -7,7 +7,8 @@ use std::net::Ipv4Addr;
 use crate::dhcp::{address_ranges, choose_address, describe_ranges, dhcp_host_xml, network_lock};
 use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{DhcpLease, ErrorKind, NetworkUpdateCommand};
-use crate::network_xml::{DhcpHost, Ipv4Subnet, parse_network};
+use crate::infra::check_host_bridge;
+use crate::network_xml::{DhcpHost, Ipv4Subnet, NetworkInfo, parse_network};
 
 use super::{LeftOnHost, MachineAddress, MachineRun};
 use crate::domain_xml::DomainInfo;
@@ -22,13 +23,24 @@ use crate::domain_xml::DomainInfo;
 const DHCP_ATTEMPTS: usize = 32;
 
 impl MachineRun<'_> {
-    pub(super) fn network_hosts(&self) -> HostResult<(Ipv4Subnet, Option<DhcpHost>)> {
+    fn network_info(&self) -> HostResult<NetworkInfo> {
         let network = &self.spec.network;
         let xml = self.hv.network_xml(network).map_err(|e| match e.kind {
             ErrorKind::NoNetwork => HostError::NetworkMissing { network: network.clone(), uri: self.uri.clone() },
             _ => self.error("read", ObjectKind::Network, network, e),
         })?;
-        let info = parse_network(&xml).map_err(|e| self.unreadable(ObjectKind::Network, network, e))?;
+        parse_network(&xml).map_err(|e| self.unreadable(ObjectKind::Network, network, e))
+    }
+
+    /// A machine with static addresses may be on a network onto a host bridge:
+    /// that bridge exists, as far as the host can say ([`check_host_bridge`]).
+    pub(super) fn host_bridge_present(&self) -> HostResult<()> {
+        check_host_bridge(self.hv, &self.network_info()?)
+    }
+
+    pub(super) fn network_hosts(&self) -> HostResult<(Ipv4Subnet, Option<DhcpHost>)> {
+        let network = &self.spec.network;
+        let info = self.network_info()?;
         let subnet = info.ipv4.ok_or_else(|| HostError::NoIpv4 { network: network.clone(), uri: self.uri.clone() })?;
         let mine = self.our_dhcp_host(&subnet.hosts)?;
         Ok((subnet, mine))

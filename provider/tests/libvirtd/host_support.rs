@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 
 use capl_host::cloud_init::{meta_data, nocloud_iso};
 use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, UndefineFlags};
+use capl_host::infra::check_network;
 use capl_host::network_xml::parse_network;
 use capl_host::{
     CreateStep, DomainTypePreference, FailureKind, HostError, MachineAddress, MachineNames, MachineSpec, ObjectKind,
@@ -644,11 +645,16 @@ pub fn endpoint_from_network(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) 
 }
 
 /// A network in forward mode bridge onto a Linux bridge the host does not have:
-/// libvirt starts the network without looking, and the domain's start fails. The
-/// create fails naming the network, the bridge, the host and the fix, as missing
-/// infrastructure that is not retried as a lost connection; once the bridge exists
-/// the next create starts the domain it left defined; delete removes everything.
-/// `bridge` must not exist when called; `make_bridge` creates it.
+/// libvirt starts the network without looking, but its interface driver knows
+/// the host's interfaces. The LibvirtCluster's check of the network and a
+/// machine's create both fail naming the network, the bridge, the host and the
+/// fix, as missing infrastructure that is not retried as a lost connection, and
+/// the create leaves nothing on the host. A create that skips the lookup (as on
+/// a host without the interface driver) fails at the domain's start, naming the
+/// same, with the domain left defined. Once the bridge exists the check passes
+/// and the create starts that domain; delete removes everything.
+/// `bridge` must not exist when called; `make_bridge` creates it. The daemon
+/// must have its interface driver (`libvirt-daemon-driver-interface`).
 pub fn bridge_missing_is_named(
     hv: &dyn HostAdmin,
     fx: &Fixture,
@@ -656,6 +662,12 @@ pub fn bridge_missing_is_named(
     bridge: &str,
     make_bridge: &dyn Fn(),
 ) {
+    if let Err(e) = hv.interface_xml("lo") {
+        panic!(
+            "the libvirtd at {} cannot look up host interfaces ({e}): install its interface driver (libvirt-daemon-driver-interface; `cargo xtask host deps` does) and restart it",
+            hv.uri()
+        );
+    }
     let lan = bridged_network(hv, &format!("{namespace}-nobr"), bridge);
     let mut spec = fresh_spec(hv, fx, namespace, "nobr-0");
     spec.network = lan.clone();
@@ -665,18 +677,35 @@ pub fn bridge_missing_is_named(
         prefix: 24,
         gateway: None,
     }];
-    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("no bridge, no start");
+    let named = |err: &HostError| {
+        assert!(
+            matches!(err, HostError::BridgeNotOnHost { network, device, uri }
+                if *network == lan && device == bridge && uri == hv.uri()),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains(&format!("ip link add {bridge} type bridge")), "{message}");
+        assert!(message.contains("nothing was created"), "{message}");
+        assert_eq!(err.kind(), FailureKind::InfrastructureMissing, "{err}");
+        assert!(!err.is_transient(), "{err}");
+    };
+    named(&check_network(hv, &lan).expect_err("the cluster's check finds the bridge missing"));
+    named(&create_machine(hv, &spec, &user_data(&spec)).expect_err("no bridge, no create"));
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "nothing made without the bridge");
+    // A host that cannot say (no interface driver) skips the lookup: the steps run and
+    // the domain's start is what fails; the domain stays defined, stopped.
+    let err = run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL).expect_err("no bridge, no start");
     assert!(
         matches!(&err, HostError::BridgeMissing { network, device, uri, .. }
             if *network == lan && device == bridge && uri == hv.uri()),
         "{err:?}"
     );
-    let message = err.to_string();
-    assert!(message.contains(&format!("ip link add {bridge} type bridge")), "{message}");
+    assert!(err.to_string().contains("the domain stays defined, stopped"), "{err}");
     assert_eq!(err.kind(), FailureKind::InfrastructureMissing, "{err}");
-    assert!(!err.is_transient(), "{err}");
+    assert_eq!(hv.domain_state(&spec.names().domain).unwrap(), DomainState::Shutoff);
     make_bridge();
-    let report = create_machine(hv, &spec, &user_data(&spec)).expect("the bridge exists now");
+    check_network(hv, &lan).expect("the bridge exists now");
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("the bridge exists now: the domain starts");
     assert_eq!(observe_machine(hv, &spec).unwrap().map(|r| r.state), Some(DomainState::Running), "{report:?}");
     assert_eq!(delete_machine(hv, &spec).expect("delete"), Vec::new());
     assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());

@@ -65,6 +65,7 @@ fn all_errors() -> Vec<HostError> {
             uri: uri(),
             detail: "Cannot get interface MTU on 'br-lab': No such device (libvirt error 38)".into(),
         },
+        HostError::BridgeNotOnHost { network: "lab-lan".into(), device: "br-lab".into(), uri: uri() },
         HostError::NoEndpointAddress {
             network: "default".into(),
             uri: uri(),

@@ -745,7 +745,7 @@ fn volume_raw_backing(ctx: &Ctx) {
     if let Ok(v) = &result {
         let _ = ctx.hv.volume_delete(&pool, v);
     }
-    let e = expect_err(result, ErrorKind::Other, Some(3), "a raw volume with a backing store");
+    let e = expect_err(result, ErrorKind::NoSupport, Some(3), "a raw volume with a backing store");
     assert!(e.message.contains("backing storage not supported for raw volumes"), "{e}");
 }
 
