@@ -77,34 +77,64 @@ pub struct StaticAddress {
     pub gateway: Option<std::net::IpAddr>,
 }
 
+/// One guest interface of a `network-config`, found by its MAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestInterface {
+    pub mac: String,
+    /// Static addresses; empty with `dhcp`.
+    pub addresses: Vec<StaticAddress>,
+    /// The interface asks DHCP (v4) for its address instead.
+    pub dhcp: bool,
+}
+
 /// cloud-init's `network-config` (version 2) for one interface, found by its
 /// MAC: the static addresses, a default route through each address family's
 /// first gateway, and the nameservers; no DHCP.
 pub fn network_config(mac: &str, addresses: &[StaticAddress], nameservers: &[String]) -> String {
-    let mut out = String::from("version: 2\nethernets:\n  id0:\n");
-    out.push_str(&format!("    match:\n      macaddress: \"{mac}\"\n"));
-    out.push_str("    dhcp4: false\n    dhcp6: false\n");
-    if !addresses.is_empty() {
-        out.push_str("    addresses:\n");
-        for a in addresses {
-            out.push_str(&format!("      - \"{}/{}\"\n", a.address, a.prefix));
+    network_config_for(
+        &[GuestInterface { mac: mac.to_string(), addresses: addresses.to_vec(), dhcp: false }],
+        nameservers,
+    )
+}
+
+/// cloud-init's `network-config` (version 2) for several interfaces, each
+/// found by its MAC (`id0`, `id1`, ... in order): static addresses or DHCP.
+/// The default routes go through the first interface's gateways only (a
+/// guest has one default route per family; further interfaces reach their
+/// own subnets); the nameservers are given with the first interface that has
+/// static addresses (a DHCP interface gets them from its server).
+pub fn network_config_for(interfaces: &[GuestInterface], nameservers: &[String]) -> String {
+    let mut out = String::from("version: 2\nethernets:\n");
+    let first_static = interfaces.iter().position(|i| !i.dhcp);
+    for (index, nic) in interfaces.iter().enumerate() {
+        out.push_str(&format!("  id{index}:\n    match:\n      macaddress: \"{}\"\n", nic.mac));
+        if nic.dhcp {
+            out.push_str("    dhcp4: true\n    dhcp6: false\n");
+            continue;
         }
-    }
-    let v4 = addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv4());
-    let v6 = addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv6());
-    if v4.is_some() || v6.is_some() {
-        out.push_str("    routes:\n");
-        if let Some(g) = v4 {
-            out.push_str(&format!("      - to: \"0.0.0.0/0\"\n        via: \"{g}\"\n"));
+        out.push_str("    dhcp4: false\n    dhcp6: false\n");
+        if !nic.addresses.is_empty() {
+            out.push_str("    addresses:\n");
+            for a in &nic.addresses {
+                out.push_str(&format!("      - \"{}/{}\"\n", a.address, a.prefix));
+            }
         }
-        if let Some(g) = v6 {
-            out.push_str(&format!("      - to: \"::/0\"\n        via: \"{g}\"\n"));
+        let v4 = nic.addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv4());
+        let v6 = nic.addresses.iter().filter_map(|a| a.gateway).find(|g| g.is_ipv6());
+        if index == 0 && (v4.is_some() || v6.is_some()) {
+            out.push_str("    routes:\n");
+            if let Some(g) = v4 {
+                out.push_str(&format!("      - to: \"0.0.0.0/0\"\n        via: \"{g}\"\n"));
+            }
+            if let Some(g) = v6 {
+                out.push_str(&format!("      - to: \"::/0\"\n        via: \"{g}\"\n"));
+            }
         }
-    }
-    if !nameservers.is_empty() {
-        out.push_str("    nameservers:\n      addresses:\n");
-        for n in nameservers {
-            out.push_str(&format!("        - \"{n}\"\n"));
+        if Some(index) == first_static && !nameservers.is_empty() {
+            out.push_str("    nameservers:\n      addresses:\n");
+            for n in nameservers {
+                out.push_str(&format!("        - \"{n}\"\n"));
+            }
         }
     }
     out
@@ -324,6 +354,28 @@ mod tests {
         assert_eq!(meta_data("3f1c-aa", "worker-0"), "instance-id: 3f1c-aa\nlocal-hostname: worker-0\n");
         assert_eq!(meta_data("u", "123"), "instance-id: u\nlocal-hostname: \"123\"\n");
         assert_eq!(meta_data("u", "yes"), "instance-id: u\nlocal-hostname: \"yes\"\n");
+    }
+
+    #[test]
+    fn network_config_for_several_interfaces_routes_only_through_the_first() {
+        let at = |a: &str, g: &str| StaticAddress {
+            address: a.parse().unwrap(),
+            prefix: 24,
+            gateway: Some(g.parse().unwrap()),
+        };
+        let nics = [
+            GuestInterface { mac: "52:54:00:00:00:01".into(), addresses: Vec::new(), dhcp: true },
+            GuestInterface {
+                mac: "52:54:00:00:00:02".into(),
+                addresses: vec![at("10.80.0.5", "10.80.0.1")],
+                dhcp: false,
+            },
+        ];
+        let text = network_config_for(&nics, &["10.80.0.1".to_string()]);
+        assert_eq!(
+            text,
+            "version: 2\nethernets:\n  id0:\n    match:\n      macaddress: \"52:54:00:00:00:01\"\n    dhcp4: true\n    dhcp6: false\n  id1:\n    match:\n      macaddress: \"52:54:00:00:00:02\"\n    dhcp4: false\n    dhcp6: false\n    addresses:\n      - \"10.80.0.5/24\"\n    nameservers:\n      addresses:\n        - \"10.80.0.1\"\n"
+        );
     }
 
     #[test]

@@ -42,6 +42,33 @@ pub struct OwnerMarker {
     pub cluster: String,
 }
 
+/// What a NIC is plugged into on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NicAttachment {
+    /// A libvirt network (`<interface type='network'>`).
+    Network(String),
+    /// A Linux bridge of the host that libvirt does not manage
+    /// (`<interface type='bridge'>`).
+    Bridge(String),
+}
+
+impl NicAttachment {
+    /// As messages name it: `network "x"` or `host bridge "y"`.
+    pub fn describe(&self) -> String {
+        match self {
+            NicAttachment::Network(n) => format!("network \"{n}\""),
+            NicAttachment::Bridge(b) => format!("host bridge \"{b}\""),
+        }
+    }
+}
+
+/// A NIC after the first one: where it is plugged in, and its MAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicDevice {
+    pub attach: NicAttachment,
+    pub mac: String,
+}
+
 /// Everything a domain definition needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainDefinition {
@@ -57,6 +84,8 @@ pub struct DomainDefinition {
     pub iso_path: String,
     pub network: String,
     pub mac: String,
+    /// Further NICs, in order after the first.
+    pub additional_nics: Vec<NicDevice>,
     /// When set, the serial console is also logged to this file on the host.
     pub console_log_path: Option<String>,
     pub owner: OwnerMarker,
@@ -65,11 +94,26 @@ pub struct DomainDefinition {
 /// The domain XML for [`DomainDefinition`].
 ///
 /// Machine type `pc` (i440fx) on x86 so the cloud-init ISO can be an IDE
-/// cdrom, which every guest kernel finds; the root disk is virtio; one virtio
-/// NIC on the network with the derived MAC; a pty serial console.
+/// cdrom, which every guest kernel finds; the root disk is virtio; a virtio
+/// NIC on the network with the reserved MAC, then one per additional NIC
+/// (on a network or straight on a host bridge); a pty serial console.
 pub fn domain_xml(d: &DomainDefinition) -> String {
     let machine = if matches!(d.arch.as_str(), "x86_64" | "i686") { " machine='pc'" } else { "" };
     let cpu = if d.domain_type == "kvm" { "  <cpu mode='host-passthrough'/>\n" } else { "" };
+    let extra: String = d
+        .additional_nics
+        .iter()
+        .map(|nic| {
+            let (kind, source) = match &nic.attach {
+                NicAttachment::Network(n) => ("network", format!("network='{}'", escape(n))),
+                NicAttachment::Bridge(b) => ("bridge", format!("bridge='{}'", escape(b))),
+            };
+            format!(
+                "    <interface type='{kind}'>\n      <source {source}/>\n      <mac address='{}'/>\n      <model type='virtio'/>\n    </interface>\n",
+                escape(&nic.mac)
+            )
+        })
+        .collect();
     let log = match &d.console_log_path {
         Some(path) => format!("\n      <log file='{}' append='on'/>", escape(path)),
         None => String::new(),
@@ -118,7 +162,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
       <mac address='{mac}'/>
       <model type='virtio'/>
     </interface>
-    <serial type='pty'>
+{extra}    <serial type='pty'>
       <target port='0'/>{log}
     </serial>
     <console type='pty'>

@@ -171,6 +171,13 @@ pub enum HostError {
     /// [`HostError::BridgeMissing`].)
     BridgeNotOnHost { network: String, device: String, uri: String },
 
+    #[error(
+        "spec.additionalNetworks[{index}] names {target} on {uri}: {detail}, or roll out a LibvirtMachineTemplate that names one the host has (additionalNetworks cannot be changed); nothing was created on the host, and the next try goes on once it is there"
+    )]
+    /// An additional NIC's network is missing or inactive, or its host bridge
+    /// does not exist: found before anything is created.
+    AdditionalNicUnattachable { index: usize, target: String, uri: String, detail: String },
+
     #[error("network \"{network}\" on {uri} has no address for a control-plane endpoint: {detail}")]
     /// A control-plane endpoint from a libvirt network: no IPv4 subnet, or every address
     /// outside the DHCP ranges is taken; `detail` says which, and the fix.
@@ -223,7 +230,8 @@ impl HostError {
             | HostError::PoolMissing { .. }
             | HostError::ImageMissing { .. }
             | HostError::BridgeMissing { .. }
-            | HostError::BridgeNotOnHost { .. } => FailureKind::InfrastructureMissing,
+            | HostError::BridgeNotOnHost { .. }
+            | HostError::AdditionalNicUnattachable { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
             HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,

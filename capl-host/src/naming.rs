@@ -46,7 +46,9 @@
 //! host entry (named after the domain) and its domain's `<interface>`, and is
 //! read back from there ever after; the LibvirtMachine reports it in
 //! `status.macAddress`. An entry is the machine's when its name is the domain
-//! name and its MAC one of the candidates.
+//! name and its MAC one of the candidates. A second and further NIC
+//! (`spec.additionalNetworks`) has one fixed MAC each,
+//! [`MachineNames::additional_mac`]: it reserves nothing.
 //!
 //! Long names: the DNS label limit is 63 characters, so `<namespace>-<name>`
 //! is cut to 56 characters (63 minus `-` and 6 hash digits) and trailing
@@ -140,6 +142,13 @@ impl MachineNames {
     /// The MACs the machine may use, in the order it tries them.
     pub fn mac_candidates(&self) -> Vec<String> {
         mac_candidates(&self.domain)
+    }
+
+    /// The MAC of the machine's NIC number `nic` after the first one (1 for
+    /// the second NIC): `52:54:00` + SHA-256 of `<domain>/nic<nic>`. These
+    /// NICs hold no DHCP reservation, so the MAC is fixed.
+    pub fn additional_mac(&self, nic: usize) -> String {
+        mac_from_hash(&format!("{}/nic{nic}", self.domain))
     }
 }
 

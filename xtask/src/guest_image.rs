@@ -10,12 +10,14 @@
 //! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE cdrom, `/dev/sr0`);
 //! 3. prints one line to the serial console that tests grep for:
 //!    `CAPL-GUEST instance-id=<id> local-hostname=<name> user-data-sha256=<hex>`;
-//! 4. with a `network-config` on the seed (the provider's cloud-init v2 for
-//!    addresses from IPAM: one interface matched by MAC, its addresses, a
-//!    default route), configures that interface and prints
-//!    `CAPL-GUEST static ip=<address> dev=<interface> gateway=<gateway>`;
-//!    without one, brings `eth0` up and runs `udhcpc -x hostname:<local-hostname>`,
-//!    printing `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
+//! 4. with a `network-config` on the seed (the provider's cloud-init v2:
+//!    interfaces matched by MAC, each with static addresses from IPAM or
+//!    `dhcp4: true`, a default route through the first one's gateway),
+//!    configures each interface, printing
+//!    `CAPL-GUEST static ip=<address> dev=<interface> gateway=<gateway>` for
+//!    each static one, and runs `udhcpc` on each DHCP one; without one, brings
+//!    `eth0` up and runs `udhcpc -x hostname:<local-hostname>` on it; udhcpc
+//!    prints `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
 //! 5. pings every address a `#capl-ping <address>...` line of the user-data
 //!    names (but its own) until it answers, printing `CAPL-GUEST ping <address> ok`
 //!    (or `failed` after 5 minutes): tests see guests reach each other;
@@ -81,35 +83,58 @@ else
 fi
 [ -n "$host" ] && hostname "$host"
 ip link set lo up
-# A network-config (the provider's v2, one interface matched by MAC) means
-# static addresses; without one, DHCP on eth0.
+# A network-config (the provider's v2: interfaces matched by MAC, each with
+# static addresses or dhcp4) configures those interfaces; without one, DHCP on
+# eth0. The default route comes from the first interface's gateway only.
 nc=/mnt/cidata/network-config
 self=""
-if [ -f "$nc" ]; then
-  mac=$(sed -n 's/^ *macaddress: *"\(.*\)" *$/\1/p' "$nc" | head -n 1)
-  addrs=$(sed -n 's/^ *- *"\([0-9a-fA-F.:]*\/[0-9]*\)" *$/\1/p' "$nc")
-  gw=$(sed -n 's/^ *via: *"\([0-9.]*\)" *$/\1/p' "$nc" | head -n 1)
-  dev=""
-  for d in /sys/class/net/*; do
-    [ "$(cat "$d/address")" = "$mac" ] && dev=${d##*/}
-  done
-  if [ -z "$dev" ]; then
-    say "error: network-config names MAC $mac, no interface has it"
+dhcp_on() {
+  if [ -n "$host" ]; then
+    udhcpc -f -i "$1" -s /etc/udhcpc.script -x "hostname:$host" -t 30 -T 2 -A 2 &
   else
-    ip link set "$dev" up
-    for a in $addrs; do ip addr add "$a" dev "$dev"; done
-    [ -n "$gw" ] && ip route add default via "$gw"
-    first=$(echo "$addrs" | head -n 1)
-    self=${first%/*}
-    say "static ip=$self dev=$dev gateway=$gw"
+    udhcpc -f -i "$1" -s /etc/udhcpc.script -t 30 -T 2 -A 2 &
   fi
+}
+if [ -f "$nc" ]; then
+  # One line per interface: mac dhcp4 addresses(comma separated or -) gateway(or -)
+  awk '
+    function out() { if (m != "") print m, d, (a == "" ? "-" : a), (g == "" ? "-" : g) }
+    /^  id[0-9]+:/ { out(); m = ""; d = "false"; a = ""; g = "" }
+    /macaddress:/ { x = $2; gsub(/"/, "", x); m = x }
+    /dhcp4:/ { d = $2 }
+    /^ *- *"[0-9a-fA-F.:]*\/[0-9]*" *$/ { x = $2; gsub(/"/, "", x); a = (a == "" ? x : a "," x) }
+    /via:/ { x = $2; gsub(/"/, "", x); if (g == "") g = x }
+    END { out() }
+  ' "$nc" > /tmp/nics
+  n=0
+  while read -r mac dhcp addrs gw; do
+    dev=""
+    for d in /sys/class/net/*; do
+      [ "$(cat "$d/address")" = "$mac" ] && dev=${d##*/}
+    done
+    if [ -z "$dev" ]; then
+      say "error: network-config names MAC $mac, no interface has it"
+      n=$((n + 1))
+      continue
+    fi
+    ip link set "$dev" up
+    if [ "$dhcp" = "true" ]; then
+      dhcp_on "$dev"
+    else
+      [ "$gw" = "-" ] && gw=""
+      for a in $(echo "$addrs" | tr ',' ' '); do
+        [ "$a" = "-" ] || ip addr add "$a" dev "$dev"
+      done
+      [ "$n" = 0 ] && [ -n "$gw" ] && ip route add default via "$gw"
+      first=$(echo "$addrs" | cut -d, -f1)
+      self="$self ${first%/*}"
+      say "static ip=${first%/*} dev=$dev gateway=$gw"
+    fi
+    n=$((n + 1))
+  done < /tmp/nics
 else
   ip link set eth0 up || say "error: no eth0"
-  if [ -n "$host" ]; then
-    udhcpc -f -i eth0 -s /etc/udhcpc.script -x "hostname:$host" -t 30 -T 2 -A 2 &
-  else
-    udhcpc -f -i eth0 -s /etc/udhcpc.script -t 30 -T 2 -A 2 &
-  fi
+  dhcp_on eth0
 fi
 # A line "capl-ping <address>..." after a hash in the user-data: ping each (not our own)
 # until it answers, for up to 5 minutes, and say so.
@@ -124,7 +149,10 @@ reach() {
 }
 peers=$(sed -n 's/^#capl-ping[[:space:]]*//p' /mnt/cidata/user-data 2>/dev/null)
 for p in $peers; do
-  [ "$p" = "$self" ] || reach "$p" &
+  case " $self " in
+    *" $p "*) ;;
+    *) reach "$p" & ;;
+  esac
 done
 while true; do
   wait
@@ -141,7 +169,7 @@ case "$1" in
     ip addr flush dev "$interface"
     ip addr add "$ip/${mask:-24}" dev "$interface"
     [ -n "$router" ] && ip route replace default via "${router%% *}"
-    echo "CAPL-GUEST dhcp $1 ip=$ip" > /dev/console
+    echo "CAPL-GUEST dhcp $1 ip=$ip dev=$interface" > /dev/console
     ;;
 esac
 exit 0

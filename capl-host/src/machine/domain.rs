@@ -82,6 +82,7 @@ impl MachineRun<'_> {
             iso_path: self.seed_path()?,
             network: self.spec.network.clone(),
             mac,
+            additional_nics: self.additional_devices(),
             console_log_path: self
                 .spec
                 .console_log_dir

@@ -7,8 +7,8 @@
 //!
 //! The flow lives here; its parts, one file each, are the [`domain`], the
 //! root [`disks`] (and the volume calls they share with the seed), the
-//! cloud-init [`seed`] ISO, and the DHCP [`reservation`] (and the address
-//! read from the leases).
+//! cloud-init [`seed`] ISO, the DHCP [`reservation`] (and the address
+//! read from the leases), and the additional [`nics`].
 //!
 //! # What is ours
 //!
@@ -71,11 +71,13 @@
 
 mod disks;
 mod domain;
+mod nics;
 mod reservation;
 mod seed;
 
 use std::net::Ipv4Addr;
 
+pub use crate::domain_xml::NicAttachment;
 use crate::domain_xml::{DomainTypePreference, OwnerMarker};
 use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
@@ -115,6 +117,17 @@ pub struct MachineSpec {
     pub static_addresses: Vec<crate::cloud_init::StaticAddress>,
     /// Nameservers for the network-config of static addresses.
     pub nameservers: Vec<String>,
+    /// NICs after the first, in order (`spec.additionalNetworks`).
+    pub additional_nics: Vec<AdditionalNic>,
+}
+
+/// A NIC after the first: where it is plugged in and how the guest addresses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdditionalNic {
+    pub attach: NicAttachment,
+    /// Static addresses (from IPAM) the guest configures; empty: the guest
+    /// asks DHCP on this NIC (no reservation is made for it).
+    pub static_addresses: Vec<crate::cloud_init::StaticAddress>,
 }
 
 impl MachineSpec {
@@ -421,10 +434,16 @@ impl<'a> MachineRun<'a> {
     /// What would make a create fail halfway, checked before anything is made:
     /// the base image is usable and the network has an address for us (our
     /// reservation, or a free one); with static addresses, the host has the
-    /// bridge of a network onto one (when its libvirtd can say).
+    /// bridge of a network onto one (when its libvirtd can say); every
+    /// additional NIC's network or bridge is there.
     fn preflight(&self) -> HostResult<()> {
         self.base_image()?;
-        if self.spec.is_static() { self.host_bridge_present() } else { self.address_available() }
+        if self.spec.is_static() {
+            self.host_bridge_present()?
+        } else {
+            self.address_available()?
+        }
+        self.additional_nics_attachable()
     }
 
     /// The domain `info` exists: start it when it is stopped (autostart on

@@ -274,6 +274,8 @@ impl MachineRun<'_> {
     /// The InternalIP from the network's leases, matched by `mac`, the MAC of
     /// the domain's interface (the newest lease wins). Nothing without one.
     pub(super) fn addresses(&self, mac: Option<&str>) -> HostResult<Vec<MachineAddress>> {
+        // The addresses IPAM gave the additional NICs come after the first NIC's.
+        let additional = self.additional_static_ipv4().map(MachineAddress::InternalIp);
         if self.spec.is_static() {
             // The addresses IPAM gave, which the guest configures itself.
             return Ok(self
@@ -284,6 +286,7 @@ impl MachineRun<'_> {
                     std::net::IpAddr::V4(ip) => Some(MachineAddress::InternalIp(ip)),
                     std::net::IpAddr::V6(_) => None,
                 })
+                .chain(additional)
                 .collect());
         }
         let Some(mac) = mac else { return Ok(Vec::new()) };
@@ -293,6 +296,10 @@ impl MachineRun<'_> {
             .filter(|lease| lease.mac.eq_ignore_ascii_case(mac))
             .max_by_key(|lease| lease.expiry_time)
             .and_then(|lease| lease.ip.parse::<Ipv4Addr>().ok());
-        Ok(ip.map(MachineAddress::InternalIp).into_iter().collect())
+        // Without the first NIC's address (not leased yet) the machine reports none.
+        match ip {
+            Some(ip) => Ok(std::iter::once(MachineAddress::InternalIp(ip)).chain(additional).collect()),
+            None => Ok(Vec::new()),
+        }
     }
 }

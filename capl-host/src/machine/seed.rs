@@ -2,7 +2,7 @@
 //! bootstrap data as user-data, written before the domain is defined.
 
 use crate::cloud_init::{
-    VOLUME_LABEL, iso_volume_label, meta_data, network_config, nocloud_iso, nocloud_iso_with_network,
+    VOLUME_LABEL, iso_volume_label, meta_data, network_config_for, nocloud_iso, nocloud_iso_with_network,
 };
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
@@ -14,19 +14,23 @@ use super::{LeftOnHost, MachineRun};
 pub const MAX_SEED_BYTES: u64 = 4 * 1024 * 1024;
 
 impl MachineRun<'_> {
-    pub(super) fn seed_bytes(&self, user_data: &[u8]) -> Vec<u8> {
+    /// The seed: user-data, meta-data, and a network-config when the guest
+    /// has static addresses or more than one NIC (cloud-init then configures
+    /// exactly the NICs it lists, so the first one is listed with DHCP and the
+    /// MAC it reserves its address with).
+    pub(super) fn seed_bytes(&mut self, user_data: &[u8]) -> HostResult<Vec<u8>> {
         let meta = meta_data(self.names.instance_id(), self.names.hostname());
-        if !self.spec.is_static() {
-            return nocloud_iso(user_data, meta.as_bytes());
+        if !self.spec.is_static() && self.spec.additional_nics.is_empty() {
+            return Ok(nocloud_iso(user_data, meta.as_bytes()));
         }
-        let network = network_config(&self.static_mac(), &self.spec.static_addresses, &self.spec.nameservers);
-        nocloud_iso_with_network(user_data, meta.as_bytes(), Some(network.as_bytes()))
+        let network = network_config_for(&self.guest_interfaces()?, &self.spec.nameservers);
+        Ok(nocloud_iso_with_network(user_data, meta.as_bytes(), Some(network.as_bytes())))
     }
 
     pub(super) fn ensure_seed_volume(&mut self, user_data: &[u8]) -> HostResult<()> {
         let pool = self.spec.domain_pool.clone();
         let name = self.names.cloud_init_volume();
-        let size = self.seed_bytes(user_data).len() as u64;
+        let size = self.seed_bytes(user_data)?.len() as u64;
         if let Some(existing) = self.lookup_volume(&pool, &name)? {
             self.check_seed_is_ours(&existing)?;
             if existing.capacity == size {
@@ -44,11 +48,12 @@ impl MachineRun<'_> {
     /// Writes the seed into its volume. Always rewritten while the domain is
     /// not yet defined: a crash between creating the volume and uploading
     /// leaves it empty, and the upload is cheap.
-    pub(super) fn upload_seed(&self, user_data: &[u8]) -> HostResult<()> {
+    pub(super) fn upload_seed(&mut self, user_data: &[u8]) -> HostResult<()> {
+        let seed = self.seed_bytes(user_data)?;
         let pool = &self.spec.domain_pool;
         let name = self.names.cloud_init_volume();
         self.hv
-            .volume_upload(pool, &name, &self.seed_bytes(user_data))
+            .volume_upload(pool, &name, &seed)
             .map_err(|e| self.pool_error("upload", ObjectKind::Volume, pool, &name, e))
     }
 

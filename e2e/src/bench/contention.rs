@@ -63,6 +63,7 @@ fn spec(i: usize) -> MachineSpec {
         ipam: false,
         static_addresses: Vec::new(),
         nameservers: Vec::new(),
+        additional_nics: Vec::new(),
     }
 }
 

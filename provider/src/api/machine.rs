@@ -57,6 +57,7 @@ use super::shared::{Initialization, MachineAddress, PoolReference, SecretReferen
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)").message("providerID can be set once and is immutable after that"))]
 #[x_kube(validation = Rule::new("has(self.addressesFromPools) == has(oldSelf.addressesFromPools)").message("addressesFromPools is immutable: the machine's addresses came from where it says; roll out a new LibvirtMachineTemplate instead"))]
+#[x_kube(validation = Rule::new("has(self.additionalNetworks) == has(oldSelf.additionalNetworks)").message("additionalNetworks is immutable: the machine's NICs are made with its domain; roll out a new LibvirtMachineTemplate instead"))]
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
     #[serde(default = "default_vcpu")]
@@ -96,11 +97,47 @@ pub struct LibvirtMachineSpec {
     #[schemars(length(max = 3))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("nameservers is immutable: roll out a new LibvirtMachineTemplate instead"))]
     pub nameservers: Option<Vec<String>>,
+    /// NICs after the first (the first is on the LibvirtCluster's network),
+    /// in order, at most 3: each on a libvirt network of the machine's host or
+    /// straight on a Linux bridge of the host that libvirt does not manage,
+    /// with its addresses from IPAM pools or, without pools, from DHCP the
+    /// guest asks for on that NIC (no reservation is made for it). The guest
+    /// learns its NICs from a cloud-init network-config on its seed ISO; its
+    /// default route stays on the first NIC. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 3))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("additionalNetworks is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub additional_networks: Option<Vec<AdditionalNetwork>>,
     /// Set by the provider to libvirt://<LibvirtMachine UID>; the kubelet must
     /// report the same provider ID.
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub provider_id: Option<String>,
+}
+
+/// A NIC after the first: where it is plugged in on the machine's host, and
+/// where its addresses come from.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.network) != has(self.bridge)").message("set exactly one of network (a libvirt network of the host) and bridge (a Linux bridge of the host)"))]
+pub struct AdditionalNetwork {
+    /// A libvirt network of the machine's host (any forward mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub network: Option<String>,
+    /// A Linux bridge of the machine's host, e.g. br1, which libvirt does not
+    /// manage (`<interface type='bridge'>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
+    #[schemars(length(min = 1, max = 15), pattern(r"^[^/\s]+$"))]
+    pub bridge: Option<String>,
+    /// IPAM pools to take this NIC's static addresses from: one
+    /// IPAddressClaim per pool, named `<LibvirtMachine>-nic<n>-<index>` (n = 1
+    /// for the first additional NIC), owned by the LibvirtMachine. Without
+    /// pools the guest asks DHCP on this NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4))]
+    pub addresses_from_pools: Option<Vec<PoolReference>>,
 }
 
 pub(crate) fn default_vcpu() -> i32 {

@@ -22,15 +22,26 @@ const IN_CLUSTER_POOL_VERSION: &str = "v1alpha2";
 
 /// Where the machine's addresses stand.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claimed {
+pub enum Claimed<T = Vec<StaticAddress>> {
     /// Every claim has its address.
-    Ready(Vec<StaticAddress>),
+    Ready(T),
     /// A claim has no address yet (or cannot get one): retried, and the
     /// claim's change brings a reconcile.
     Waiting { reason: &'static str, message: String },
     /// Something no retry fixes by itself (a claim of another owner at our
     /// name, an address IPAM wrote that is not one).
     Failed { reason: &'static str, message: String },
+}
+
+impl Claimed {
+    /// The addresses, or what holds them up as a `Claimed` of another kind.
+    fn ready<T>(self) -> Result<Vec<StaticAddress>, Claimed<T>> {
+        match self {
+            Claimed::Ready(found) => Ok(found),
+            Claimed::Waiting { reason, message } => Err(Claimed::Waiting { reason, message }),
+            Claimed::Failed { reason, message } => Err(Claimed::Failed { reason, message }),
+        }
+    }
 }
 
 /// The name of the machine's claim on its `index`-th pool.
@@ -70,15 +81,69 @@ fn owned_by(claim: &IPAddressClaim, owner: &OwnerReference) -> bool {
     claim.owner_references().iter().any(|o| o.uid == owner.uid && o.kind == owner.kind)
 }
 
-/// Makes sure each of the machine's claims exists, and returns the addresses once all have one.
-pub async fn claim(ctx: &Context, object: &LibvirtMachine, ns: &str, cluster: Option<&str>) -> Result<Claimed, Error> {
+/// The name of the machine's claim on the `index`-th pool of its `nic`-th
+/// additional NIC (1 for the first of `spec.additionalNetworks`).
+pub fn nic_claim_name(machine: &str, nic: usize, index: usize) -> String {
+    format!("{machine}-nic{nic}-{index}")
+}
+
+/// Every claim of the machine, by name, with its pool: the first NIC's, then
+/// each additional NIC's.
+fn machine_claims(object: &LibvirtMachine) -> Vec<(String, PoolReference)> {
+    let name = object.name_any();
+    let first =
+        object.spec.addresses_from_pools.iter().flatten().enumerate().map(|(i, p)| (claim_name(&name, i), p.clone()));
+    let rest = object.spec.additional_networks.iter().flatten().enumerate().flat_map(|(n, nic)| {
+        let name = name.clone();
+        nic.addresses_from_pools
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(move |(i, p)| (nic_claim_name(&name, n + 1, i), p.clone()))
+    });
+    first.chain(rest).collect()
+}
+
+/// Whether the machine takes any address from IPAM (on any NIC).
+pub fn uses_ipam(object: &LibvirtMachine) -> bool {
+    !machine_claims(object).is_empty()
+}
+
+/// The addresses of every NIC, once every claim has one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MachineAddresses {
+    /// The first NIC's (`spec.addressesFromPools`).
+    pub first: Vec<StaticAddress>,
+    /// Each additional NIC's, in order (empty for a NIC that asks DHCP).
+    pub additional: Vec<Vec<StaticAddress>>,
+}
+
+/// Makes sure each of the machine's claims exists (its first NIC's, then each
+/// additional NIC's), and returns the addresses once all have one.
+pub async fn claim(
+    ctx: &Context,
+    object: &LibvirtMachine,
+    ns: &str,
+    cluster: Option<&str>,
+) -> Result<Claimed<MachineAddresses>, Error> {
     let owner = ClaimOwner::of(object);
-    let mut found = Vec::new();
+    let name = object.name_any();
+    let mut found = MachineAddresses::default();
     for (index, pool) in object.spec.addresses_from_pools.iter().flatten().enumerate() {
-        match claim_one(ctx, ns, &owner, &claim_name(&object.name_any(), index), pool, cluster).await? {
-            Claimed::Ready(mut a) => found.append(&mut a),
-            other => return Ok(other),
+        match claim_one(ctx, ns, &owner, &claim_name(&name, index), pool, cluster).await?.ready() {
+            Ok(mut a) => found.first.append(&mut a),
+            Err(pending) => return Ok(pending),
         }
+    }
+    for (n, nic) in object.spec.additional_networks.iter().flatten().enumerate() {
+        let mut addresses = Vec::new();
+        for (index, pool) in nic.addresses_from_pools.iter().flatten().enumerate() {
+            match claim_one(ctx, ns, &owner, &nic_claim_name(&name, n + 1, index), pool, cluster).await?.ready() {
+                Ok(mut a) => addresses.append(&mut a),
+                Err(pending) => return Ok(pending),
+            }
+        }
+        found.additional.push(addresses);
     }
     Ok(Claimed::Ready(found))
 }
@@ -255,9 +320,8 @@ pub fn static_address(address: &IPAddress) -> Result<StaticAddress, String> {
 /// then releases their addresses.
 pub async fn release(ctx: &Context, object: &LibvirtMachine, ns: &str) -> Result<(), Error> {
     let owner = ClaimOwner::of(object);
-    let count = object.spec.addresses_from_pools.as_ref().map_or(0, Vec::len);
-    for index in 0..count {
-        release_one(ctx, ns, &owner, &claim_name(&object.name_any(), index)).await?;
+    for (name, _) in machine_claims(object) {
+        release_one(ctx, ns, &owner, &name).await?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::api::{
     MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
 use capl_host::error::HostError;
-use capl_host::machine::{self as host_machine, MachineReport, MachineSpec};
+use capl_host::machine::{self as host_machine, AdditionalNic, MachineReport, MachineSpec, NicAttachment};
 
 /// While the bootstrap Secret is missing, look again this often even without
 /// a watch event (Secrets of other types than CAPI's are not watched).
@@ -35,7 +35,8 @@ struct Gathered {
     cluster: Option<Cluster>,
     libvirt_cluster: Option<LibvirtCluster>,
     /// The addresses IPAM gave the machine (spec.addressesFromPools), once claimed.
-    static_addresses: Vec<capl_host::cloud_init::StaticAddress>,
+    /// The addresses IPAM gave the machine's NICs, once claimed.
+    addresses: addresses::MachineAddresses,
 }
 
 pub async fn reconcile(object: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -76,7 +77,7 @@ async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gath
         }
         _ => None,
     };
-    Ok(Gathered { machine, cluster, libvirt_cluster, static_addresses: Vec::new() })
+    Ok(Gathered { machine, cluster, libvirt_cluster, addresses: Default::default() })
 }
 
 /// The bootstrap data: `Machine.spec.bootstrap.dataSecretName` -> Secret key `value`.
@@ -210,8 +211,24 @@ fn host_spec(
         domain_type: ctx.settings.domain_type,
         console_log_dir: ctx.settings.console_log_dir.clone(),
         ipam: object.spec.addresses_from_pools.is_some(),
-        static_addresses: g.static_addresses.clone(),
+        static_addresses: g.addresses.first.clone(),
         nameservers: object.spec.nameservers.clone().unwrap_or_default(),
+        additional_nics: object
+            .spec
+            .additional_networks
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, nic)| AdditionalNic {
+                attach: match (&nic.network, &nic.bridge) {
+                    (Some(network), _) => NicAttachment::Network(network.clone()),
+                    (None, Some(bridge)) => NicAttachment::Bridge(bridge.clone()),
+                    // The API server's validation refuses this; a network of that name cannot exist.
+                    (None, None) => NicAttachment::Network(String::new()),
+                },
+                static_addresses: g.addresses.additional.get(i).cloned().unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 
@@ -349,15 +366,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
         }
     }
-    if object.spec.addresses_from_pools.is_some()
-        && !deleting
-        && location.is_some()
-        && !matches!(snapshot.host, Host::Failed { .. })
+    if addresses::uses_ipam(object) && !deleting && location.is_some() && !matches!(snapshot.host, Host::Failed { .. })
     {
         // Addresses from IPAM: claimed once the machine has a host, known before anything is created.
         let cluster = g.cluster.as_ref().map(|c| c.name_any());
         match addresses::claim(ctx, object, &ns, cluster.as_deref()).await? {
-            Claimed::Ready(found) => g.static_addresses = found,
+            Claimed::Ready(found) => g.addresses = found,
             Claimed::Waiting { reason, message } => {
                 snapshot.host = Host::Failed { reason, message, transient: true };
             }

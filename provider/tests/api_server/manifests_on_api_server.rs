@@ -187,6 +187,28 @@ async fn the_api_server_enforces_our_schema() {
         ("tiny-memory", serde_json::json!({"image": "b", "memoryMiB": 128}), "spec.memoryMiB"),
         ("no-disk", serde_json::json!({"image": "b", "diskGiB": 0}), "spec.diskGiB"),
         ("slash-image", serde_json::json!({"image": "../etc/passwd"}), "spec.image"),
+        (
+            "nic-both",
+            serde_json::json!({"image": "b", "additionalNetworks": [{"network": "n", "bridge": "br0"}]}),
+            "set exactly one of network",
+        ),
+        (
+            "nic-none",
+            serde_json::json!({"image": "b", "additionalNetworks": [{"addressesFromPools": [
+                {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "p"}]}]}),
+            "set exactly one of network",
+        ),
+        (
+            "nic-long-bridge",
+            serde_json::json!({"image": "b", "additionalNetworks": [{"bridge": "a-bridge-name-too-long"}]}),
+            "spec.additionalNetworks[0].bridge",
+        ),
+        (
+            "nic-four",
+            serde_json::json!({"image": "b", "additionalNetworks": [
+                {"network": "a"}, {"network": "b"}, {"network": "c"}, {"network": "d"}]}),
+            "spec.additionalNetworks",
+        ),
     ] {
         let err = machines.create(&Default::default(), &machine(name, spec)).await.unwrap_err().to_string();
         assert!(err.contains(field), "{name}: {err}");
@@ -200,6 +222,18 @@ async fn the_api_server_enforces_our_schema() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("image is immutable"), "{err}");
+    for additional in [serde_json::json!([{"bridge": "br1"}]), serde_json::json!(null)] {
+        let name = if additional.is_null() { "nics-removed" } else { "nics-added" };
+        let spec = if additional.is_null() {
+            serde_json::json!({"image": "base.qcow2", "additionalNetworks": [{"network": "n"}]})
+        } else {
+            serde_json::json!({"image": "base.qcow2"})
+        };
+        machines.create(&Default::default(), &machine(name, spec)).await.unwrap();
+        let patch = serde_json::json!({"spec": {"additionalNetworks": additional}});
+        let err = machines.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err().to_string();
+        assert!(err.contains("additionalNetworks is immutable"), "{name}: {err}");
+    }
     let set = serde_json::json!({"spec": {"providerID": "libvirt://1"}});
     machines.patch("m", &PatchParams::default(), &Patch::Merge(&set)).await.unwrap();
     let change = serde_json::json!({"spec": {"providerID": "libvirt://2"}});

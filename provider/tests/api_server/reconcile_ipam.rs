@@ -252,3 +252,93 @@ async fn a_cluster_gets_its_control_plane_endpoint_from_a_pool() {
         .await;
     assert_eq!(lc.spec.control_plane_endpoint.unwrap().host, "10.77.0.5");
 }
+
+/// Machine + LibvirtMachine `name` of cluster `demo` with `spec.additionalNetworks` = `nics`.
+async fn machine_with_nics(w: &World, name: &str, nics: serde_json::Value) {
+    let secret = format!("{name}-bootstrap");
+    create_bootstrap_secret(w, &secret, cloud_config(name)).await;
+    let m: capl::api::capi::Machine = w.apply(machine_json(name, "demo", name, Some(&secret))).await;
+    let mut lm = libvirt_machine_json(name, "demo", Some((name, &m.uid().unwrap())));
+    lm["spec"]["additionalNetworks"] = nics;
+    let _: LibvirtMachine = w.apply(lm).await;
+}
+
+/// Additional NICs, with CAPI's in-cluster IPAM provider: a machine on the
+/// cluster's DHCP network gets a second NIC straight on a host bridge with its
+/// address from a pool (claim `<machine>-nic1-0`) and a third on a libvirt
+/// network asking DHCP. The domain has the three NICs, the seed's
+/// network-config lists them (the first with DHCP and its reservation's MAC),
+/// status.addresses has the leased address then the pool's. A machine whose
+/// additional network does not exist creates nothing and says which NIC, the
+/// network and the fix. Deleting the machine releases its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn additional_nics_take_their_addresses_from_a_pool_or_dhcp() {
+    use capl_host::cloud_init::{GuestInterface, StaticAddress, network_config_for};
+    let w = World::new("rc-ipam-nics").await;
+    let capi = start_ipam(&w).await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    add_bridged_network(&w);
+    create_pool(&w, "storage-pool", "10.77.0.40").await;
+
+    machine_with_nics(
+        &w,
+        "m0",
+        json!([{ "bridge": "br-storage", "addressesFromPools": [pool_ref("storage-pool")] }, { "network": BRIDGED }]),
+    )
+    .await;
+    machine_with_nics(&w, "m1", json!([{ "network": "no-such-net" }])).await;
+
+    let lm: LibvirtMachine = w.wait_for_within(WAIT, "m0", "ready", machine_ready).await;
+    let claim: IPAddressClaim = w.api().get("m0-nic1-0").await.unwrap();
+    assert_eq!(claim.owner_references()[0].name, "m0");
+    let ips = internal_ips(&lm);
+    assert_eq!(ips.len(), 2, "{ips:?}");
+    assert_eq!(ips[1], "10.77.0.40", "the pool's address comes after the leased one: {ips:?}");
+    let domain = lm.status.as_ref().and_then(|s| s.domain_name.clone()).unwrap();
+    let info = capl_host::domain_xml::parse_domain(&w.inspect().domain_xml(&domain).unwrap()).unwrap();
+    let names = capl_host::MachineNames::new(&w.ns, "m0", &lm.uid().unwrap());
+    let first = lm.status.as_ref().and_then(|s| s.mac_address.clone()).unwrap();
+    assert_eq!(info.macs, vec![first.clone(), names.additional_mac(1), names.additional_mac(2)]);
+    let hosts = w.inspect().network_xml(NETWORK).unwrap();
+    assert!(hosts.contains(&format!("mac='{first}'")), "the first NIC holds the reservation: {hosts}");
+    let config = seed_network_config(&w, &domain).0.expect("a network-config");
+    let want = network_config_for(
+        &[
+            GuestInterface { mac: first, addresses: Vec::new(), dhcp: true },
+            GuestInterface {
+                mac: names.additional_mac(1),
+                addresses: vec![StaticAddress {
+                    address: "10.77.0.40".parse().unwrap(),
+                    prefix: 24,
+                    gateway: Some("10.77.0.1".parse().unwrap()),
+                }],
+                dhcp: false,
+            },
+            GuestInterface { mac: names.additional_mac(2), addresses: Vec::new(), dhcp: true },
+        ],
+        &[],
+    );
+    assert_eq!(config, want);
+
+    let lm: LibvirtMachine = w
+        .wait_for("m1", "InfrastructureMissing", |lm: &LibvirtMachine| {
+            has(machine_conditions(lm), "DomainProvisioningReady", "False", Some("InfrastructureMissing"))
+        })
+        .await;
+    let message = &condition(machine_conditions(&lm), "DomainProvisioningReady").unwrap().message;
+    assert!(
+        message.contains("spec.additionalNetworks[0]")
+            && message.contains("network \"no-such-net\"")
+            && message.contains("virsh net-define")
+            && message.contains("nothing was created"),
+        "{message}"
+    );
+    assert_eq!(w.inspect().domain_list().unwrap().len(), 1, "only m0 has a domain");
+
+    w.delete::<capl::api::capi::Machine>("m0").await;
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    w.wait_gone::<IPAddressClaim>("m0-nic1-0").await;
+    capi.ensure_running().unwrap();
+}

@@ -104,6 +104,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     both("console_log_file", "log", console_log_file),
     both("static_addresses_on_a_bridge_network", "ipam", static_addresses_on_a_bridge),
+    both("additional_nics", "nics", additional_nics),
     both("endpoint_from_network", "vip", |c| host_support::endpoint_from_network(c.hv, c.fx, &c.namespace)),
     Scenario {
         name: "bridge_missing_is_named",
@@ -142,6 +143,29 @@ fn static_addresses_on_a_bridge(c: &Ctx) {
     }));
     if real {
         let _ = std::process::Command::new("ip").args(["link", "del", &bridge]).status();
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A Linux bridge made here for the additional NICs (removed afterwards), and
+/// a name no interface has.
+fn additional_nics(c: &Ctx) {
+    let bridge = format!("capl-nic{}", std::process::id() % 100_000);
+    let absent = format!("capl-nx{}", std::process::id() % 100_000);
+    let real = !c.hv.uri().starts_with("sim:");
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().map(|out| out.status);
+    if real {
+        let _ = ip(&["link", "del", &bridge]);
+        let made = ip(&["link", "add", "name", &bridge, "type", "bridge"]);
+        assert!(made.as_ref().is_ok_and(|s| s.success()), "cannot make the Linux bridge {bridge}: {made:?}");
+        let _ = ip(&["link", "set", &bridge, "up"]);
+    }
+    let outcome =
+        catch_unwind(AssertUnwindSafe(|| host_support::additional_nics(c.hv, c.fx, &c.namespace, &bridge, &absent)));
+    if real {
+        let _ = ip(&["link", "del", &bridge]);
     }
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);

@@ -93,6 +93,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         ipam: false,
         static_addresses: Vec::new(),
         nameservers: Vec::new(),
+        additional_nics: Vec::new(),
     }
 }
 
@@ -858,4 +859,100 @@ pub fn static_addresses_on_a_bridge_network(hv: &dyn HostAdmin, fx: &Fixture, na
     assert_eq!(left, Vec::<String>::new());
     hv.network_stop(&lan).unwrap();
     hv.network_undefine(&lan).unwrap();
+}
+
+/// A machine with two NICs besides the first (on the cluster's network, DHCP):
+/// one on a bridge-mode libvirt network (DHCP in the guest), one straight on
+/// a host bridge (`<interface type='bridge'>`) with a static address. Bad
+/// input first: an additional network that does not exist (and, where the
+/// host can say, a bridge it does not have) fails before anything is made,
+/// naming the NIC and the fix. Then the domain gets the three NICs with their
+/// MACs, the seed's network-config lists them (the first with DHCP and the MAC
+/// of its reservation), only the first NIC holds a DHCP entry, and delete
+/// leaves nothing. `bridge` exists on the host; `absent_bridge` does not.
+pub fn additional_nics(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, bridge: &str, absent_bridge: &str) {
+    use capl_host::cloud_init::{StaticAddress, iso_file};
+    use capl_host::{AdditionalNic, NicAttachment};
+    let side = bridged_network(hv, &format!("{namespace}-side"), bridge);
+    let mut spec = fresh_spec(hv, fx, namespace, "nics-0");
+    let names = spec.names();
+    let unattachable = |spec: &MachineSpec, index: usize, target: &str, fix: &str| {
+        let err = create_machine(hv, spec, &user_data(spec)).expect_err("an additional NIC cannot be attached");
+        assert!(
+            matches!(&err, HostError::AdditionalNicUnattachable { index: i, target: t, uri, .. }
+                if *i == index && t == target && uri == hv.uri()),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains(&format!("spec.additionalNetworks[{index}]")), "{message}");
+        assert!(message.contains(fix), "{message}");
+        assert!(message.contains("nothing was created"), "{message}");
+        assert_eq!(err.kind(), FailureKind::InfrastructureMissing, "{err}");
+        assert_eq!(leftovers(hv, fx, std::slice::from_ref(spec)), Vec::<String>::new(), "nothing made: {err}");
+    };
+    let absent = format!("{namespace}-absent");
+    spec.additional_nics =
+        vec![AdditionalNic { attach: NicAttachment::Network(absent.clone()), static_addresses: Vec::new() }];
+    unattachable(&spec, 0, &format!("network \"{absent}\""), "virsh net-define");
+    if hv.interface_xml("lo").is_ok() {
+        // A host whose libvirtd has its interface driver says which bridges it has.
+        spec.additional_nics = vec![
+            AdditionalNic { attach: NicAttachment::Network(side.clone()), static_addresses: Vec::new() },
+            AdditionalNic { attach: NicAttachment::Bridge(absent_bridge.into()), static_addresses: Vec::new() },
+        ];
+        unattachable(
+            &spec,
+            1,
+            &format!("host bridge \"{absent_bridge}\""),
+            &format!("ip link add {absent_bridge} type bridge"),
+        );
+    }
+
+    let static_address = StaticAddress {
+        address: "10.231.252.10".parse().unwrap(),
+        prefix: 24,
+        gateway: Some("10.231.252.1".parse().unwrap()),
+    };
+    spec.additional_nics = vec![
+        AdditionalNic { attach: NicAttachment::Network(side.clone()), static_addresses: Vec::new() },
+        AdditionalNic { attach: NicAttachment::Bridge(bridge.into()), static_addresses: vec![static_address] },
+    ];
+    create_machine(hv, &spec, &user_data(&spec)).expect("create with three NICs");
+    let report = observe_machine(hv, &spec).unwrap().expect("the domain exists");
+    assert_eq!(report.state, DomainState::Running);
+    let (entry_mac, _, _) = our_entry(hv, fx, &names);
+    assert_eq!(report.mac.as_deref(), Some(entry_mac.as_str()), "the first NIC is the one with the reservation");
+    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    assert_eq!(domain.macs, vec![entry_mac.clone(), names.additional_mac(1), names.additional_mac(2)]);
+    let xml = hv.domain_xml(&names.domain).unwrap();
+    assert!(xml.contains(&format!("<source network='{side}'")), "{xml}");
+    assert!(xml.contains("<interface type='bridge'>") && xml.contains(&format!("<source bridge='{bridge}'")), "{xml}");
+    let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    let config = String::from_utf8(iso_file(&seed, "network-config").expect("a network-config on the seed")).unwrap();
+    let want = capl_host::cloud_init::network_config_for(
+        &[
+            capl_host::cloud_init::GuestInterface { mac: entry_mac, addresses: Vec::new(), dhcp: true },
+            capl_host::cloud_init::GuestInterface { mac: names.additional_mac(1), addresses: Vec::new(), dhcp: true },
+            capl_host::cloud_init::GuestInterface {
+                mac: names.additional_mac(2),
+                addresses: spec.additional_nics[1].static_addresses.clone(),
+                dhcp: false,
+            },
+        ],
+        &[],
+    );
+    assert_eq!(config, want);
+    if hv.uri().starts_with("sim:") {
+        // The simulator leases the first NIC's address at once (the real test disk does not boot).
+        let ips: Vec<_> =
+            report.addresses.iter().filter(|a| matches!(a, MachineAddress::InternalIp(_))).cloned().collect();
+        assert_eq!(ips.len(), 2, "{:?}", report.addresses);
+        assert_eq!(ips[1], MachineAddress::InternalIp("10.231.252.10".parse().unwrap()), "{:?}", report.addresses);
+    }
+    assert!(!hv.network_xml(&side).unwrap().contains("<host"), "no DHCP entry for an additional NIC");
+
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), Vec::new());
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    hv.network_stop(&side).unwrap();
+    hv.network_undefine(&side).unwrap();
 }

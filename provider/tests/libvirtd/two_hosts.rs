@@ -6,7 +6,10 @@
 //! on each host takes a static address (what IPAM gives), the test guests boot
 //! (`cargo xtask guest-image`), configure that address from the seed's
 //! network-config and ping each other across the hosts; the namespace reaches
-//! both; deleting them leaves nothing on either host.
+//! both. Each guest has a second NIC straight on a second Linux bridge
+//! (`<interface type='bridge'>`, no libvirt network), in a second namespace,
+//! with a static address on another subnet: the guests reach each other
+//! and that namespace over it too. Deleting them leaves nothing on either host.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 use capl_host::cloud_init::StaticAddress;
 use capl_host::hypervisor::HostAdmin;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::{MachineSpec, create_machine, delete_machine};
+use capl_host::{AdditionalNic, MachineSpec, NicAttachment, create_machine, delete_machine};
 use testenv::lab::{ExtraLibvirtd, LabBridge};
 
 use crate::host_support::{Fixture, IMAGE_BYTES, leftovers, spec};
@@ -23,6 +26,9 @@ use crate::real_support::guest_image_volume_in;
 /// The lab subnet: `10.78.0.0/24`, gateway `.1` (in the lab namespace), guests `.10` and `.11`.
 const GATEWAY: &str = "10.78.0.1";
 const GUESTS: [&str; 2] = ["10.78.0.10", "10.78.0.11"];
+/// The second lab subnet, on the guests' second NICs: `10.79.0.0/24`, gateway `.1`.
+const SECOND_GATEWAY: &str = "10.79.0.1";
+const SECOND: [&str; 2] = ["10.79.0.10", "10.79.0.11"];
 /// How long a guest may take to boot, configure its address and reach its peer (TCG).
 const GUEST_WITHIN: Duration = Duration::from_secs(420);
 
@@ -74,6 +80,8 @@ fn guests_on_two_hosts_share_one_bridge_and_reach_each_other() {
         .each_ref()
         .map(|d| LibvirtHypervisor::connect(d.uri()).unwrap_or_else(|e| panic!("connecting to {}: {e}", d.uri())));
     let lab = LabBridge::create(&format!("2h{}", pid % 10_000), GATEWAY, 24).unwrap_or_else(|e| panic!("{e:#}"));
+    let second_lab =
+        LabBridge::create(&format!("2s{}", pid % 10_000), SECOND_GATEWAY, 24).unwrap_or_else(|e| panic!("{e:#}"));
     let namespace = format!("two-hosts-{pid}");
     let network = format!("{namespace}-lan");
     let logs = PathBuf::from(format!("/var/tmp/capl-two-hosts-{pid}"));
@@ -106,14 +114,27 @@ fn guests_on_two_hosts_share_one_bridge_and_reach_each_other() {
             prefix: 24,
             gateway: Some(GATEWAY.parse().unwrap()),
         }];
+        s.additional_nics = vec![AdditionalNic {
+            attach: NicAttachment::Bridge(second_lab.bridge().to_string()),
+            static_addresses: vec![StaticAddress {
+                address: SECOND[i].parse().unwrap(),
+                prefix: 24,
+                // Not the default route: that stays on the first NIC.
+                gateway: Some(SECOND_GATEWAY.parse().unwrap()),
+            }],
+        }];
         let _ = delete_machine(*hv, &s);
         specs.push(s);
     }
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for ((hv, _), s) in hosts.iter().zip(&specs) {
-            // Each guest pings its peer on the other host and the lab gateway.
-            let user_data = format!("#cloud-config\n#capl-ping {} {GATEWAY}\n", GUESTS.join(" "));
+            // Each guest pings its peer on the other host and the lab gateways, on both NICs.
+            let user_data = format!(
+                "#cloud-config\n#capl-ping {} {GATEWAY} {} {SECOND_GATEWAY}\n",
+                GUESTS.join(" "),
+                SECOND.join(" ")
+            );
             create_machine(*hv, s, user_data.as_bytes())
                 .unwrap_or_else(|e| panic!("create {} on {}: {e}", s.name, hv.uri()));
         }
@@ -123,12 +144,18 @@ fn guests_on_two_hosts_share_one_bridge_and_reach_each_other() {
                     format!("CAPL-GUEST static ip={} ", GUESTS[i]),
                     format!("CAPL-GUEST ping {} ok", GUESTS[1 - i]),
                     format!("CAPL-GUEST ping {GATEWAY} ok"),
+                    format!("CAPL-GUEST static ip={} ", SECOND[i]),
+                    format!("CAPL-GUEST ping {} ok", SECOND[1 - i]),
+                    format!("CAPL-GUEST ping {SECOND_GATEWAY} ok"),
                 ]
             })
             .collect();
         wait_for_lines(&logs, &specs.iter().collect::<Vec<_>>(), &want);
         for address in GUESTS {
             assert!(lab.ping(address), "the lab namespace does not reach {address}");
+        }
+        for address in SECOND {
+            assert!(second_lab.ping(address), "the second lab namespace does not reach {address}");
         }
         for ((hv, fx), s) in hosts.iter().zip(&specs) {
             assert!(!hv.network_xml(&fx.network).unwrap().contains("<host"), "no DHCP entry on {}", hv.uri());

@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use capl_host::MachineNames;
 use capl_host::dhcp::dhcp_host_xml;
-use capl_host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, parse_domain};
+use capl_host::domain_xml::{DomainDefinition, NicAttachment, NicDevice, OwnerMarker, domain_xml, parse_domain};
 use capl_host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
 
 fn names() -> MachineNames {
@@ -24,6 +24,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
         iso_path: format!("/var/lib/libvirt/capi/disks/{}", names.cloud_init_volume()),
         network: "libvirt-lab".into(),
         mac: names.derived_mac(),
+        additional_nics: Vec::new(),
         console_log_path,
         owner: OwnerMarker {
             namespace: names.namespace.clone(),
@@ -32,6 +33,17 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
             cluster: "libvirt-xd".into(),
         },
     }
+}
+
+#[test]
+fn domain_xml_with_additional_nics_on_a_network_and_a_host_bridge() {
+    let names = names();
+    let mut d = definition("qemu", None);
+    d.additional_nics = vec![
+        NicDevice { attach: NicAttachment::Network("storage-net".into()), mac: names.additional_mac(1) },
+        NicDevice { attach: NicAttachment::Bridge("br-lan".into()), mac: names.additional_mac(2) },
+    ];
+    insta::assert_snapshot!(domain_xml(&d));
 }
 
 #[test]
