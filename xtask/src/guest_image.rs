@@ -169,7 +169,7 @@ case "$1" in
     ip addr flush dev "$interface"
     ip addr add "$ip/${mask:-24}" dev "$interface"
     [ -n "$router" ] && ip route replace default via "${router%% *}"
-    echo "CAPL-GUEST dhcp $1 ip=$ip dev=$interface" > /dev/console
+    echo "CAPL-GUEST dhcp $1 ip=$ip" > /dev/console
     ;;
 esac
 exit 0
