@@ -283,8 +283,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     // choice is recorded); else nowhere.
     let mut unplaced = None;
     let paused = paused_reason(object, g.cluster.as_ref());
-    // Hosts are asked for their memory only once the machine would record one.
+    // Hosts are asked for their memory only once the machine would record one,
+    // and the host is chosen only once the owner Machine is known: its
+    // spec.failureDomain names the host, and KubeadmControlPlane and
+    // MachineSets create the LibvirtMachine before the Machine that owns it.
     let placement_due = paused.is_none()
+        && g.machine.is_some()
         && g.cluster
             .as_ref()
             .and_then(|c| c.status.as_ref())

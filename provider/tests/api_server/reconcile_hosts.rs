@@ -163,6 +163,38 @@ async fn control_plane_machines_go_only_to_control_plane_hosts() {
     assert_eq!((domains_on(&uri_cp), domains_on(&uri_workers)), (1, 1));
 }
 
+/// KubeadmControlPlane and MachineSets create the LibvirtMachine before the
+/// Machine that owns it: until the owner is there, no host is chosen (the
+/// Machine's failure domain decides, not the memory), then the machine goes
+/// to the host its Machine names even though the other has more memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_is_placed_only_once_its_owner_machine_names_the_failure_domain() {
+    let w = World::new("rc-hosts-owner").await;
+    let (_big, uri_big) = extra_host(&w, "big", 16384);
+    let (_small, uri_small) = extra_host(&w, "small", 4096);
+    let manager = w.start_manager();
+    let lc_name =
+        cluster_over(&w, "demo", json!([{ "name": "big", "uri": uri_big }, { "name": "small", "uri": uri_small }]))
+            .await;
+    w.wait_for(&lc_name, "failure domains", |lc: &LibvirtCluster| failure_domains(lc).len() == 2).await;
+
+    // As KCP makes it: labelled with the cluster, no owner Machine yet.
+    let _: LibvirtMachine = w.apply(libvirt_machine_json("cp-0", "demo", None)).await;
+    manager.settle().await;
+    let lm = w.api::<LibvirtMachine>().get("cp-0").await.unwrap();
+    assert_eq!(placed_on(&lm), (None, None), "no host is chosen before the owner Machine exists: {:?}", lm.status);
+    assert_eq!((domains_on(&uri_big), domains_on(&uri_small)), (0, 0));
+
+    create_bootstrap_secret(&w, "cp-0-bootstrap", cloud_config("cp-0")).await;
+    let mut m = machine_json("cp-0", "demo", "cp-0", Some("cp-0-bootstrap"));
+    m["spec"]["failureDomain"] = json!("small");
+    let m: Machine = w.apply(m).await;
+    let _: LibvirtMachine = w.apply(libvirt_machine_json("cp-0", "demo", Some(("cp-0", &m.uid().unwrap())))).await;
+    let lm: LibvirtMachine = w.wait_for("cp-0", "ready", machine_ready).await;
+    assert_eq!(placed_on(&lm), (Some("small".to_string()), Some(uri_small.clone())));
+    assert_eq!((domains_on(&uri_big), domains_on(&uri_small)), (0, 1));
+}
+
 /// A host that does not answer is reported on the LibvirtCluster (HostsReady
 /// False, naming it) and left out of the failure domains, while machines go
 /// to the healthy host; a failure domain that names no host is reported on
