@@ -72,7 +72,7 @@ pub use assets::{Assets, BUILD_COMMAND};
 pub use capi_manager::{CapiManager, CapiOptions};
 pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 
-use certificates::Pki;
+pub use certificates::Pki;
 use free_port::free_loopback_ports;
 pub use scratch_dir::ScratchDir;
 use supervised_process::SupervisedProcess;
@@ -253,6 +253,14 @@ impl TestEnv {
             "building a kube client from a config that already connected once; \
              call TestEnv::client inside a tokio runtime",
         )
+    }
+
+    /// The CA the API server trusts for client certificates and that signed its
+    /// serving certificate (for `localhost` and `127.0.0.1`). A test that plays a
+    /// workload cluster gives it to CAPI as the cluster CA (`<cluster>-ca`), so the
+    /// kubeconfig KCP makes from it is accepted here.
+    pub fn ca(&self) -> &Pki {
+        &self.ca
     }
 
     /// The kube client configuration (admin).

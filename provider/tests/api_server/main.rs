@@ -10,6 +10,7 @@ mod clusterctl_template;
 mod support;
 
 mod faults_at_scale;
+mod kcp_failure_domains;
 mod manager_binary;
 mod manifests_on_api_server;
 mod reconcile_bounded_state;
