@@ -120,6 +120,11 @@ impl HostView {
             .collect())
     }
 
+    /// The DNS host entries of `network` (live XML): each address with its host names.
+    pub fn dns_hosts(&self, network: &str) -> Result<Vec<(String, Vec<String>)>> {
+        Ok(dns_hosts_of(&self.virsh(&["net-dumpxml", network])?))
+    }
+
     /// The current leases of `network`.
     pub fn leases(&self, network: &str) -> Result<Vec<Lease>> {
         // Expiry date, time, MAC, protocol, IP/prefix, hostname, client id.
@@ -155,6 +160,27 @@ impl HostView {
     }
 }
 
+/// The `<dns><host ip=...><hostname>...` entries of a network's XML.
+fn dns_hosts_of(xml: &str) -> Vec<(String, Vec<String>)> {
+    let Some(dns) = xml.split("<dns").nth(1).and_then(|rest| rest.split("</dns>").next()) else {
+        return Vec::new();
+    };
+    dns.split("<host ")
+        .skip(1)
+        .map(|element| {
+            let head = element.split('>').next().unwrap_or_default();
+            let body = element.split("</host>").next().unwrap_or_default();
+            let names = body
+                .split("<hostname>")
+                .skip(1)
+                .filter_map(|n| n.split("</hostname>").next())
+                .map(|n| n.trim().to_string())
+                .collect();
+            (attribute(head, "ip"), names)
+        })
+        .collect()
+}
+
 fn info_active(text: Option<String>) -> bool {
     text.is_some_and(|t| t.lines().any(|l| l.starts_with("Active:") && l.contains("yes")))
 }
@@ -186,5 +212,20 @@ mod tests {
         assert_eq!(attribute(tag, "name"), "dom-1");
         assert_eq!(attribute(tag, "ip"), "10.251.0.5");
         assert_eq!(attribute(tag, "missing"), "");
+    }
+
+    #[test]
+    fn dns_hosts_are_read_from_the_dns_element_only() {
+        let xml = "<network><name>n</name><dns><host ip='10.251.0.254'>\n<hostname>capl-endpoint-u1</hostname>\n\
+                   </host><host ip='10.251.0.253'><hostname>a</hostname><hostname>b</hostname></host></dns>\n\
+                   <ip address='10.251.0.1'><dhcp><host mac='52:54:00:00:00:01' ip='10.251.0.5'/></dhcp></ip></network>";
+        assert_eq!(
+            dns_hosts_of(xml),
+            vec![
+                ("10.251.0.254".to_string(), vec!["capl-endpoint-u1".to_string()]),
+                ("10.251.0.253".to_string(), vec!["a".to_string(), "b".to_string()]),
+            ]
+        );
+        assert!(dns_hosts_of("<network><ip><dhcp><host mac='m' ip='i'/></dhcp></ip></network>").is_empty());
     }
 }

@@ -1,14 +1,19 @@
 //! The `workload` scenario (issue 13): a real Kubernetes cluster on libvirt VMs.
 //!
-//! `clusterctl generate cluster` renders the release's default flavor (the
-//! `templates/cluster-template.yaml` a user gets) for one control-plane machine
-//! and no worker yet, with only the variables `templates/README.md` documents;
+//! `clusterctl generate cluster --flavor allocated-endpoint` renders the release's
+//! default flavor with the control-plane endpoint allocated by the provider (the
+//! `templates/cluster-template-allocated-endpoint.yaml` a user gets) for one
+//! control-plane machine and no worker yet, with only the variables
+//! `templates/README.md` documents;
 //! `kubectl apply` gives it to the management cluster, where CAPI core, the
 //! kubeadm bootstrap (CABPK) and control plane (KCP) managers (with their
 //! webhooks) and this provider run. The machines boot the Kubernetes node image
 //! (`cargo xtask node-image`) on the private libvirtd under software emulation
 //! and run real `kubeadm init` / `kubeadm join`. Checked from outside, as a user
 //! would:
+//! - the LibvirtCluster's endpoint is allocated from the test network (outside
+//!   its DHCP range, a DNS host entry on the host that names the LibvirtCluster)
+//!   and CAPI copies it into the Cluster;
 //! - KCP becomes Initialized and then Available while its machine is the only
 //!   guest; through the endpoint (keepalived's address), with the kubeconfig of
 //!   the `<cluster>-kubeconfig` Secret, its Node is Ready;
@@ -18,7 +23,8 @@
 //! - a Pod on the worker fetches a page from a Pod on the control-plane node;
 //! - scaled back to 0, the worker's Node goes (drained, deleted) and its
 //!   domain, disk, seed ISO and DHCP entry are removed;
-//! - deleting the Cluster leaves nothing of the namespace's on the host.
+//! - deleting the Cluster leaves nothing of the namespace's on the host, the
+//!   endpoint's DNS host entry included.
 //!
 //! At most two emulated guests run at once on the 2 host cores, and KCP's
 //! availability is checked before the second boots:
@@ -211,6 +217,20 @@ pub(crate) enum Flavor {
     /// `cluster-template-topology.yaml`: a Cluster of the `libvirt` ClusterClass
     /// (`clusterclass-libvirt.yaml`).
     Topology,
+    /// `cluster-template-allocated-endpoint.yaml`: the default flavor with the
+    /// endpoint allocated from the libvirt network by the provider.
+    AllocatedEndpoint,
+}
+
+impl Flavor {
+    /// The name `clusterctl generate cluster --flavor` takes, `None` for the default.
+    fn name(self) -> Option<&'static str> {
+        match self {
+            Flavor::Default => None,
+            Flavor::Topology => Some("topology"),
+            Flavor::AllocatedEndpoint => Some("allocated-endpoint"),
+        }
+    }
 }
 
 /// [`apply_cluster`] for either flavor.
@@ -226,11 +246,14 @@ pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: impl Fn
     say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
     let manifest = generate_cluster(stack, ns, &image, flavor)?;
     kubectl_apply(stack, None, &manifest)?;
-    let flavor_arg = if flavor == Flavor::Topology { " --flavor topology" } else { "" };
+    let flavor_arg = flavor.name().map(|f| format!(" --flavor {f}")).unwrap_or_default();
+    let endpoint = match flavor {
+        Flavor::AllocatedEndpoint => "allocated by the provider".to_string(),
+        _ => stack.placement.endpoint_host.clone(),
+    };
     say(format!(
-        "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, no worker yet, endpoint {})",
+        "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, no worker yet, endpoint {endpoint})",
         manifest.display(),
-        stack.placement.endpoint_host
     ));
     Ok(manifest)
 }
@@ -238,10 +261,12 @@ pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: impl Fn
 async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     // What a user does: render the template with clusterctl, apply it with kubectl.
     let started = Instant::now();
-    apply_cluster(stack, ns, |m| say(ID, m))?;
+    apply_flavor(stack, ns, Flavor::AllocatedEndpoint, |m| say(ID, m))?;
     let mut timings = Timings { id: ID, started, rows: Vec::new() };
 
     let client = stack.client();
+    let endpoint = allocated_endpoint(stack, &client, ns).await?;
+    say(ID, format!("control-plane endpoint {endpoint} allocated from network {TEST_NETWORK}"));
     let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
     let kcp_name = format!("{CLUSTER}-control-plane");
 
@@ -308,11 +333,19 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     crate::scenarios::clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    timings.mark("Cluster deleted, nothing left on the host");
+    let entries = endpoint_dns_hosts(stack)?;
+    ensure!(
+        entries.is_empty(),
+        "the endpoint's DNS host entry is left on network {TEST_NETWORK} after the Cluster was deleted: {entries:?}"
+    );
+    timings.mark("Cluster deleted, nothing left on the host (endpoint released)");
 
     let table = timings.table();
     eprintln!("  [{ID}] timing (seconds since kubectl apply):\n{table}");
-    Ok(format!("nodes {:?}; pod-to-pod reply {reply:?}; removed on scale-down: {removed}\n{table}", node_names(&nodes)))
+    Ok(format!(
+        "endpoint {endpoint} (allocated); nodes {:?}; pod-to-pod reply {reply:?}; removed on scale-down: {removed}\n{table}",
+        node_names(&nodes)
+    ))
 }
 
 /// Runs `clusterctl generate cluster` against the release of this checkout
@@ -322,6 +355,7 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
     let dir = stack.work_dir.join(match flavor {
         Flavor::Default => "workload",
         Flavor::Topology => "workload-topology",
+        Flavor::AllocatedEndpoint => "workload-allocated-endpoint",
     });
     let repository = LocalRepository::release(&dir.join("repository"), RELEASE_VERSION)?;
     let ca = std::fs::read(TLS_CA_CERT)
@@ -341,8 +375,8 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
         "--kubeconfig",
         &kubeconfig,
     ];
-    if flavor == Flavor::Topology {
-        generate.extend(["--flavor", "topology"]);
+    if let Some(name) = flavor.name() {
+        generate.extend(["--flavor", name]);
     }
     let listed = repository.clusterctl(&[&generate[..], &["--list-variables"]].concat())?;
     let mut variables: Vec<(&str, String)> = vec![
@@ -350,13 +384,21 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
         ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
         ("CAPL_TLS_CLIENT_CRT_B64", base64(cert.as_bytes())?),
         ("CAPL_TLS_CLIENT_KEY_B64", base64(key.as_bytes())?),
-        ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", stack.placement.endpoint_host.clone()),
         ("CAPL_IMAGE", image.to_string()),
         ("CAPL_NETWORK", TEST_NETWORK.to_string()),
         ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
         ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
     ];
-    if flavor == Flavor::Default {
+    if flavor == Flavor::AllocatedEndpoint {
+        // The provider picks the address: the flavor asks for none.
+        ensure!(
+            !listed.contains("CAPL_CONTROL_PLANE_ENDPOINT_HOST"),
+            "the allocated-endpoint flavor must not need CAPL_CONTROL_PLANE_ENDPOINT_HOST:\n{listed}"
+        );
+    } else {
+        variables.push(("CAPL_CONTROL_PLANE_ENDPOINT_HOST", stack.placement.endpoint_host.clone()));
+    }
+    if flavor != Flavor::Topology {
         // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one vCPU
         // leaves the control plane (2 vCPUs) enough to keep answering.
         variables.push(("CAPL_WORKER_VCPU", "1".to_string()));
@@ -689,6 +731,59 @@ async fn control_plane_vm(stack: &Stack, client: &Client, ns: &str) -> Result<Ru
     .await?;
     check_on_host(stack, &cp).await?;
     Ok(cp)
+}
+
+/// The address of a DNS host entry of the test network named like the provider's
+/// endpoint entries (`capl-endpoint-<LibvirtCluster UID>`), with its names.
+fn endpoint_dns_hosts(stack: &Stack) -> Result<Vec<(String, Vec<String>)>> {
+    Ok(stack
+        .libvirt()?
+        .dns_hosts(TEST_NETWORK)?
+        .into_iter()
+        .filter(|(_, names)| names.iter().any(|n| n.starts_with("capl-endpoint-")))
+        .collect())
+}
+
+/// Waits for the provider to allocate the control-plane endpoint of the
+/// allocated-endpoint flavor and checks it as an admin would: an address of the
+/// test network outside its DHCP range, in the LibvirtCluster and copied by CAPI
+/// into the Cluster, and on the host a DNS host entry for it named after the
+/// LibvirtCluster's UID. Returns the address.
+async fn allocated_endpoint(stack: &Stack, client: &Client, ns: &str) -> Result<String> {
+    use testenv::test_host::{DHCP_LAST, SUBNET_PREFIX};
+    let (host, uid) = until(&format!("LibvirtCluster {ns}/{CLUSTER} to be given an endpoint"), VM_STARTED, || async {
+        let lc = objects::get(client, ns, Kind::LibvirtCluster, CLUSTER).await?;
+        Ok(match lc {
+            Some(lc) => match lc.data["spec"]["controlPlaneEndpoint"]["host"].as_str() {
+                Some(host) => Check::Done((host.to_string(), lc.uid().unwrap_or_default())),
+                None => Check::Pending(format!("status {}", compact(&lc.data["status"]))),
+            },
+            None => Check::Pending("no LibvirtCluster".into()),
+        })
+    })
+    .await?;
+    let host_number: Option<u8> = host.strip_prefix(&format!("{SUBNET_PREFIX}.")).and_then(|n| n.parse().ok());
+    ensure!(
+        host_number.is_some_and(|n| n > DHCP_LAST && n < 255),
+        "the allocated endpoint {host} is not an address of {SUBNET_PREFIX}.0/24 outside the DHCP range (.2-.{DHCP_LAST})"
+    );
+    until(&format!("Cluster {ns}/{CLUSTER} to take the endpoint {host}"), SETTLE, || async {
+        let cluster = objects::get(client, ns, Kind::Cluster, CLUSTER).await?.context("the Cluster is gone")?;
+        let seen = &cluster.data["spec"]["controlPlaneEndpoint"];
+        Ok(if seen["host"] == host.as_str() && seen["port"] == 6443 {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("spec.controlPlaneEndpoint {}", compact(seen)))
+        })
+    })
+    .await?;
+    let entries = endpoint_dns_hosts(stack)?;
+    let expected = (host.clone(), vec![format!("capl-endpoint-{uid}")]);
+    ensure!(
+        entries == [expected.clone()],
+        "network {TEST_NETWORK} must hold exactly one endpoint DNS host entry, {expected:?}; found {entries:?}"
+    );
+    Ok(host)
 }
 
 /// Fails with kubeadm's own error when the control-plane machine's console shows

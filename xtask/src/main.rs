@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Run every test, installing and starting what they need (the README's test command).
     Test(test::Args),
-    /// Regenerate CRDs, RBAC, the manager manifests and metadata.yaml.
+    /// Regenerate CRDs, RBAC, the manager manifests, metadata.yaml and the generated flavor.
     Manifests,
     /// Write a release as a clusterctl provider repository: <out>/infrastructure-libvirt/<version>/
     /// (components, metadata, templates, install.yaml).

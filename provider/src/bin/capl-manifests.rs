@@ -16,7 +16,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write config/ and metadata.yaml under the repository root.
+    /// Write config/, metadata.yaml and the generated flavors under the repository root.
     Write {
         #[arg(long, default_value = ".")]
         root: PathBuf,
@@ -88,6 +88,12 @@ fn write_config(root: &Path) -> Result<()> {
     }
     write_file(&root.join("metadata.yaml"), &manifests::render_yaml(&[manifests::clusterctl_metadata()]))?;
     println!("wrote metadata.yaml");
+    let default_flavor = root.join(manifests::DEFAULT_FLAVOR);
+    let default_flavor =
+        std::fs::read_to_string(&default_flavor).with_context(|| format!("reading {}", default_flavor.display()))?;
+    let flavor = manifests::allocated_endpoint_flavor(&default_flavor).map_err(anyhow::Error::msg)?;
+    write_file(&root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR), &flavor)?;
+    println!("wrote {}", manifests::ALLOCATED_ENDPOINT_FLAVOR);
     Ok(())
 }
 

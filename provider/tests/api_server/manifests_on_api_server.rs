@@ -544,7 +544,7 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
         serde_json::json!([
             "systemctl set-property --runtime system.slice CPUWeight=20",
             "systemd-run --unit capl-control-plane-stagger --collect /usr/local/sbin/capl-control-plane-stagger 6443 900",
-            "capl-control-plane-vip 192.168.122.10 6443",
+            "capl-control-plane-vip",
             "systemctl enable --now capl-pod-network"
         ]),
         "{spec}"

@@ -25,7 +25,50 @@ fn committed_manifests_match_the_code() {
             stale.push(file.path);
         }
     }
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::allocated_endpoint_flavor(&default_flavor).unwrap();
+    if std::fs::read_to_string(root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR)).unwrap_or_default() != flavor {
+        stale.push(manifests::ALLOCATED_ENDPOINT_FLAVOR.into());
+    }
     assert!(stale.is_empty(), "stale generated files {stale:?}: run `cargo xtask manifests` and commit the result");
+}
+
+/// The allocated-endpoint flavor is the default flavor with the LibvirtCluster
+/// asking for an endpoint instead of naming one, and nothing else changed.
+#[test]
+fn the_allocated_endpoint_flavor_differs_from_the_default_only_in_the_endpoint() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::allocated_endpoint_flavor(&default_flavor).unwrap();
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let (default_docs, flavor_docs) = (docs(&default_flavor), docs(&flavor));
+    assert_eq!(default_docs.len(), flavor_docs.len());
+    for (before, after) in default_docs.iter().zip(&flavor_docs) {
+        if before["kind"] == "LibvirtCluster" {
+            assert!(after["spec"]["controlPlaneEndpoint"].is_null(), "{after}");
+            assert!(after["spec"]["controlPlaneEndpointFrom"]["network"].is_object(), "{after}");
+            let mut without = before.clone();
+            without["spec"].as_object_mut().unwrap().remove("controlPlaneEndpoint");
+            let mut after = after.clone();
+            after["spec"].as_object_mut().unwrap().remove("controlPlaneEndpointFrom");
+            assert_eq!(without, after);
+        } else {
+            assert_eq!(before, after);
+        }
+    }
+    let (_, variables) = crate::clusterctl_template::substitute(&flavor);
+    assert!(!variables.contains("CAPL_CONTROL_PLANE_ENDPOINT_HOST"), "the flavor needs no endpoint address");
+    assert!(variables.contains("CAPL_CONTROL_PLANE_ENDPOINT_PORT"), "the port stays a variable");
+    // The control plane's keepalived reads the endpoint from the kubeadm configuration.
+    assert!(flavor.contains("    - capl-control-plane-vip\n"), "{flavor}");
+
+    // A default flavor the generator does not recognise is an error, not a silent copy.
+    let changed = default_flavor.replace("controlPlaneEndpoint:\n", "controlPlaneEndpoint: \n");
+    let err = manifests::allocated_endpoint_flavor(&changed).unwrap_err();
+    assert!(err.contains("exactly once"), "{err}");
 }
 
 fn crd_json(kind: &str) -> Value {
