@@ -289,7 +289,10 @@ struct LocalRepository {
 
 impl LocalRepository {
     fn release(version: &str) -> Self {
-        let root = std::env::temp_dir().join(format!("capl-clusterctl-repo-{version}-{}", std::process::id()));
+        // One directory per repository: tests that run at once each write and remove their own.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = std::env::temp_dir().join(format!("capl-clusterctl-repo-{version}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
             .args(["release", "--version", version, "--image"])
