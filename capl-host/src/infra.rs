@@ -35,77 +35,98 @@ pub fn check_infrastructure(hv: &dyn Hypervisor, spec: &InfraSpec) -> HostResult
     Ok(())
 }
 
-/// The network exists and is active.
-pub fn check_network(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
-    let uri = hv.uri().to_string();
+/// What the host says of a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkState {
+    Active,
+    Inactive,
+    Missing,
+}
+
+/// Whether `network` exists on the host and is active (one libvirt call).
+pub fn network_state(hv: &dyn Hypervisor, network: &str) -> HostResult<NetworkState> {
     match hv.network_is_active(network) {
-        Ok(true) => check_network_ipv4(hv, network),
-        Ok(false) => Err(HostError::NetworkInactive { network: network.to_string(), uri }),
-        Err(e) if e.kind == ErrorKind::NoNetwork => {
-            Err(HostError::NetworkMissing { network: network.to_string(), uri })
-        }
-        Err(source) => Err(HostError::Libvirt {
-            action: "check",
-            kind: ObjectKind::Network,
-            object: network.to_string(),
-            uri,
-            source,
-        }),
+        Ok(true) => Ok(NetworkState::Active),
+        Ok(false) => Ok(NetworkState::Inactive),
+        Err(e) if e.kind == ErrorKind::NoNetwork => Ok(NetworkState::Missing),
+        Err(source) => Err(libvirt_error(hv, "check", ObjectKind::Network, network, source)),
     }
 }
 
-/// The storage pool exists and is active.
+/// The network's live XML, parsed (one libvirt call).
+pub fn network_info(hv: &dyn Hypervisor, network: &str) -> HostResult<NetworkInfo> {
+    let xml =
+        hv.network_xml(network).map_err(|source| libvirt_error(hv, "read", ObjectKind::Network, network, source))?;
+    parse_network(&xml).map_err(|detail| HostError::UnreadableXml {
+        kind: ObjectKind::Network,
+        object: network.to_string(),
+        uri: hv.uri().to_string(),
+        detail,
+    })
+}
+
+/// Whether the host has the network interface `name` (a bridge), or `None`
+/// when its libvirtd cannot say (no interface driver: `VIR_ERR_NO_SUPPORT`),
+/// in which case the first domain's start is what finds out.
+pub fn host_has_interface(hv: &dyn Hypervisor, name: &str) -> HostResult<Option<bool>> {
+    match hv.interface_xml(name) {
+        Ok(_) => Ok(Some(true)),
+        Err(e) if e.kind == ErrorKind::NoInterface => Ok(Some(false)),
+        Err(e) if e.kind == ErrorKind::NoSupport => Ok(None),
+        Err(source) => Err(libvirt_error(hv, "look up", ObjectKind::Interface, name, source)),
+    }
+}
+
+fn libvirt_error(
+    hv: &dyn Hypervisor,
+    action: &'static str,
+    kind: ObjectKind,
+    object: &str,
+    source: crate::hypervisor::HypervisorError,
+) -> HostError {
+    HostError::Libvirt { action, kind, object: object.to_string(), uri: hv.uri().to_string(), source }
+}
+
+/// The network exists and is active.
+pub fn check_network(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
+    let uri = hv.uri().to_string();
+    match network_state(hv, network)? {
+        NetworkState::Active => check_network_ipv4(hv, network),
+        NetworkState::Inactive => Err(HostError::NetworkInactive { network: network.to_string(), uri }),
+        NetworkState::Missing => Err(HostError::NetworkMissing { network: network.to_string(), uri }),
+    }
+}
+
 /// Machines get their addresses by a DHCP reservation in the network's IPv4
 /// subnet, so the network needs one; or, on a network onto a host bridge
 /// (where libvirt runs no DHCP), from IPAM, which needs nothing of it.
 fn check_network_ipv4(hv: &dyn Hypervisor, network: &str) -> HostResult<()> {
-    let uri = hv.uri().to_string();
-    let xml = hv.network_xml(network).map_err(|source| HostError::Libvirt {
-        action: "read",
-        kind: ObjectKind::Network,
-        object: network.to_string(),
-        uri: uri.clone(),
-        source,
-    })?;
-    let info = parse_network(&xml).map_err(|detail| HostError::UnreadableXml {
-        kind: ObjectKind::Network,
-        object: network.to_string(),
-        uri: uri.clone(),
-        detail,
-    })?;
+    let info = network_info(hv, network)?;
     check_host_bridge(hv, &info)?;
     match info.ipv4 {
         Some(_) => Ok(()),
         None if info.is_host_bridge() => Ok(()),
-        None => Err(HostError::NoIpv4 { network: network.to_string(), uri }),
+        None => Err(HostError::NoIpv4 { network: network.to_string(), uri: hv.uri().to_string() }),
     }
 }
 
 /// The host bridge a network in forward mode bridge puts guests on exists, as
-/// far as the host can say. libvirt starts such a network without looking for
-/// its bridge; a libvirtd with its interface driver answers for it, one without
-/// (`VIR_ERR_NO_SUPPORT`) cannot, and then the
-/// first domain's start is what finds out ([`HostError::BridgeMissing`]).
+/// far as the host can say ([`host_has_interface`]). libvirt starts such a
+/// network without looking for its bridge; without this check the first
+/// domain's start finds out ([`HostError::BridgeMissing`]).
 pub fn check_host_bridge(hv: &dyn Hypervisor, info: &NetworkInfo) -> HostResult<()> {
     let Some(bridge) = info.host_bridge() else { return Ok(()) };
-    match hv.interface_xml(bridge) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind == ErrorKind::NoInterface => Err(HostError::BridgeNotOnHost {
+    match host_has_interface(hv, bridge)? {
+        Some(false) => Err(HostError::BridgeNotOnHost {
             network: info.name.clone(),
             device: bridge.to_string(),
             uri: hv.uri().to_string(),
         }),
-        Err(e) if e.kind == ErrorKind::NoSupport => Ok(()),
-        Err(source) => Err(HostError::Libvirt {
-            action: "look up",
-            kind: ObjectKind::Interface,
-            object: bridge.to_string(),
-            uri: hv.uri().to_string(),
-            source,
-        }),
+        Some(true) | None => Ok(()),
     }
 }
 
+/// The storage pool exists and is active (and of a file-based type).
 pub fn check_pool(hv: &dyn Hypervisor, pool: &str) -> HostResult<()> {
     let uri = hv.uri().to_string();
     // The type first: an unusable pool is reported as such, active or not.

@@ -6,10 +6,8 @@
 
 use crate::cloud_init::{GuestInterface, StaticAddress};
 use crate::domain_xml::{NicAttachment, NicDevice};
-use crate::error::{HostError, HostResult, ObjectKind};
-use crate::hypervisor::ErrorKind;
-use crate::infra::check_host_bridge;
-use crate::network_xml::parse_network;
+use crate::error::{HostError, HostResult};
+use crate::infra::{NetworkState, check_host_bridge, host_has_interface, network_info, network_state};
 
 use super::MachineRun;
 
@@ -64,35 +62,27 @@ impl MachineRun<'_> {
             };
             match &nic.attach {
                 NicAttachment::Network(network) => {
-                    match self.hv.network_is_active(network) {
-                        Ok(true) => {}
-                        Ok(false) => return Err(missing(format!("it is inactive: run virsh net-start {network}"))),
-                        Err(e) if e.kind == ErrorKind::NoNetwork => {
+                    match network_state(self.hv, network)? {
+                        NetworkState::Active => {}
+                        NetworkState::Inactive => {
+                            return Err(missing(format!("it is inactive: run virsh net-start {network}")));
+                        }
+                        NetworkState::Missing => {
                             return Err(missing(
                                 "it does not exist: define and start it there (virsh net-define, net-start)"
                                     .to_string(),
                             ));
                         }
-                        Err(e) => return Err(self.error("check", ObjectKind::Network, network, e)),
                     }
-                    let xml = self
-                        .hv
-                        .network_xml(network)
-                        .map_err(|e| self.error("read", ObjectKind::Network, network, e))?;
-                    let info = parse_network(&xml).map_err(|e| self.unreadable(ObjectKind::Network, network, e))?;
-                    check_host_bridge(self.hv, &info)?;
+                    check_host_bridge(self.hv, &network_info(self.hv, network)?)?;
                 }
-                NicAttachment::Bridge(bridge) => match self.hv.interface_xml(bridge) {
-                    Ok(_) => {}
-                    Err(e) if e.kind == ErrorKind::NoInterface => {
+                NicAttachment::Bridge(bridge) => {
+                    if host_has_interface(self.hv, bridge)? == Some(false) {
                         return Err(missing(format!(
                             "the host has no interface of that name: create the bridge there (ip link add {bridge} type bridge, with the port onto the LAN in it)"
                         )));
                     }
-                    // A libvirtd without its interface driver cannot say; the start finds out.
-                    Err(e) if e.kind == ErrorKind::NoSupport => {}
-                    Err(e) => return Err(self.error("look up", ObjectKind::Interface, bridge, e)),
-                },
+                }
             }
         }
         Ok(())
