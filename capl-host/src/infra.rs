@@ -142,26 +142,12 @@ pub fn check_pool(hv: &dyn Hypervisor, pool: &str) -> HostResult<()> {
         Err(e) if e.kind == ErrorKind::NoStoragePool => {
             return Err(HostError::PoolMissing { pool: pool.to_string(), uri });
         }
-        Err(source) => {
-            return Err(HostError::Libvirt {
-                action: "read",
-                kind: ObjectKind::StoragePool,
-                object: pool.to_string(),
-                uri,
-                source,
-            });
-        }
+        Err(source) => return Err(libvirt_error(hv, "read", ObjectKind::StoragePool, pool, source)),
     }
     match hv.pool_is_active(pool) {
         Ok(true) => Ok(()),
         Ok(false) => Err(HostError::PoolInactive { pool: pool.to_string(), uri }),
         Err(e) if e.kind == ErrorKind::NoStoragePool => Err(HostError::PoolMissing { pool: pool.to_string(), uri }),
-        Err(source) => Err(HostError::Libvirt {
-            action: "check",
-            kind: ObjectKind::StoragePool,
-            object: pool.to_string(),
-            uri,
-            source,
-        }),
+        Err(source) => Err(libvirt_error(hv, "check", ObjectKind::StoragePool, pool, source)),
     }
 }

@@ -20,16 +20,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::support::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, Manager, NETWORK};
+use crate::support::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, Manager, NETWORK, sim_connections};
 use capl::api::LibvirtMachine;
 use capl::api::capi::CLUSTER_NAME_LABEL;
-use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
-use capl_host::hypervisor::sim::SimConnector;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
 const CLUSTER: &str = "trio";
 const HOSTS: [&str; 3] = ["kvm-a", "kvm-b", "kvm-c"];
@@ -153,8 +150,7 @@ async fn kubeadm_control_plane_of_three_puts_one_machine_on_each_host() {
         ));
         host_list.push(json!({ "name": name, "uri": uri }));
     }
-    let connections = Arc::new(Connections::new(Arc::new(SimConnector), DEFAULT_MAX_CALLS_PER_HOST));
-    let _manager = Manager::start(client.clone(), &ns, connections);
+    let _manager = Manager::start(client.clone(), &ns, sim_connections());
 
     // The cluster CA is the workload API server's; etcd is external, with its CA
     // and the API server's client certificate as kubeadm would be given them.

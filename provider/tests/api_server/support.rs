@@ -39,6 +39,11 @@ const FIELD_MANAGER: &str = "reconcile-tests";
 pub const ENDPOINT_HOST: &str = "192.168.122.10";
 pub const ENDPOINT_PORT: i32 = 6443;
 
+/// A fresh connection cache over the simulator, for a manager outside a [`World`].
+pub fn sim_connections() -> Arc<Connections> {
+    Arc::new(Connections::new(Arc::new(SimConnector), DEFAULT_MAX_CALLS_PER_HOST))
+}
+
 /// One test's world.
 pub struct World {
     pub env: &'static TestEnv,
@@ -88,7 +93,7 @@ impl World {
 
     /// A fresh connection cache over the simulator (what a new manager process would have).
     pub fn connections(&self) -> Arc<Connections> {
-        Arc::new(Connections::new(Arc::new(SimConnector), DEFAULT_MAX_CALLS_PER_HOST))
+        sim_connections()
     }
 
     /// Starts the controllers for this namespace with a fresh connection cache.
