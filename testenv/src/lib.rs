@@ -44,6 +44,7 @@
 //! binary exits. If the test process is killed outright, the kernel kills the children
 //! (`PR_SET_PDEATHSIG`) and the next start removes the left-over directory.
 
+pub mod container_libvirtd;
 pub mod control_plane_versions;
 pub mod lab;
 pub mod remote_access;

@@ -1,4 +1,5 @@
 //! `cargo xtask docker-build` / `docker-push`: shell out to docker.
+//! (`docker-build --offline` builds without a registry: [`crate::images`].)
 
 use anyhow::{Result, bail};
 use xshell::{Shell, cmd};
@@ -15,12 +16,17 @@ fn docker_engine(sh: &Shell) -> Result<()> {
     Ok(())
 }
 
-pub fn build(image: &str) -> Result<()> {
+/// Builds the manager image (from the Dockerfile, or offline from this
+/// machine's files, see [`crate::images`]) and checks it.
+pub fn build(image: &str, offline: bool) -> Result<()> {
+    if offline {
+        return crate::images::build_provider_offline(image);
+    }
     let sh = Shell::new()?;
     docker_engine(&sh)?;
     sh.change_dir(repo_root());
     cmd!(sh, "docker build -t {image} .").run()?;
-    Ok(())
+    crate::images::check_provider_image(image)
 }
 
 pub fn push(image: &str) -> Result<()> {

@@ -38,6 +38,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
+use crate::short_hash;
+
 /// The file name of the image inside its cache directory.
 pub const IMAGE_FILE: &str = "base.qcow2";
 /// The environment variable that overrides the cache root (tests, CI).
@@ -431,18 +433,6 @@ fn read_module(sh: &Shell, modules_dir: &Path, module: &str) -> Result<Vec<u8>> 
     } else {
         fs::read(&path).with_context(|| format!("reading {}", path.display()))
     }
-}
-
-fn short_hash(parts: &[&str]) -> String {
-    // FNV-1a, 64 bit, over the parts with separators: a cache key, not a security measure.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in part.bytes().chain([0u8]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")[..12].to_string()
 }
 
 /// A `newc` cpio archive, written in memory (owner root, mtime 0).

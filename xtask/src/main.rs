@@ -11,8 +11,10 @@ mod demo;
 mod demo_check;
 mod deploy;
 mod docker;
+mod docker_engine;
 mod e2e;
 mod guest_image;
+mod images;
 mod libvirt_host;
 mod manifests;
 mod node_image;
@@ -64,10 +66,14 @@ enum Command {
     },
     /// Remove what `deploy` applied.
     Undeploy,
-    /// Build the manager image with docker.
+    /// Build the manager image with docker, and check it (nonroot, starts, loads libvirt).
     DockerBuild {
         #[arg(long)]
         image: String,
+        /// No registry: build on this machine and assemble the image from its
+        /// files instead of the Dockerfile's base images.
+        #[arg(long)]
+        offline: bool,
     },
     /// Push the manager image with docker.
     DockerPush {
@@ -80,6 +86,11 @@ enum Command {
     /// Install, start and stop the private libvirtd used by tests and the demo.
     #[command(subcommand)]
     Host(libvirt_host::Command),
+    /// Use the running docker engine, or install and start dockerd (and stop it again).
+    #[command(subcommand)]
+    DockerEngine(docker_engine::Command),
+    /// Build (or reuse) the containerized libvirtd's image; print its name.
+    LibvirtdImage,
     /// The provider at scale: scale, steady, overhead, contention (all four without a name); tables and target/bench/*.json.
     Bench(bench::Args),
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
@@ -107,10 +118,12 @@ fn main() -> Result<()> {
         Command::Uninstall => deploy::uninstall(),
         Command::Deploy { image } => deploy::deploy(&image),
         Command::Undeploy => deploy::undeploy(),
-        Command::DockerBuild { image } => docker::build(&image),
+        Command::DockerBuild { image, offline } => docker::build(&image, offline),
         Command::DockerPush { image } => docker::push(&image),
         Command::ControlPlane(cmd) => control_plane::run(cmd),
         Command::Host(cmd) => libvirt_host::run(cmd),
+        Command::DockerEngine(cmd) => docker_engine::run(cmd),
+        Command::LibvirtdImage => images::libvirtd_image_command(),
         Command::Bench(args) => bench::run(args),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
@@ -141,4 +154,17 @@ pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         started.elapsed().as_secs_f64()
     );
     out
+}
+
+/// A short key over `parts` for cache directories and image tags (FNV-1a, 64
+/// bit, with separators): a cache key, not a security measure.
+pub fn short_hash(parts: &[&str]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.bytes().chain([0u8]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")[..12].to_string()
 }

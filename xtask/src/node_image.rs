@@ -52,6 +52,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
+use crate::short_hash;
+
 // The versions file is also included by control_plane.rs (whose module is private);
 // including it here keeps that file untouched.
 #[path = "../../testenv/src/control_plane_versions.rs"]
@@ -871,18 +873,6 @@ fn json_string(s: &str) -> String {
     }
     out.push('"');
     out
-}
-
-fn short_hash(parts: &[&str]) -> String {
-    // FNV-1a, 64 bit, over the parts with separators: a cache key, not a security measure.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in part.bytes().chain([0u8]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")[..12].to_string()
 }
 
 #[cfg(test)]

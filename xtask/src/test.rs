@@ -7,16 +7,23 @@
 //!    built from Go modules into a cache outside the repository, or reused;
 //! 3. a private libvirtd with its own network and pools, and the test guest
 //!    image (`cargo xtask guest-image`);
-//! 4. `cargo test` over the whole workspace, once, with that libvirtd's URI in
+//! 4. a docker engine (`cargo xtask docker-engine up`: the running one, or
+//!    dockerd installed and started), the containerized libvirtd's image
+//!    (`cargo xtask libvirtd-image`, in `CAPL_LIBVIRTD_IMAGE` for the
+//!    conformance suite's fourth backend), and the manager image built
+//!    offline and checked (`cargo xtask docker-build --offline`);
+//! 5. `cargo test` over the whole workspace, once, with that libvirtd's URI in
 //!    `CAPL_TEST_LIBVIRT_URI` and the guest image in `CAPL_GUEST_IMAGE` (the
 //!    provider's integration tests are three binaries by what they need:
 //!    `offline`, `api_server`, `libvirtd`); then
 //!    the summaries the suites wrote (how many conformance scenarios ran on
-//!    each backend: libvirt-sim, `test:///default` and the real libvirtd);
-//! 5. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
+//!    each backend: libvirt-sim, `test:///default`, the real libvirtd and the
+//!    containerized one);
+//! 6. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
 //!    table (skipped only when a test name filter was given);
-//! 6. the private libvirtd is stopped again (unless `--keep-host`);
-//! 7. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
+//! 7. the private libvirtd is stopped again, and a dockerd that step 4
+//!    started (unless `--keep-host`);
+//! 8. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
 //!    two machines run: it must delete everything and stop the private libvirtd
 //!    it started ([`crate::demo_check`]; not with `--keep-host` or a filter).
 
@@ -25,7 +32,7 @@ use std::time::Instant;
 use anyhow::Result;
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, e2e, guest_image, libvirt_host, repo_root, step};
+use crate::{control_plane, docker_engine, e2e, guest_image, images, libvirt_host, repo_root, step};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -43,11 +50,15 @@ pub fn run(args: Args) -> Result<()> {
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let uri = step("private libvirtd", libvirt_host::up)?;
     let image = step("guest image", || guest_image::build(false))?;
+    let engine = step("docker engine", docker_engine::up)?;
+    let libvirtd_image = step("containerized libvirtd image", images::libvirtd_image)?;
+    step("manager image, built offline", || images::build_provider_offline(images::TEST_MANAGER_IMAGE))?;
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
     sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
     sh.set_var("CAPL_GUEST_IMAGE", &image);
+    sh.set_var("CAPL_LIBVIRTD_IMAGE", &libvirtd_image);
     let extra = &args.cargo_test_args;
     let reports = crate::target_dir().join("tmp/reports");
     let _ = std::fs::remove_dir_all(&reports);
@@ -65,6 +76,9 @@ pub fn run(args: Args) -> Result<()> {
 
     if !args.keep_host {
         step("stop private libvirtd", libvirt_host::down)?;
+        if engine == docker_engine::Engine::Ours {
+            step("stop dockerd", docker_engine::down)?;
+        }
     }
     // The README's demo, stopped with Ctrl-C: it needs the daemon stopped first.
     let result = if !args.keep_host && extra.is_empty() {

@@ -1,11 +1,15 @@
 //! The conformance suite: one set of scenarios (see `conformance/scenarios.rs`), run
-//! through the `Hypervisor` trait against three backends:
+//! through the `Hypervisor` trait against four backends:
 //!
 //! 1. `libvirt-sim` through `capl_host::hypervisor::sim::SimHypervisor`;
 //! 2. libvirt's in-process `test:///default` driver through `LibvirtHypervisor`;
 //! 3. a real libvirtd, the private test host (`cargo xtask host up`; its URI from
 //!    `testenv::test_host::uri`), through `LibvirtHypervisor`. Without it that
-//!    test fails, it does not skip.
+//!    test fails, it does not skip;
+//! 4. a real libvirtd in a container this test starts with testcontainers
+//!    (`testenv::container_libvirtd`: the image of `cargo xtask libvirtd-image`,
+//!    on the docker engine of `cargo xtask docker-engine up`). Without an
+//!    engine or the image that test fails naming the command, it does not skip.
 //!
 //! Each backend is one test that runs every scenario, prints how many ran, passed and
 //! were marked as not modeled (with the reason), and fails listing every failure.
@@ -23,7 +27,14 @@ use capl_host::hypervisor::sim::SimHypervisor;
 use fixtures::{Backend, Ctx, SeenError, take_seen_errors};
 use rstest::rstest;
 
-fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
+/// What keeps a backend alive while the suite uses it: the simulated host, or the container.
+enum Keep {
+    Nothing,
+    Sim(#[allow(dead_code)] libvirt_sim::Host),
+    Container(#[allow(dead_code)] Box<testenv::container_libvirtd::ContainerLibvirtd>),
+}
+
+fn open(backend: Backend) -> (Box<dyn HostAdmin>, Keep) {
     match backend {
         Backend::Sim => {
             let uri = format!("sim:///conformance-{}-{}", std::process::id(), run_id());
@@ -33,14 +44,14 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
                 .build()
                 .expect("build the simulated host");
             let hv = SimHypervisor::connect(&uri).expect("connect to the simulated host");
-            (Box::new(hv), Some(host))
+            (Box::new(hv), Keep::Sim(host))
         }
         Backend::TestDriver => {
             // Lifecycle events are dispatched by libvirt's event loop, which must be
             // registered before a connection is opened.
             capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect("test:///default").expect("open libvirt's test:///default driver");
-            (Box::new(hv), None)
+            (Box::new(hv), Keep::Nothing)
         }
         Backend::RealLibvirtd => {
             let uri = testenv::test_host::uri()
@@ -48,7 +59,15 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Option<libvirt_sim::Host>) {
             capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect(&uri)
                 .unwrap_or_else(|e| panic!("connect to {uri}: {e}; is `{}` running?", testenv::test_host::UP_COMMAND));
-            (Box::new(hv), None)
+            (Box::new(hv), Keep::Nothing)
+        }
+        Backend::ContainerLibvirtd => {
+            let daemon = testenv::container_libvirtd::ContainerLibvirtd::start()
+                .unwrap_or_else(|message| panic!("the containerized-libvirtd conformance run: {message}"));
+            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
+            let hv = LibvirtHypervisor::connect(daemon.uri())
+                .unwrap_or_else(|e| panic!("connect to {} (container {}): {e}", daemon.uri(), daemon.id()));
+            (Box::new(hv), Keep::Container(Box::new(daemon)))
         }
     }
 }
@@ -124,12 +143,13 @@ fn differences(scenario: &str, real: &[SeenError], sim: &[SeenError]) -> Vec<Str
 #[case::sim(Backend::Sim)]
 #[case::test_driver(Backend::TestDriver)]
 #[case::real_libvirtd(Backend::RealLibvirtd)]
+#[case::containerized_libvirtd(Backend::ContainerLibvirtd)]
 fn conformance(#[case] backend: Backend) {
     let _daemon = (backend == Backend::RealLibvirtd).then(crate::share_real_daemon_blocking);
     let (hv, _host) = open(backend);
-    // On the real libvirtd every scenario also runs on a simulated twin host, with the
+    // On a real libvirtd every scenario also runs on a simulated twin host, with the
     // same object names, and the errors both gave are compared message by message.
-    let twin = (backend == Backend::RealLibvirtd).then(|| open(Backend::Sim));
+    let twin = backend.is_daemon().then(|| open(Backend::Sim));
     let run = run_id();
     let only = std::env::var("CAPL_CONFORMANCE_ONLY").ok();
     let mut ran = 0;

@@ -10,7 +10,7 @@ use capl_host::hypervisor::{ErrorKind, HostAdmin, HypervisorError, UndefineFlags
 /// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
 pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
 
-/// The three backends the suite runs against.
+/// The four backends the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// `libvirt-sim` through `SimHypervisor`.
@@ -19,6 +19,9 @@ pub enum Backend {
     TestDriver,
     /// A real libvirtd (URI in `CAPL_TEST_LIBVIRT_URI`) through `LibvirtHypervisor`.
     RealLibvirtd,
+    /// A real libvirtd in a container the test starts with testcontainers
+    /// (`testenv::container_libvirtd`), through `LibvirtHypervisor`.
+    ContainerLibvirtd,
 }
 
 impl Backend {
@@ -27,7 +30,13 @@ impl Backend {
             Backend::Sim => "libvirt-sim",
             Backend::TestDriver => "test:///default",
             Backend::RealLibvirtd => "real libvirtd",
+            Backend::ContainerLibvirtd => "containerized libvirtd",
         }
+    }
+
+    /// A libvirtd with QEMU behind it (guests boot, dnsmasq hands out leases).
+    pub fn is_daemon(self) -> bool {
+        matches!(self, Backend::RealLibvirtd | Backend::ContainerLibvirtd)
     }
 }
 
@@ -61,11 +70,11 @@ impl<'a> Ctx<'a> {
         self.backend != Backend::TestDriver
     }
 
-    /// Bytes for a bootable disk. On the real libvirtd: the tiny test guest (boots under
+    /// Bytes for a bootable disk. On a real libvirtd (on the host or in a container): the tiny test guest (boots under
     /// TCG and asks for DHCP), from `CAPL_GUEST_IMAGE` or `cargo xtask guest-image`.
     /// Simulated guests need no image: a few stand-in bytes.
     pub fn guest_image(&self) -> Vec<u8> {
-        if self.backend != Backend::RealLibvirtd {
+        if !self.backend.is_daemon() {
             return b"stand-in disk: simulated guests boot without an image".to_vec();
         }
         let path = match std::env::var_os(GUEST_IMAGE_ENV) {

@@ -21,6 +21,9 @@ const TEST_DRIVER_NO_STREAMS: &str = "the test driver has no virStorageVolUpload
 const TEST_DRIVER_NO_LEASES: &str = "the test driver has no virNetworkGetDHCPLeases (VIR_ERR_NO_SUPPORT)";
 const TEST_DRIVER_NO_BACKING_CHECKS: &str = "the test driver creates a volume without checking its backing store";
 const TEST_DRIVER_NO_START_CHECKS: &str = "the test driver starts a domain without checking its networks";
+/// Why guest shutdown events are not observed on a real libvirtd.
+const NO_GUEST_SHUTDOWN: &str = "virDomainShutdown only presses QEMU's ACPI power button, and the suite's guests (no \
+     OS, or the tiny test guest, which has no ACPI handler) never power off: no guest shutdown to observe";
 
 pub const ALL: &[Scenario] = &[
     Scenario {
@@ -142,11 +145,7 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "domain guest shutdown events",
         run: domain_guest_shutdown_events,
-        not_on: &[(
-            Backend::RealLibvirtd,
-            "virDomainShutdown only presses QEMU's ACPI power button, and the suite's guests (no OS, or the \
-             tiny test guest, which has no ACPI handler) never power off: no guest shutdown to observe",
-        )],
+        not_on: &[(Backend::RealLibvirtd, NO_GUEST_SHUTDOWN), (Backend::ContainerLibvirtd, NO_GUEST_SHUTDOWN)],
     },
 ];
 

@@ -1,0 +1,193 @@
+//! Container images built on this machine, with no registry: the
+//! containerized libvirtd of the tests (`cargo xtask libvirtd-image`) and the
+//! manager image without base images to pull (`cargo xtask docker-build
+//! --offline`), and the checks every manager image must pass.
+//!
+//! # The containerized libvirtd
+//! `hack/libvirtd-image/rootfs.sh` makes a Debian bookworm root filesystem
+//! with mmdebstrap (libvirt and QEMU from bookworm-backports, the versions the
+//! private host daemon runs), with the configuration and start script of
+//! `hack/libvirtd-image`, and `docker import` turns it into
+//! [`LIBVIRTD_IMAGE_NAME`]`:<key>`, where the key hashes every file of that
+//! directory: a change rebuilds it, and an image already in the engine is
+//! reused. The tests start it with testcontainers
+//! (`testenv::container_libvirtd`).
+//!
+//! # The manager image, offline
+//! The online `Dockerfile` starts from `rust`, `debian` and distroless images
+//! a registry serves. Offline, the build stage is this machine (the pinned
+//! toolchain builds the release binary), and the runtime image is assembled
+//! from files, the same set distroless/cc gives plus what libvirt loads: the
+//! binary as `/manager`, every shared library it loads as this machine's
+//! loader resolves them (`hack/copy-runtime-libs.sh --all`, glibc and the
+//! loader included), CA certificates, `passwd`/`group` entries for root and
+//! `nonroot` (65532), a `/tmp` and the `nonroot` home; `docker import` sets
+//! `USER 65532:65532` and `ENTRYPOINT ["/manager"]` as the Dockerfile does.
+
+use std::fs;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+use crate::{docker_engine, repo_root, short_hash, target_dir};
+
+/// The repository (name) of the containerized libvirtd image; its tag is the key of its inputs.
+pub const LIBVIRTD_IMAGE_NAME: &str = "capl.local/libvirtd";
+/// The manager image `cargo xtask test` builds offline and checks.
+pub const TEST_MANAGER_IMAGE: &str = "capl.local/cluster-api-provider-libvirt:test";
+
+/// `cargo xtask libvirtd-image`: builds the image when the engine lacks it; prints its name.
+pub fn libvirtd_image_command() -> Result<()> {
+    docker_engine::up()?;
+    println!("{}", libvirtd_image()?);
+    Ok(())
+}
+
+/// The containerized libvirtd's image, built unless the engine has it (needs an engine).
+pub fn libvirtd_image() -> Result<String> {
+    let hack = repo_root().join("hack/libvirtd-image");
+    let mut inputs = Vec::new();
+    let mut names: Vec<_> = fs::read_dir(&hack)
+        .with_context(|| format!("reading {}", hack.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    for name in &names {
+        inputs.push(name.clone());
+        inputs
+            .push(fs::read_to_string(hack.join(name)).with_context(|| format!("reading hack/libvirtd-image/{name}"))?);
+    }
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let image = format!("{LIBVIRTD_IMAGE_NAME}:{}", short_hash(&refs));
+    let sh = Shell::new()?;
+    if image_exists(&sh, &image) {
+        eprintln!("libvirtd-image: {image} is in the engine");
+        return Ok(image);
+    }
+    let started = Instant::now();
+    let work = target_dir().join("tmp/libvirtd-image");
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let tar = work.join("rootfs.tar");
+    let log = work.join("mmdebstrap.log");
+    let script = hack.join("rootfs.sh");
+    eprintln!("libvirtd-image: building {image} with mmdebstrap (log {})", log.display());
+    let out = cmd!(sh, "sh {script} {hack} {tar}").quiet().ignore_status().output()?;
+    fs::write(&log, [out.stdout.as_slice(), out.stderr.as_slice()].concat())?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+        bail!("mmdebstrap failed for {image} ({}); the end of {}:\n{}", out.status, log.display(), tail.join("\n"));
+    }
+    let entrypoint = r#"ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/capl-libvirtd-start"]"#;
+    import(&sh, &tar, &image, &[entrypoint])?;
+    fs::remove_file(&tar)?;
+    eprintln!("libvirtd-image: built {image} in {:.0?}", started.elapsed());
+    Ok(image)
+}
+
+/// `docker import` of a root filesystem tarball as `image`, with Dockerfile
+/// instructions; the image that had that name before is removed (when no
+/// container uses it), so rebuilds leave no unnamed images behind.
+fn import(sh: &Shell, tar: &Path, image: &str, changes: &[&str]) -> Result<()> {
+    let format = "{{.Id}}";
+    let before = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok();
+    let changes: Vec<String> = changes.iter().flat_map(|c| ["--change".to_string(), (*c).to_string()]).collect();
+    cmd!(sh, "docker import {changes...} {tar} {image}")
+        .quiet()
+        .ignore_stdout()
+        .run()
+        .with_context(|| format!("docker import of {} as {image}", tar.display()))?;
+    let after = cmd!(sh, "docker image inspect --format {format} {image}").quiet().read()?;
+    if let Some(old) = before.filter(|old| *old != after) {
+        let _ = cmd!(sh, "docker rmi {old}").quiet().ignore_stdout().ignore_stderr().run();
+    }
+    Ok(())
+}
+
+fn image_exists(sh: &Shell, image: &str) -> bool {
+    cmd!(sh, "docker image inspect {image}").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+/// `cargo xtask docker-build --offline`: the manager image from this machine's build and files.
+pub fn build_provider_offline(image: &str) -> Result<()> {
+    let started = Instant::now();
+    let sh = Shell::new()?;
+    sh.change_dir(repo_root());
+    cmd!(sh, "cargo build --release --locked -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt")
+        .run()
+        .context("building the release manager")?;
+    let binary = target_dir().join("release/cluster-api-provider-libvirt");
+    let work = target_dir().join("tmp/provider-image");
+    let root = work.join("rootfs");
+    if work.exists() {
+        fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    fs::create_dir_all(root.join("etc/ssl/certs"))?;
+    fs::copy(&binary, root.join("manager")).with_context(|| format!("copying {}", binary.display()))?;
+    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
+        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    let copy = repo_root().join("hack/copy-runtime-libs.sh");
+    let copied =
+        cmd!(sh, "sh {copy} --all {root} {binary} {libvirt}").quiet().read().context("copying shared libraries")?;
+    eprintln!("docker-build --offline: {} shared libraries", copied.lines().count());
+    fs::copy("/etc/ssl/certs/ca-certificates.crt", root.join("etc/ssl/certs/ca-certificates.crt"))
+        .context("copying /etc/ssl/certs/ca-certificates.crt (install ca-certificates)")?;
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
+    )?;
+    fs::write(root.join("etc/group"), "root:x:0:\nnonroot:x:65532:\n")?;
+    for dir in ["tmp", "home/nonroot"] {
+        fs::create_dir_all(root.join(dir))?;
+    }
+    let (scratch, home) = (root.join("tmp"), root.join("home/nonroot"));
+    cmd!(sh, "chmod 1777 {scratch}").run()?;
+    cmd!(sh, "chown 65532:65532 {home}").run()?;
+    let tar = work.join("rootfs.tar");
+    cmd!(sh, "tar --numeric-owner -C {root} -cf {tar} .").run()?;
+    docker_engine::up()?;
+    import(&sh, &tar, image, &["USER 65532:65532", r#"ENTRYPOINT ["/manager"]"#])?;
+    fs::remove_dir_all(&work)?;
+    check_provider_image(image)?;
+    eprintln!("docker-build --offline: built and checked {image} in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// What every manager image must do, however it was built: run as nonroot
+/// (65532), start and answer `--help` on a read-only root filesystem, and
+/// link libvirt.so.0 with every library it needs inside the image.
+pub fn check_provider_image(image: &str) -> Result<()> {
+    let sh = Shell::new()?;
+    let format = "{{.Config.User}}";
+    let user = cmd!(sh, "docker image inspect --format {format} {image}").quiet().read()?;
+    if user.trim() != "65532:65532" {
+        bail!("{image} runs as user {:?}, not nonroot (65532:65532)", user.trim());
+    }
+    let help = cmd!(sh, "docker run --rm --read-only --network none {image} --help")
+        .quiet()
+        .read()
+        .with_context(|| format!("{image} did not start with --help"))?;
+    if !help.contains("Cluster API infrastructure provider for libvirt") {
+        bail!("{image} --help did not print the manager's usage:\n{help}");
+    }
+    let id = cmd!(sh, "docker run --rm --read-only --network none --entrypoint /manager {image} --version")
+        .quiet()
+        .read()?;
+    // The loader inside the image lists what the manager loads and where from.
+    let loader = "/lib64/ld-linux-x86-64.so.2";
+    let libs = cmd!(sh, "docker run --rm --network none --entrypoint {loader} {image} --list /manager")
+        .quiet()
+        .read()
+        .with_context(|| format!("listing the manager's libraries with {loader} inside {image}"))?;
+    if libs.contains("not found") || !libs.contains("libvirt.so.0 => ") {
+        bail!("{image}: the manager does not find every library (libvirt.so.0 among them):\n{libs}");
+    }
+    eprintln!(
+        "image check: {image} runs as 65532:65532, starts read-only ({}), loads libvirt.so.0 and {} libraries in all",
+        id.trim(),
+        libs.lines().count()
+    );
+    Ok(())
+}
