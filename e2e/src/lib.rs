@@ -7,7 +7,8 @@
 //! [`scenarios`] are the checks of issue 7, [`scenario_init`] the offline
 //! `clusterctl init` and [`scenario_move`] the `clusterctl move` of issue 12
 //! (with [`clusterctl`]: the release as a local repository, and clusterctl's
-//! inventory); [`suite`] runs them and prints
+//! inventory), [`scenario_deployed`] the provider as a Pod of a kind cluster
+//! (issue 14); [`suite`] runs them and prints
 //! the summary, [`demo`] is `cargo xtask demo`.
 //!
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
@@ -20,6 +21,7 @@ pub mod host_view;
 pub mod management;
 pub mod objects;
 pub mod provider_process;
+pub mod scenario_deployed;
 pub mod scenario_init;
 pub mod scenario_move;
 pub mod scenario_multihost;

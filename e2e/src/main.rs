@@ -20,8 +20,8 @@ enum Command {
         /// Run only these scenario ids (init, single, md, pause, restart, stopped, delete, move).
         #[arg(long)]
         only: Vec<String>,
-        /// Use a kind management cluster with CAPI installed by clusterctl
-        /// (needs docker, kind, clusterctl, kubectl and internet).
+        /// The kind scenarios instead: the provider's image as a Pod of a kind
+        /// cluster (`deployed`), with what `cargo xtask e2e --kind` builds offline.
         #[arg(long)]
         kind: bool,
     },
@@ -128,11 +128,39 @@ async fn main() -> ExitCode {
 }
 
 async fn run(only: &[String], kind: bool) -> anyhow::Result<bool> {
-    let mut config = StackConfig::from_env(false)?;
     if kind {
-        config.management = e2e::management::ManagementKind::Kind;
+        return Ok(run_kind(only));
     }
+    let config = StackConfig::from_env(false)?;
     let outcomes = e2e::suite::run(&config, only).await?;
     println!("\n{}", e2e::suite::table(&outcomes));
     Ok(outcomes.iter().all(|o| o.passed))
+}
+
+/// The kind scenarios (today `deployed`), with the same summary table.
+fn run_kind(only: &[String]) -> bool {
+    use e2e::scenario_deployed::{SCENARIO, run_scenario};
+    let mut outcomes = Vec::new();
+    for wanted in only.iter().filter(|o| o.as_str() != SCENARIO) {
+        outcomes.push(e2e::suite::Outcome {
+            name: wanted.clone(),
+            passed: false,
+            seconds: 0.0,
+            detail: format!("not a kind scenario (with --kind: {SCENARIO})"),
+        });
+    }
+    let started = std::time::Instant::now();
+    let work = e2e::repo_root().join("target/tmp/e2e-kind");
+    let result = run_scenario(&work);
+    outcomes.push(e2e::suite::Outcome {
+        name: SCENARIO.into(),
+        passed: result.is_ok(),
+        seconds: started.elapsed().as_secs_f64(),
+        detail: match result {
+            Ok(()) => "Pod Ready and leading, nonroot, read-only, JSON log, rollout restart moved the Lease".into(),
+            Err(e) => format!("{e:#}"),
+        },
+    });
+    println!("\n{}", e2e::suite::table(&outcomes));
+    outcomes.iter().all(|o| o.passed)
 }

@@ -30,14 +30,14 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, multihost, move); repeatable.
+    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, multihost, move; with --kind: deployed); repeatable.
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
     #[arg(long)]
     keep_host: bool,
-    /// Use a kind management cluster instead of the local control plane
-    /// (machines with docker, kind and internet; not what CI runs).
+    /// The kind scenarios: the provider's image as a Pod of a kind cluster,
+    /// everything built offline (docker engine started when none runs).
     #[arg(long)]
     kind: bool,
 }
@@ -47,14 +47,20 @@ impl Args {
     pub fn for_test_command() -> Self {
         Self { keep_host: true, ..Self::default() }
     }
+
+    /// What `cargo xtask test` runs after that: the kind scenarios.
+    pub fn kind_for_test_command() -> Self {
+        Self { kind: true, ..Self::default() }
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.kind {
+        return run_kind(&args);
+    }
     let started = Instant::now();
     step("host packages", libvirt_host::deps)?;
-    if !args.kind {
-        step("control plane", || control_plane::run(control_plane::Command::Build))?;
-    }
+    step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let image = step("guest image", || guest_image::build(false))?;
     let node_image = if args.only.is_empty() || args.only.iter().any(|o| o.starts_with("workload")) {
         Some(step("Kubernetes node image", || node_image::build(false))?)
@@ -74,10 +80,7 @@ pub fn run(args: Args) -> Result<()> {
     sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
     sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
     let runner = &bins.e2e;
-    let mut runner_args: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
-    if args.kind {
-        runner_args.push("--kind".into());
-    }
+    let runner_args: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
     let result = step("e2e scenarios", || {
         cmd!(sh, "{runner} run {runner_args...}").run().context("some e2e scenarios failed (see the table above)")
     });
@@ -85,6 +88,33 @@ pub fn run(args: Args) -> Result<()> {
         step("stop private libvirtd", libvirt_host::down)?;
     }
     eprintln!("xtask e2e: finished in {:.0} s", started.elapsed().as_secs_f64());
+    result
+}
+
+/// `cargo xtask e2e --kind`: the kind scenarios, with everything they need
+/// built offline (kind, its node image, the manager image; the control plane
+/// cache for kubectl and CAPI's CRDs).
+fn run_kind(args: &Args) -> Result<()> {
+    let started = Instant::now();
+    step("control plane", || control_plane::run(control_plane::Command::Build))?;
+    let kind = step("kind and its node image", crate::kind::prepare)?;
+    let image = crate::images::TEST_MANAGER_IMAGE;
+    step("manager image, built offline", || crate::images::build_provider_offline(image))?;
+    let bins = step("build provider and e2e runner", build_binaries)?;
+    let sh = Shell::new()?;
+    sh.change_dir(repo_root());
+    sh.set_var("CAPL_KIND_BIN", &kind.binary);
+    sh.set_var("CAPL_KIND_NODE_IMAGE", &kind.node_image);
+    sh.set_var("CAPL_KIND_WRAPPER_DIR", &kind.wrapper_dir);
+    sh.set_var("CAPL_REAL_DOCKER", &kind.real_docker);
+    sh.set_var("CAPL_PROVIDER_IMAGE", image);
+    sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
+    let runner = &bins.e2e;
+    let only: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
+    let result = step("e2e kind scenarios", || {
+        cmd!(sh, "{runner} run --kind {only...}").run().context("the kind scenarios failed (see the table above)")
+    });
+    eprintln!("xtask e2e --kind: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
 }
 

@@ -15,6 +15,7 @@ mod docker_engine;
 mod e2e;
 mod guest_image;
 mod images;
+mod kind;
 mod libvirt_host;
 mod manifests;
 mod node_image;
@@ -91,6 +92,8 @@ enum Command {
     DockerEngine(docker_engine::Command),
     /// Build (or reuse) the containerized libvirtd's image; print its name.
     LibvirtdImage,
+    /// Build (or reuse) the kind node image (offline, cgroup v1 ready); print its name.
+    KindNodeImage,
     /// The provider at scale: scale, steady, overhead, contention (all four without a name); tables and target/bench/*.json.
     Bench(bench::Args),
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
@@ -124,6 +127,7 @@ fn main() -> Result<()> {
         Command::Host(cmd) => libvirt_host::run(cmd),
         Command::DockerEngine(cmd) => docker_engine::run(cmd),
         Command::LibvirtdImage => images::libvirtd_image_command(),
+        Command::KindNodeImage => kind::node_image_command(),
         Command::Bench(args) => bench::run(args),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),

@@ -146,18 +146,20 @@ fn etcd_module_version(tag: &str) -> String {
 }
 
 /// Builds the image unless it is cached; returns the path of `node.qcow2`.
-pub fn build(force: bool) -> Result<PathBuf> {
-    let started = Instant::now();
-    let repo = crate::repo_root();
-    let hack = repo.join("hack/node-image");
-    let cache = cache_root()?;
-    let sh = Shell::new()?;
-    sh.set_var("GOTOOLCHAIN", "local");
-    sh.set_var("GOWORK", "off");
-    sh.set_var("GO111MODULE", "on");
-    cmd!(sh, "go version").quiet().ignore_stdout().run().context("node-image needs the Go toolchain (`go` on PATH)")?;
+/// The node's Go binaries (Kubernetes, containerd, etcd, coredns, pause),
+/// built once per version into the cache: their directory, the Go-side
+/// settings of the shell, the image list kubeadm gave and the images to make.
+pub struct GoBinaries {
+    pub bin: PathBuf,
+    pub list: String,
+    images: Vec<ImageRef>,
+}
 
-    // 1. Go binaries, cached per version.
+/// Builds (or finds) the Go binaries the node image and the kind node image are made of.
+pub fn go_binaries() -> Result<GoBinaries> {
+    let hack = crate::repo_root().join("hack/node-image");
+    let cache = cache_root()?;
+    let sh = go_shell()?;
     let go_dir = cache.join("go").join(format!("k8s-{KUBERNETES_VERSION}_containerd-{CONTAINERD_VERSION}"));
     let bin = go_dir.join("bin");
     fs::create_dir_all(&bin)?;
@@ -181,6 +183,27 @@ pub fn build(force: bool) -> Result<PathBuf> {
     }
     images.extend(parse_image_list(NODE_TEST_IMAGE)?);
     eprintln!("node-image: Go binaries ready in {:.0?} ({})", go_started.elapsed(), bin.display());
+    Ok(GoBinaries { bin, list, images })
+}
+
+/// A shell for Go builds: the machine's toolchain, no workspace, modules on.
+fn go_shell() -> Result<Shell> {
+    let sh = Shell::new()?;
+    sh.set_var("GOTOOLCHAIN", "local");
+    sh.set_var("GOWORK", "off");
+    sh.set_var("GO111MODULE", "on");
+    cmd!(sh, "go version").quiet().ignore_stdout().run().context("node-image needs the Go toolchain (`go` on PATH)")?;
+    Ok(sh)
+}
+
+pub fn build(force: bool) -> Result<PathBuf> {
+    let started = Instant::now();
+    let repo = crate::repo_root();
+    let hack = repo.join("hack/node-image");
+    let cache = cache_root()?;
+    // 1. Go binaries, cached per version.
+    let GoBinaries { bin, list, images } = go_binaries()?;
+    let sh = go_shell()?;
 
     // 2. The cache key: versions, image list, every file of hack/node-image, this file.
     let mut inputs = vec![

@@ -20,7 +20,8 @@
 //!    each backend: libvirt-sim, `test:///default`, the real libvirtd and the
 //!    containerized one);
 //! 6. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
-//!    table (skipped only when a test name filter was given);
+//!    table, then `cargo xtask e2e --kind`: the manager image as a Pod of a
+//!    kind cluster (both skipped only when a test name filter was given);
 //! 7. the private libvirtd is stopped again, and a dockerd that step 4
 //!    started (unless `--keep-host`);
 //! 8. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
@@ -72,6 +73,8 @@ pub fn run(args: Args) -> Result<()> {
         cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
     });
     let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
+    let kind = if extra.is_empty() { e2e::run(e2e::Args::kind_for_test_command()) } else { Ok(()) };
+    let e2e = e2e.and(kind);
     let result = workspace.and(e2e_units).and(e2e);
 
     if !args.keep_host {
