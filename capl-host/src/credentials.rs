@@ -209,7 +209,7 @@ impl CredentialStore {
         let dir = parent.join(format!("{secret}.{}", content_hash(files)));
         let key = (namespace.to_string(), secret.to_string());
         if !dir.is_dir() {
-            private_dir(&self.root)?;
+            scratch_root(&self.root)?;
             private_dir(&parent)?;
             static NEXT: AtomicU64 = AtomicU64::new(0);
             let staging = parent.join(format!(
@@ -242,6 +242,18 @@ impl CredentialStore {
             let _ = fs::remove_dir_all(&old.dir);
         }
         Ok(dir)
+    }
+}
+
+/// Creates the scratch directory (mode 0700) if needed. When it is a mount
+/// point this user does not own (an emptyDir is root's, mode 0777, and the
+/// manager runs as non-root), it cannot be made 0700 (EPERM) and need not be:
+/// the per-namespace directories below it are this user's and 0700.
+fn scratch_root(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    match fs::set_permissions(dir, fs::Permissions::from_mode(0o700)) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Ok(()),
+        other => other,
     }
 }
 
