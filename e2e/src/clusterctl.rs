@@ -89,6 +89,11 @@ impl LocalRepository {
     /// Writes release `version` under `root` with the `capl-manifests` next
     /// to this binary (or `$CAPL_MANIFESTS_BIN`).
     pub fn release(root: &Path, version: &str) -> Result<Self> {
+        Self::release_with_image(root, version, &format!("registry.example/cluster-api-provider-libvirt:{version}"))
+    }
+
+    /// [`LocalRepository::release`] with the manager image `image`.
+    pub fn release_with_image(root: &Path, version: &str, image: &str) -> Result<Self> {
         let manifests = match std::env::var_os(MANIFESTS_BIN_ENV) {
             Some(path) => PathBuf::from(path),
             None => crate::stack::built_binary("capl-manifests").with_context(|| {
@@ -101,8 +106,7 @@ impl LocalRepository {
         let clusterctl = testenv::Assets::locate()?.clusterctl()?;
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let output = Command::new(&manifests)
-            .args(["release", "--version", version, "--image"])
-            .arg(format!("registry.example/cluster-api-provider-libvirt:{version}"))
+            .args(["release", "--version", version, "--image", image])
             .arg("--root")
             .arg(repo_root())
             .arg("--out")

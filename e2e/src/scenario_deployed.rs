@@ -11,19 +11,37 @@
 //!
 //! Steps, each checked from outside as an operator would:
 //! 1. `kind create cluster` (one node, docker network `capl-kind`);
-//! 2. `kind load docker-image` of the manager image;
-//! 3. CAPI's CRDs (the manager watches Clusters and Machines), then the
-//!    provider's `install.yaml` (`capl-manifests install-yaml --image`: CRDs,
-//!    RBAC, admission policy, the Deployment, as `cargo xtask deploy` applies
-//!    them);
-//! 4. the Deployment rolls out: its Pod becomes Ready and its name is the
-//!    holder of the leader Lease;
+//! 2. `kind load docker-image` of the manager image and of CAPI's (made
+//!    offline from the managers of `cargo xtask control-plane build`, named as
+//!    CAPI's release components name them);
+//! 3. `clusterctl init --core cluster-api --bootstrap kubeadm --control-plane
+//!    kubeadm --infrastructure libvirt` from local repositories (this
+//!    provider's release with the manager image), cert-manager's CRDs applied
+//!    first and cert-manager declared externally provisioned; cert-manager
+//!    itself cannot be built offline, so [`stand_in_for_cert_manager`] issues
+//!    the Certificates' Secrets and injects the CA bundles; every provider's
+//!    Deployment becomes Available;
+//! 4. the provider's Pod is Ready and its name is the holder of the leader
+//!    Lease;
 //! 5. the Pod runs as non-root with a read-only root filesystem (the kubelet
 //!    enforces `runAsNonRoot` against the image's user), its log is JSON line by
 //!    line, and no API call was denied (`forbidden` in the log would show a
 //!    missing RBAC rule);
 //! 6. `kubectl rollout restart`: a new Pod becomes Ready, the old one goes,
-//!    and the Lease moves to the new Pod.
+//!    and the Lease moves to the new Pod;
+//! 7. a machine through CAPI core: a containerized libvirtd (testcontainers,
+//!    `testenv::container_libvirtd`) on the kind node's docker network,
+//!    reached over `qemu+tls://<its address>/system` with a credentials
+//!    Secret (CA, client certificate and key), with a NAT network and two
+//!    pools defined and the test guest image uploaded; a Cluster,
+//!    LibvirtCluster, bootstrap Secret, Machine and LibvirtMachine; CAPI core
+//!    takes the Machine to Provisioned/Running, the LibvirtMachine gets its
+//!    InternalIP from the guest's DHCP lease and its domain runs in the
+//!    container; the Pod's log holds no bootstrap data; deleting the Machine
+//!    deletes the LibvirtMachine, the domain and its volumes; then a
+//!    MachineDeployment of 2 (LibvirtMachineTemplate) is scaled to 1, and
+//!    deleting the Cluster leaves no domain, volume or DHCP host of it (the
+//!    base image stays).
 //!
 //! The kind cluster is deleted afterwards, however the scenario ends.
 
@@ -32,9 +50,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::host_view::HostView;
+use crate::objects::{self, Placement};
 use crate::scenarios::say;
+use crate::stack::upload_base_image_to;
+use testenv::control_plane_versions::CAPI_VERSION;
 
 /// The scenario's id in the summary table.
 pub const SCENARIO: &str = "deployed";
@@ -42,6 +64,17 @@ pub const KIND_BIN_ENV: &str = "CAPL_KIND_BIN";
 pub const KIND_NODE_IMAGE_ENV: &str = "CAPL_KIND_NODE_IMAGE";
 pub const KIND_WRAPPER_DIR_ENV: &str = "CAPL_KIND_WRAPPER_DIR";
 pub const PROVIDER_IMAGE_ENV: &str = "CAPL_PROVIDER_IMAGE";
+/// CAPI's images made offline (`registry.k8s.io/cluster-api/...`), comma-separated.
+pub const CAPI_IMAGES_ENV: &str = "CAPL_CAPI_IMAGES";
+/// The tiny test guest (`cargo xtask guest-image`).
+pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
+/// The namespace of the machine of step 7.
+const VM_NAMESPACE: &str = "capl-kind-vm";
+/// The containerized host's network and pools.
+const VM_NETWORK: &str = "capl-kind-net";
+const VM_BASE_POOL: &str = "capl-kind-base";
+const VM_DISK_POOL: &str = "capl-kind-disks";
+const VM_LIMIT: Duration = Duration::from_secs(420);
 /// The kind cluster the scenario creates and deletes.
 pub const CLUSTER: &str = "capl-e2e";
 /// The docker network of its node.
@@ -133,9 +166,6 @@ pub fn run_scenario(work_dir: &Path) -> Result<()> {
     let tools = Tools { kind: env_path(KIND_BIN_ENV)?, kubectl, path, kubeconfig: work_dir.join("kubeconfig") };
     let node_image = std::env::var(KIND_NODE_IMAGE_ENV).with_context(|| format!("{KIND_NODE_IMAGE_ENV} is not set"))?;
     let image = std::env::var(PROVIDER_IMAGE_ENV).with_context(|| format!("{PROVIDER_IMAGE_ENV} is not set"))?;
-    let manifests = crate::stack::built_binary("capl-manifests")
-        .or_else(|| std::env::var_os("CAPL_MANIFESTS_BIN").map(PathBuf::from))
-        .context("capl-manifests is not built")?;
 
     // 1. The cluster (a leftover of an interrupted run first goes).
     let _ = tools.kind().args(["delete", "cluster", "--name", CLUSTER]).output();
@@ -154,20 +184,20 @@ pub fn run_scenario(work_dir: &Path) -> Result<()> {
     let _guard = ClusterGuard(&tools);
     say(SCENARIO, format!("kind cluster {CLUSTER} ({node_image}) Ready in {:.0?}", t.elapsed()));
 
-    // 2. The manager image, loaded into the node.
+    // 2. The manager image and CAPI's, loaded into the node.
     let t = Instant::now();
-    run("kind load docker-image", tools.kind().args(["load", "docker-image", &image, "--name", CLUSTER]))?;
-    say(SCENARIO, format!("{image} loaded in {:.0?}", t.elapsed()));
+    let capi_images = std::env::var(CAPI_IMAGES_ENV).with_context(|| format!("{CAPI_IMAGES_ENV} is not set"))?;
+    let mut images: Vec<&str> = capi_images.split(',').filter(|i| !i.is_empty()).collect();
+    images.push(&image);
+    let mut load = tools.kind();
+    load.args(["load", "docker-image", "--name", CLUSTER]).args(&images);
+    run("kind load docker-image", &mut load)?;
+    say(SCENARIO, format!("{} images loaded in {:.0?}: {}", images.len(), t.elapsed(), images.join(", ")));
 
-    // 3. CAPI's CRDs and the provider's install.yaml.
-    let capi_crds = assets.capi_crds_dir()?;
-    run("applying CAPI's CRDs", tools.kubectl(&["apply", "--server-side", "-f"]).arg(&capi_crds))?;
-    let install = work_dir.join("install.yaml");
-    run(
-        "rendering install.yaml",
-        Command::new(&manifests).args(["install-yaml", "--image", &image, "--out"]).arg(&install),
-    )?;
-    run("applying install.yaml", tools.kubectl(&["apply", "--server-side", "-f"]).arg(&install))?;
+    // 3. clusterctl init: CAPI core, the kubeadm providers and this provider.
+    let t = Instant::now();
+    clusterctl_init(&tools, work_dir, &image)?;
+    say(SCENARIO, format!("clusterctl init: every provider's Deployment Available in {:.0?}", t.elapsed()));
 
     // 4. Rolled out, Ready, leading.
     let t = Instant::now();
@@ -176,7 +206,7 @@ pub fn run_scenario(work_dir: &Path) -> Result<()> {
     ensure!(first.len() == 1, "one Ready manager Pod expected, found {first:?}");
     let first = first[0].clone();
     let holder = wait_for_lease_holder(&tools, &first)?;
-    say(SCENARIO, format!("Pod {first} Ready and leading (Lease holder {holder}) {:.0?} after install", t.elapsed()));
+    say(SCENARIO, format!("Pod {first} Ready and leading (Lease holder {holder}) {:.0?} after init", t.elapsed()));
 
     // 5. How it runs and what it logs.
     check_pod_security(&tools, &first)?;
@@ -208,7 +238,195 @@ pub fn run_scenario(work_dir: &Path) -> Result<()> {
     let holder = wait_for_lease_holder(&tools, &second)?;
     check_logs(&tools, &second)?;
     say(SCENARIO, format!("rollout restart: {first} -> {second}, Lease holder {holder}, in {:.0?}", t.elapsed()));
+
+    // 7. A machine, from the Pod, on a containerized libvirtd over TLS.
+    let t = Instant::now();
+    let summary = provision_a_machine(&tools, &second, work_dir)?;
+    say(SCENARIO, format!("{summary} in {:.0?}", t.elapsed()));
     Ok(())
+}
+
+fn apply(tools: &Tools, documents: &[Value]) -> Result<()> {
+    use std::io::Write as _;
+    let mut child = tools
+        .kubectl(&["apply", "--server-side", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running kubectl apply")?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    for d in documents {
+        writeln!(stdin, "---\n{}", serde_json::to_string(d)?)?;
+    }
+    drop(stdin);
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until `check` gives a value for `kind/name`'s JSON.
+fn wait_for<T>(tools: &Tools, kind: &str, name: &str, what: &str, check: impl Fn(&Value) -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + VM_LIMIT;
+    loop {
+        let object = tools.kubectl_json(&["get", kind, "-n", VM_NAMESPACE, name])?;
+        if let Some(value) = check(&object) {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("{kind} {name}: not {what} within {VM_LIMIT:?}; its status: {}", object["status"]);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Step 7; returns what it saw.
+fn provision_a_machine(tools: &Tools, pod: &str, work_dir: &Path) -> Result<String> {
+    use testenv::container_libvirtd::{ContainerLibvirtd, Options};
+    let guest_image = env_path(GUEST_IMAGE_ENV)?;
+    let daemon = ContainerLibvirtd::start_with(Options { network: Some(NETWORK.into()), tls: true })
+        .map_err(anyhow::Error::msg)?;
+    let tls = daemon.tls().context("the containerized libvirtd was started without TLS")?.clone();
+    let host = HostView::new(daemon.uri());
+    let net_xml = work_dir.join("vm-network.xml");
+    std::fs::write(
+        &net_xml,
+        format!(
+            "<network><name>{VM_NETWORK}</name><forward mode='nat'/><bridge name='caplkind0'/>\
+             <ip address='10.252.0.1' netmask='255.255.255.0'><dhcp><range start='10.252.0.2' end='10.252.0.99'/>\
+             </dhcp></ip></network>"
+        ),
+    )?;
+    host.virsh(&["net-define", &net_xml.display().to_string()])?;
+    host.virsh(&["net-start", VM_NETWORK])?;
+    for (pool, dir) in [(VM_BASE_POOL, "/var/lib/capl-kind/base"), (VM_DISK_POOL, "/var/lib/capl-kind/disks")] {
+        host.virsh(&["pool-define-as", pool, "dir", "--target", dir])?;
+        host.virsh(&["pool-build", pool])?;
+        host.virsh(&["pool-start", pool])?;
+    }
+    let image = upload_base_image_to(&host, VM_BASE_POOL, &guest_image, "guest", "cargo xtask guest-image")?;
+
+    let (cluster, machine) = ("c1", "c1-m0");
+    let user_data = objects::user_data(cluster);
+    apply(tools, &[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": VM_NAMESPACE}})])?;
+    apply(
+        tools,
+        &[json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                   "metadata": {"name": "host-tls", "namespace": VM_NAMESPACE},
+                   "stringData": {"ca.crt": tls.ca_pem, "tls.crt": tls.cert_pem, "tls.key": tls.key_pem}})],
+    )?;
+    let placement = Placement {
+        uri: tls.uri.clone(),
+        network: VM_NETWORK.into(),
+        base_pool: VM_BASE_POOL.into(),
+        domain_pool: VM_DISK_POOL.into(),
+        image: image.clone(),
+        endpoint_host: "10.252.0.250".into(),
+    };
+    let mut lc = objects::libvirt_cluster(VM_NAMESPACE, cluster, &placement);
+    lc["spec"]["credentialsRef"] = json!({"name": "host-tls"});
+    apply(
+        tools,
+        &[
+            objects::cluster(VM_NAMESPACE, cluster, false),
+            lc,
+            objects::bootstrap_secret(VM_NAMESPACE, "c1-m0-bootstrap", cluster, &user_data),
+            objects::machine(VM_NAMESPACE, machine, cluster, "c1-m0-bootstrap"),
+            objects::libvirt_machine(VM_NAMESPACE, machine, cluster, &image, None),
+        ],
+    )?;
+    let address = wait_for(tools, "libvirtmachine", machine, "provisioned with an InternalIP", |o| {
+        let provisioned = o["status"]["initialization"]["provisioned"] == true;
+        let ip = o["status"]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["type"] == "InternalIP")
+            .and_then(|a| a["address"].as_str().map(str::to_string));
+        ip.filter(|_| provisioned)
+    })?;
+    let phase = wait_for(tools, "machine.cluster.x-k8s.io", machine, "Provisioned or Running by CAPI core", |o| {
+        o["status"]["phase"].as_str().filter(|p| matches!(*p, "Provisioned" | "Running")).map(str::to_string)
+    })?;
+    let domains = host.domains_with_prefix(&format!("{VM_NAMESPACE}-{machine}-"))?;
+    ensure!(domains.len() == 1, "one domain of {machine} expected on the containerized libvirtd, found {domains:?}");
+    let state = host.domain_state(&domains[0])?;
+    ensure!(state.trim() == "running", "domain {} is {state}", domains[0]);
+    check_logs(tools, pod)?;
+    let logs = tools.kubectl_out(&["logs", "-n", NAMESPACE, pod])?;
+    ensure!(!logs.contains(&format!("hello from {cluster}")), "the Pod logged the machine's bootstrap data");
+
+    // Deleting the Machine (CAPI core deletes its LibvirtMachine) removes what it made on the host.
+    tools.kubectl_out(&["delete", "machine.cluster.x-k8s.io", machine, "-n", VM_NAMESPACE, "--timeout=240s"])?;
+    let lm_gone = tools.kubectl_out(&["get", "libvirtmachine", machine, "-n", VM_NAMESPACE, "--ignore-not-found"])?;
+    ensure!(lm_gone.trim().is_empty(), "the LibvirtMachine outlived its Machine: {lm_gone}");
+    let left = host.domains_with_prefix(&format!("{VM_NAMESPACE}-{machine}-"))?;
+    let volumes: Vec<String> =
+        host.volumes(VM_DISK_POOL)?.into_iter().filter(|v| v.contains(&format!("{VM_NAMESPACE}-{machine}"))).collect();
+    ensure!(left.is_empty() && volumes.is_empty(), "after delete the host still has {left:?} {volumes:?}");
+    let single = format!(
+        "machine {machine} (CAPI phase {phase}) over {}: domain {} running at {address}, removed on delete",
+        tls.uri, domains[0]
+    );
+
+    // A MachineDeployment of 2, scaled to 1; then the Cluster deleted.
+    apply(
+        tools,
+        &[
+            objects::libvirt_machine_template(VM_NAMESPACE, "c1-md", cluster, &image),
+            objects::machine_deployment(VM_NAMESPACE, "c1-md", cluster, 2, "c1-md", "c1-m0-bootstrap"),
+        ],
+    )?;
+    let addressed = |want: usize| -> Result<Vec<String>> {
+        let deadline = Instant::now() + VM_LIMIT;
+        loop {
+            let list = tools.kubectl_json(&["get", "libvirtmachines", "-n", VM_NAMESPACE])?;
+            let ips: Vec<String> = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+                .filter_map(|o| {
+                    o["status"]["addresses"].as_array()?.iter().find(|a| a["type"] == "InternalIP")?["address"]
+                        .as_str()
+                        .map(str::to_string)
+                })
+                .collect();
+            let running = host.domains_with_prefix(&format!("{VM_NAMESPACE}-c1-md-"))?;
+            if ips.len() == want && running.len() == want {
+                return Ok(ips);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "MachineDeployment c1-md: {want} addressed machines expected within {VM_LIMIT:?}; IPs {ips:?}, domains {running:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    };
+    let two = addressed(2)?;
+    tools.kubectl_out(&["scale", "machinedeployment.cluster.x-k8s.io", "c1-md", "-n", VM_NAMESPACE, "--replicas=1"])?;
+    let one = addressed(1)?;
+    tools.kubectl_out(&["delete", "cluster.cluster.x-k8s.io", cluster, "-n", VM_NAMESPACE, "--timeout=300s"])?;
+    let domains_left = host.domains_with_prefix(&format!("{VM_NAMESPACE}-"))?;
+    let volumes_left: Vec<String> =
+        host.volumes(VM_DISK_POOL)?.into_iter().filter(|v| v.contains(VM_NAMESPACE)).collect();
+    let dhcp_left: Vec<String> = host
+        .dhcp_hosts(VM_NETWORK)?
+        .into_iter()
+        .filter(|h| h.name.contains(VM_NAMESPACE))
+        .map(|h| format!("{} {} {}", h.mac, h.name, h.ip))
+        .collect();
+    ensure!(
+        domains_left.is_empty() && volumes_left.is_empty() && dhcp_left.is_empty(),
+        "after the Cluster's deletion the host still has {domains_left:?} {volumes_left:?} {dhcp_left:?}"
+    );
+    ensure!(host.volume_exists(VM_BASE_POOL, &image), "the Cluster's deletion removed the base image {image}");
+    Ok(format!(
+        "{single}; MachineDeployment 2 {two:?} -> 1 {one:?}; Cluster deleted: no domain, volume or DHCP host left"
+    ))
 }
 
 fn rollout_status(tools: &Tools) -> Result<()> {
@@ -293,5 +511,96 @@ fn check_logs(tools: &Tools, pod: &str) -> Result<()> {
         ensure!(!line.contains("#cloud-config"), "Pod {pod}: bootstrap data in the log: {line}");
     }
     ensure!(lines > 0, "Pod {pod} logged nothing");
+    Ok(())
+}
+
+/// `clusterctl init` of CAPI core, the kubeadm providers and this provider
+/// (release `v0.1.0` with the manager image `image`) from local repositories,
+/// with cert-manager's CRDs applied first and cert-manager declared externally
+/// provisioned ([`crate::clusterctl::LocalRepository::with_capi_release`]);
+/// then [`stand_in_for_cert_manager`].
+fn clusterctl_init(tools: &Tools, work_dir: &Path, image: &str) -> Result<()> {
+    let assets = testenv::Assets::locate()?;
+    run(
+        "applying cert-manager's CRDs",
+        tools.kubectl(&["apply", "--server-side", "-f"]).arg(assets.cert_manager_crds_dir()?),
+    )?;
+    let repository =
+        crate::clusterctl::LocalRepository::release_with_image(&work_dir.join("repository"), "v0.1.0", image)?
+            .with_capi_release(&assets)?;
+    let kubeconfig = tools.kubeconfig.display().to_string();
+    let core = format!("cluster-api:{CAPI_VERSION}");
+    let kubeadm = format!("kubeadm:{CAPI_VERSION}");
+    repository.clusterctl(&[
+        "init",
+        "--kubeconfig",
+        &kubeconfig,
+        "--core",
+        &core,
+        "--bootstrap",
+        &kubeadm,
+        "--control-plane",
+        &kubeadm,
+        "--infrastructure",
+        "libvirt:v0.1.0",
+    ])?;
+    stand_in_for_cert_manager(tools)?;
+    let timeout = format!("--timeout={ROLLOUT_LIMIT}");
+    tools
+        .kubectl_out(&["wait", "--for=condition=Available", "deployment", "--all", "-A", &timeout])
+        .map(|_| ())
+        .map_err(|e| {
+            let pods = tools.kubectl_out(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_default();
+            e.context(format!("the providers' Deployments did not become Available; Pods:\n{pods}"))
+        })
+}
+
+/// What cert-manager would do for the providers' components: a Secret for
+/// every Certificate (signed by one CA made here, with the Certificate's DNS
+/// names), and that CA as the `caBundle` of every webhook configuration and
+/// CRD conversion webhook annotated `cert-manager.io/inject-ca-from`.
+/// (cert-manager itself cannot be built from the Go module proxy; see the README.)
+fn stand_in_for_cert_manager(tools: &Tools) -> Result<()> {
+    let ca = testenv::Pki::new_ca("capl-e2e-cert-manager-stand-in")?;
+    let bundle = serde_json::to_value(k8s_openapi::ByteString(ca.ca_pem().as_bytes().to_vec()))?;
+    let certificates = tools.kubectl_json(&["get", "certificates.cert-manager.io", "-A"])?;
+    let mut secrets = Vec::new();
+    for c in certificates["items"].as_array().into_iter().flatten() {
+        let names: Vec<String> = c["spec"]["dnsNames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect();
+        let secret = c["spec"]["secretName"].as_str().context("a Certificate without secretName")?;
+        let namespace = c["metadata"]["namespace"].as_str().unwrap_or_default();
+        let (cert, key) = ca.serving_cert_for(names.first().map_or("webhook", String::as_str), &names)?;
+        secrets.push(json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": secret, "namespace": namespace},
+            "stringData": {"ca.crt": ca.ca_pem(), "tls.crt": cert, "tls.key": key},
+        }));
+    }
+    ensure!(!secrets.is_empty(), "clusterctl installed no cert-manager Certificate: nothing to stand in for");
+    apply(tools, &secrets)?;
+    for kind in ["validatingwebhookconfigurations", "mutatingwebhookconfigurations", "customresourcedefinitions"] {
+        let list = tools.kubectl_json(&["get", kind])?;
+        for object in list["items"].as_array().into_iter().flatten() {
+            if object["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_null() {
+                continue;
+            }
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let patch: Vec<Value> = if kind == "customresourcedefinitions" {
+                vec![json!({"op": "add", "path": "/spec/conversion/webhook/clientConfig/caBundle", "value": bundle})]
+            } else {
+                let webhooks = object["webhooks"].as_array().map_or(0, Vec::len);
+                (0..webhooks)
+                    .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
+                    .collect()
+            };
+            let patch = serde_json::to_string(&patch)?;
+            tools.kubectl_out(&["patch", kind, name, "--type=json", "-p", &patch])?;
+        }
+    }
     Ok(())
 }

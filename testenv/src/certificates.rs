@@ -59,8 +59,13 @@ impl Pki {
 
     /// A serving certificate for `localhost` and `127.0.0.1`: `(cert_pem, key_pem)`.
     pub fn serving_cert(&self, common_name: &str) -> Result<(String, String)> {
+        self.serving_cert_for(common_name, &["localhost".to_owned(), "127.0.0.1".to_owned()])
+    }
+
+    /// A serving certificate for these DNS names and IP addresses: `(cert_pem, key_pem)`.
+    pub fn serving_cert_for(&self, common_name: &str, names: &[String]) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+        let mut params = CertificateParams::new(names.to_vec())?;
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];

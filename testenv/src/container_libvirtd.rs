@@ -13,6 +13,12 @@
 //! network namespace: the host's are not touched). Its guests, bridges and
 //! NAT rules live in the container's network namespace.
 //!
+//! With [`Options::tls`] it also listens for TLS on port 16514, with a server
+//! certificate for its address on [`Options::network`] signed by a CA made
+//! for it, and requires client certificates of that CA ([`TlsClient`] has
+//! one): a manager in a kind cluster on that docker network reaches it as it
+//! would reach a remote host, with `qemu+tls://` and a credentials Secret.
+//!
 //! The container is removed when the [`ContainerLibvirtd`] is dropped.
 
 use std::path::{Path, PathBuf};
@@ -34,11 +40,33 @@ pub const ENGINE_COMMAND: &str = "cargo xtask docker-engine up";
 /// How long the daemon may take to open its socket once the container runs.
 const SOCKET_LIMIT: Duration = Duration::from_secs(60);
 
+/// How to start it.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// A docker network to attach it to (default: docker's bridge).
+    pub network: Option<String>,
+    /// Listen for TLS too, with certificates made for its address.
+    pub tls: bool,
+}
+
+/// What a client needs to reach the daemon over TLS.
+#[derive(Debug, Clone)]
+pub struct TlsClient {
+    /// The daemon's address on the network.
+    pub address: String,
+    /// `qemu+tls://<address>/system`.
+    pub uri: String,
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
 /// A running containerized libvirtd.
 pub struct ContainerLibvirtd {
     container: Container<GenericImage>,
     run_dir: PathBuf,
     uri: String,
+    tls: Option<TlsClient>,
 }
 
 impl ContainerLibvirtd {
@@ -46,6 +74,11 @@ impl ContainerLibvirtd {
     /// error names what is missing (the engine, the image) and the command
     /// that provides it.
     pub fn start() -> Result<Self, String> {
+        Self::start_with(Options::default())
+    }
+
+    /// [`ContainerLibvirtd::start`] with options.
+    pub fn start_with(options: Options) -> Result<Self, String> {
         let image = image()?;
         let (name, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
         static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -55,14 +88,14 @@ impl ContainerLibvirtd {
             NEXT.fetch_add(1, Ordering::SeqCst)
         ));
         let _ = std::fs::remove_dir_all(&run_dir);
-        std::fs::create_dir_all(&run_dir).map_err(|e| format!("creating {}: {e}", run_dir.display()))?;
-        let request = GenericImage::new(name, tag)
+        let pki_dir = run_dir.join("pki");
+        std::fs::create_dir_all(&pki_dir).map_err(|e| format!("creating {}: {e}", pki_dir.display()))?;
+        let mut request = GenericImage::new(name, tag)
             .with_cap_add("SYS_ADMIN")
             .with_cap_add("NET_ADMIN")
             .with_cap_add("NET_RAW")
             .with_security_opt("seccomp=unconfined")
             .with_security_opt("apparmor=unconfined")
-            .with_mount(Mount::bind_mount(run_dir.display().to_string(), "/run/libvirt"))
             .with_label("io.capl.test", "containerized-libvirtd")
             .with_host_config_modifier(|config| {
                 // `docker run --security-opt systempaths=unconfined`: nothing masked, nothing read-only.
@@ -75,16 +108,40 @@ impl ContainerLibvirtd {
                 }]);
             })
             .with_startup_timeout(Duration::from_secs(120));
+        let libvirt_dir = run_dir.join("run");
+        std::fs::create_dir_all(&libvirt_dir).map_err(|e| format!("creating {}: {e}", libvirt_dir.display()))?;
+        request = request.with_mount(Mount::bind_mount(libvirt_dir.display().to_string(), "/run/libvirt"));
+        if options.tls {
+            request = request
+                .with_env_var("CAPL_LIBVIRTD_TLS_DIR", "/capl-pki")
+                .with_mount(Mount::bind_mount(pki_dir.display().to_string(), "/capl-pki"));
+        }
+        if let Some(network) = &options.network {
+            request = request.with_network(network.clone());
+        }
         let container = request.start().map_err(|e| {
             format!(
                 "starting a container of {image} failed: {e}. Is a docker engine running (`{ENGINE_COMMAND}`) and the \
                  image built (`{IMAGE_COMMAND}`)?"
             )
         })?;
-        let socket = run_dir.join("libvirt-sock");
+        // With TLS the daemon starts once its certificates are there: they name
+        // its address, known only now.
+        let tls = if options.tls {
+            let address = address_on(container.id(), options.network.as_deref().unwrap_or("bridge"))?;
+            Some(write_pki(&pki_dir, &address).map_err(|e| format!("the containerized libvirtd's PKI: {e}"))?)
+        } else {
+            None
+        };
+        let socket = libvirt_dir.join("libvirt-sock");
         wait_for_socket(&socket).map_err(|e| format!("{e}; container {}", container.id()))?;
         let uri = format!("qemu+unix:///system?socket={}", socket.display());
-        Ok(ContainerLibvirtd { container, run_dir, uri })
+        Ok(ContainerLibvirtd { container, run_dir, uri, tls })
+    }
+
+    /// The TLS client's view of the daemon (with [`Options::tls`]).
+    pub fn tls(&self) -> Option<&TlsClient> {
+        self.tls.as_ref()
     }
 
     /// The URI that reaches the daemon from this machine.
@@ -104,6 +161,43 @@ impl Drop for ContainerLibvirtd {
         let _ = self.container.stop_with_timeout(Some(10));
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
+}
+
+/// The container's IP address on `network`.
+fn address_on(id: &str, network: &str) -> Result<String, String> {
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "--format", &format, id])
+        .output()
+        .map_err(|e| format!("docker inspect {id}: {e}"))?;
+    let address = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || address.is_empty() {
+        return Err(format!(
+            "container {id} has no address on docker network {network}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(address)
+}
+
+/// A CA, the daemon's certificate for `address` (written for the daemon into
+/// `dir`, key last: the start script waits for it) and a client certificate.
+fn write_pki(dir: &Path, address: &str) -> anyhow::Result<TlsClient> {
+    let ca = crate::Pki::new_ca("capl-containerized-libvirtd-ca")?;
+    let (server_cert, server_key) = ca.serving_cert_for(address, &[address.to_string()])?;
+    let (cert_pem, key_pem) = ca.client_cert("capl-manager", "capl")?;
+    std::fs::write(dir.join("cacert.pem"), ca.ca_pem())?;
+    std::fs::write(dir.join("servercert.pem"), &server_cert)?;
+    // Renamed into place: the start script must not read half a key.
+    std::fs::write(dir.join("serverkey.pem.partial"), &server_key)?;
+    std::fs::rename(dir.join("serverkey.pem.partial"), dir.join("serverkey.pem"))?;
+    Ok(TlsClient {
+        address: address.to_string(),
+        uri: format!("qemu+tls://{address}/system"),
+        ca_pem: ca.ca_pem().to_string(),
+        cert_pem,
+        key_pem,
+    })
 }
 
 /// The image: [`IMAGE_ENV`], else what [`IMAGE_COMMAND`] prints.

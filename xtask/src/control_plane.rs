@@ -84,7 +84,8 @@ pub fn run(cmd: Command) -> Result<()> {
     Ok(())
 }
 
-fn control_plane_dir() -> Result<PathBuf> {
+/// The control-plane cache directory (`$CAPL_CONTROL_PLANE_DIR` or the versioned default).
+pub fn control_plane_dir() -> Result<PathBuf> {
     versions::control_plane_dir().map_err(anyhow::Error::msg)
 }
 

@@ -92,14 +92,19 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// `cargo xtask e2e --kind`: the kind scenarios, with everything they need
-/// built offline (kind, its node image, the manager image; the control plane
-/// cache for kubectl and CAPI's CRDs).
+/// built offline (kind, its node image, the manager image, the containerized
+/// libvirtd's image, the guest image; the control plane cache for kubectl and
+/// CAPI's CRDs).
 fn run_kind(args: &Args) -> Result<()> {
     let started = Instant::now();
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let kind = step("kind and its node image", crate::kind::prepare)?;
+    let libvirtd_image = step("containerized libvirtd image", crate::images::libvirtd_image)?;
+    let guest = step("guest image", || guest_image::build(false))?;
     let image = crate::images::TEST_MANAGER_IMAGE;
     step("manager image, built offline", || crate::images::build_provider_offline(image))?;
+    let capi_images =
+        step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
     let bins = step("build provider and e2e runner", build_binaries)?;
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
@@ -108,6 +113,9 @@ fn run_kind(args: &Args) -> Result<()> {
     sh.set_var("CAPL_KIND_WRAPPER_DIR", &kind.wrapper_dir);
     sh.set_var("CAPL_REAL_DOCKER", &kind.real_docker);
     sh.set_var("CAPL_PROVIDER_IMAGE", image);
+    sh.set_var("CAPL_LIBVIRTD_IMAGE", &libvirtd_image);
+    sh.set_var("CAPL_CAPI_IMAGES", capi_images.join(","));
+    sh.set_var("CAPL_GUEST_IMAGE", &guest);
     sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
     let runner = &bins.e2e;
     let only: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();

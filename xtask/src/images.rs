@@ -33,6 +33,11 @@ use xshell::{Shell, cmd};
 
 use crate::{docker_engine, repo_root, short_hash, target_dir};
 
+#[path = "../../testenv/src/control_plane_versions.rs"]
+#[allow(dead_code, clippy::duplicate_mod)]
+mod versions;
+use versions::{CAPI_RELEASE_REGISTRY, CAPI_VERSION};
+
 /// The repository (name) of the containerized libvirtd image; its tag is the key of its inputs.
 pub const LIBVIRTD_IMAGE_NAME: &str = "capl.local/libvirtd";
 /// The manager image `cargo xtask test` builds offline and checks.
@@ -119,19 +124,68 @@ pub fn build_provider_offline(image: &str) -> Result<()> {
         .run()
         .context("building the release manager")?;
     let binary = target_dir().join("release/cluster-api-provider-libvirt");
-    let work = target_dir().join("tmp/provider-image");
+    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
+        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    manager_image(&sh, &binary, &[libvirt.as_path()], image, "provider-image", &[])?;
+    check_provider_image(image)?;
+    eprintln!("docker-build --offline: built and checked {image} in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// CAPI core's and the kubeadm providers' images, made the same way from the
+/// managers `cargo xtask control-plane build` built, under the names their
+/// release components use (`registry.k8s.io/cluster-api/<image>:<version>`), so
+/// `clusterctl init` in a kind cluster finds them loaded. Returns their names.
+pub fn capi_images(control_plane_dir: &Path) -> Result<Vec<String>> {
+    let sh = Shell::new()?;
+    let mut names = Vec::new();
+    for (provider_image, binary) in [
+        ("cluster-api-controller", "capi-manager"),
+        ("kubeadm-bootstrap-controller", "capi-kubeadm-bootstrap-manager"),
+        ("kubeadm-control-plane-controller", "capi-kubeadm-control-plane-manager"),
+    ] {
+        let binary = control_plane_dir.join(binary);
+        let stamp = fs::metadata(&binary)
+            .and_then(|m| m.modified())
+            .with_context(|| format!("{} is missing: run `cargo xtask control-plane build`", binary.display()))?;
+        let image = format!("{CAPI_RELEASE_REGISTRY}/{provider_image}:{CAPI_VERSION}");
+        // Rebuilt when the binary's mtime differs from what the image's label says.
+        let secs = stamp.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0).to_string();
+        let format = "{{index .Config.Labels \"io.capl.binary-mtime\"}}";
+        let have = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok();
+        if have.as_deref().map(str::trim) != Some(secs.as_str()) {
+            let label = format!("LABEL io.capl.binary-mtime={secs}");
+            manager_image(&sh, &binary, &[], &image, "capi-image", &[&label])?;
+        }
+        names.push(image);
+    }
+    Ok(names)
+}
+
+/// An image of one manager binary with no base: `/manager`, every shared
+/// library it (and `extra_libs`) load, CA certificates, `passwd`/`group`
+/// with `nonroot` (65532), `/tmp`; `USER 65532:65532`, `ENTRYPOINT ["/manager"]`.
+fn manager_image(
+    sh: &Shell,
+    binary: &Path,
+    extra_libs: &[&Path],
+    image: &str,
+    work_name: &str,
+    more_changes: &[&str],
+) -> Result<()> {
+    let work = target_dir().join("tmp").join(work_name);
     let root = work.join("rootfs");
     if work.exists() {
         fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     }
     fs::create_dir_all(root.join("etc/ssl/certs"))?;
-    fs::copy(&binary, root.join("manager")).with_context(|| format!("copying {}", binary.display()))?;
-    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
-        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    fs::copy(binary, root.join("manager")).with_context(|| format!("copying {}", binary.display()))?;
     let copy = repo_root().join("hack/copy-runtime-libs.sh");
-    let copied =
-        cmd!(sh, "sh {copy} --all {root} {binary} {libvirt}").quiet().read().context("copying shared libraries")?;
-    eprintln!("docker-build --offline: {} shared libraries", copied.lines().count());
+    let copied = cmd!(sh, "sh {copy} --all {root} {binary} {extra_libs...}")
+        .quiet()
+        .read()
+        .context("copying shared libraries")?;
+    eprintln!("{image}: {} shared libraries", copied.lines().count());
     fs::copy("/etc/ssl/certs/ca-certificates.crt", root.join("etc/ssl/certs/ca-certificates.crt"))
         .context("copying /etc/ssl/certs/ca-certificates.crt (install ca-certificates)")?;
     fs::write(
@@ -148,10 +202,10 @@ pub fn build_provider_offline(image: &str) -> Result<()> {
     let tar = work.join("rootfs.tar");
     cmd!(sh, "tar --numeric-owner -C {root} -cf {tar} .").run()?;
     docker_engine::up()?;
-    import(&sh, &tar, image, &["USER 65532:65532", r#"ENTRYPOINT ["/manager"]"#])?;
+    let mut changes = vec!["USER 65532:65532", r#"ENTRYPOINT ["/manager"]"#];
+    changes.extend_from_slice(more_changes);
+    import(sh, &tar, image, &changes)?;
     fs::remove_dir_all(&work)?;
-    check_provider_image(image)?;
-    eprintln!("docker-build --offline: built and checked {image} in {:.0?}", started.elapsed());
     Ok(())
 }
 
