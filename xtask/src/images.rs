@@ -53,19 +53,7 @@ pub fn libvirtd_image_command() -> Result<()> {
 /// The containerized libvirtd's image, built unless the engine has it (needs an engine).
 pub fn libvirtd_image() -> Result<String> {
     let hack = repo_root().join("hack/libvirtd-image");
-    let mut inputs = Vec::new();
-    let mut names: Vec<_> = fs::read_dir(&hack)
-        .with_context(|| format!("reading {}", hack.display()))?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
-    for name in &names {
-        inputs.push(name.clone());
-        inputs
-            .push(fs::read_to_string(hack.join(name)).with_context(|| format!("reading hack/libvirtd-image/{name}"))?);
-    }
-    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let image = format!("{LIBVIRTD_IMAGE_NAME}:{}", short_hash(&refs));
+    let image = format!("{LIBVIRTD_IMAGE_NAME}:{}", dir_key(&hack, &[])?);
     let sh = Shell::new()?;
     if image_exists(&sh, &image) {
         eprintln!("libvirtd-image: {image} is in the engine");
@@ -111,7 +99,26 @@ fn import(sh: &Shell, tar: &Path, image: &str, changes: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn image_exists(sh: &Shell, image: &str) -> bool {
+/// The cache key of an image made from the files of `dir` (names and
+/// contents, in name order) and `extras` (versions), which come first.
+pub fn dir_key(dir: &Path, extras: &[&str]) -> Result<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    let mut inputs: Vec<String> = extras.iter().map(|e| (*e).to_string()).collect();
+    for name in names {
+        let text = fs::read_to_string(dir.join(&name)).with_context(|| format!("reading {}/{name}", dir.display()))?;
+        inputs.push(name);
+        inputs.push(text);
+    }
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    Ok(short_hash(&refs))
+}
+
+/// Whether the engine has `image`.
+pub fn image_exists(sh: &Shell, image: &str) -> bool {
     cmd!(sh, "docker image inspect {image}").quiet().ignore_stdout().ignore_stderr().run().is_ok()
 }
 

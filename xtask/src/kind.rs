@@ -31,7 +31,7 @@ use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
 use crate::node_image::{self, CONTAINERD_VERSION};
-use crate::{docker_engine, repo_root, short_hash, target_dir};
+use crate::{docker_engine, images, repo_root, short_hash, target_dir};
 
 #[path = "../../testenv/src/control_plane_versions.rs"]
 #[allow(dead_code, clippy::duplicate_mod)]
@@ -116,18 +116,10 @@ fn wrapper() -> Result<(PathBuf, PathBuf)> {
 /// The node image, built unless the engine has it.
 pub fn node_image() -> Result<String> {
     let hack = repo_root().join("hack/kind");
-    let mut inputs = vec![KUBERNETES_VERSION.to_string(), KIND_VERSION.to_string(), CONTAINERD_VERSION.to_string()];
-    let mut names: Vec<String> =
-        fs::read_dir(&hack)?.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned())).collect();
-    names.sort();
-    for name in &names {
-        inputs.push(name.clone());
-        inputs.push(fs::read_to_string(hack.join(name))?);
-    }
-    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let image = format!("{NODE_IMAGE_NAME}:{KUBERNETES_VERSION}-{}", short_hash(&refs));
+    let key = images::dir_key(&hack, &[KUBERNETES_VERSION, KIND_VERSION, CONTAINERD_VERSION])?;
+    let image = format!("{NODE_IMAGE_NAME}:{KUBERNETES_VERSION}-{key}");
     let sh = Shell::new()?;
-    if cmd!(sh, "docker image inspect {image}").quiet().ignore_stdout().ignore_stderr().run().is_ok() {
+    if images::image_exists(&sh, &image) {
         eprintln!("kind-node-image: {image} is in the engine");
         return Ok(image);
     }
