@@ -265,7 +265,7 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     let mut timings = Timings { id: ID, started, rows: Vec::new() };
 
     let client = stack.client();
-    let endpoint = allocated_endpoint(stack, &client, ns).await?;
+    let (endpoint, endpoint_entry) = allocated_endpoint(stack, &client, ns).await?;
     say(ID, format!("control-plane endpoint {endpoint} allocated from network {TEST_NETWORK}"));
     let kcp_api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
     let kcp_name = format!("{CLUSTER}-control-plane");
@@ -333,10 +333,10 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     crate::scenarios::clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    let entries = endpoint_dns_hosts(stack)?;
+    let entries = endpoint_dns_hosts(stack, &endpoint_entry)?;
     ensure!(
         entries.is_empty(),
-        "the endpoint's DNS host entry is left on network {TEST_NETWORK} after the Cluster was deleted: {entries:?}"
+        "the endpoint's DNS host entry {endpoint_entry} is left on network {TEST_NETWORK} after the Cluster was deleted: {entries:?}"
     );
     timings.mark("Cluster deleted, nothing left on the host (endpoint released)");
 
@@ -733,14 +733,16 @@ async fn control_plane_vm(stack: &Stack, client: &Client, ns: &str) -> Result<Ru
     Ok(cp)
 }
 
-/// The address of a DNS host entry of the test network named like the provider's
-/// endpoint entries (`capl-endpoint-<LibvirtCluster UID>`), with its names.
-fn endpoint_dns_hosts(stack: &Stack) -> Result<Vec<(String, Vec<String>)>> {
+/// The DNS host entries of the test network that carry the host name `name`
+/// (the provider names an endpoint's entry `capl-endpoint-<LibvirtCluster UID>`).
+/// Only this cluster's entry is looked at: the network may be shared with other
+/// clusters, whose entries are theirs.
+fn endpoint_dns_hosts(stack: &Stack, name: &str) -> Result<Vec<(String, Vec<String>)>> {
     Ok(stack
         .libvirt()?
         .dns_hosts(TEST_NETWORK)?
         .into_iter()
-        .filter(|(_, names)| names.iter().any(|n| n.starts_with("capl-endpoint-")))
+        .filter(|(_, names)| names.iter().any(|n| n == name))
         .collect())
 }
 
@@ -748,8 +750,9 @@ fn endpoint_dns_hosts(stack: &Stack) -> Result<Vec<(String, Vec<String>)>> {
 /// allocated-endpoint flavor and checks it as an admin would: an address of the
 /// test network outside its DHCP range, in the LibvirtCluster and copied by CAPI
 /// into the Cluster, and on the host a DNS host entry for it named after the
-/// LibvirtCluster's UID. Returns the address.
-async fn allocated_endpoint(stack: &Stack, client: &Client, ns: &str) -> Result<String> {
+/// LibvirtCluster's UID, and no other entry of the network holding the same address.
+/// Returns the address and the entry's host name.
+async fn allocated_endpoint(stack: &Stack, client: &Client, ns: &str) -> Result<(String, String)> {
     use testenv::test_host::{DHCP_LAST, SUBNET_PREFIX};
     let (host, uid) = until(&format!("LibvirtCluster {ns}/{CLUSTER} to be given an endpoint"), VM_STARTED, || async {
         let lc = objects::get(client, ns, Kind::LibvirtCluster, CLUSTER).await?;
@@ -777,13 +780,21 @@ async fn allocated_endpoint(stack: &Stack, client: &Client, ns: &str) -> Result<
         })
     })
     .await?;
-    let entries = endpoint_dns_hosts(stack)?;
-    let expected = (host.clone(), vec![format!("capl-endpoint-{uid}")]);
+    let name = format!("capl-endpoint-{uid}");
+    let entries = endpoint_dns_hosts(stack, &name)?;
+    let expected = (host.clone(), vec![name.clone()]);
     ensure!(
         entries == [expected.clone()],
-        "network {TEST_NETWORK} must hold exactly one endpoint DNS host entry, {expected:?}; found {entries:?}"
+        "network {TEST_NETWORK} must hold exactly one DNS host entry for this cluster's endpoint, {expected:?}; found {entries:?}"
     );
-    Ok(host)
+    let sharing: Vec<_> = stack
+        .libvirt()?
+        .dns_hosts(TEST_NETWORK)?
+        .into_iter()
+        .filter(|(ip, names)| *ip == host && *names != expected.1)
+        .collect();
+    ensure!(sharing.is_empty(), "the allocated endpoint {host} is also held by other DNS host entries: {sharing:?}");
+    Ok((host, name))
 }
 
 /// Fails with kubeadm's own error when the control-plane machine's console shows
