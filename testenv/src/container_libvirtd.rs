@@ -47,7 +47,14 @@ pub struct Options {
     pub network: Option<String>,
     /// Listen for TLS too, with certificates made for its address.
     pub tls: bool,
+    /// A directory of this machine mounted at [`CONSOLE_DIR`] in the container:
+    /// the guests' serial console logs a manager writes there (its
+    /// `--console-log-dir`, a path on the libvirt host) can be read here.
+    pub console_dir: Option<PathBuf>,
 }
+
+/// Where [`Options::console_dir`] appears inside the container.
+pub const CONSOLE_DIR: &str = "/var/log/capl-console";
 
 /// What a client needs to reach the daemon over TLS.
 #[derive(Debug, Clone)]
@@ -115,6 +122,10 @@ impl ContainerLibvirtd {
             request = request
                 .with_env_var("CAPL_LIBVIRTD_TLS_DIR", "/capl-pki")
                 .with_mount(Mount::bind_mount(pki_dir.display().to_string(), "/capl-pki"));
+        }
+        if let Some(dir) = &options.console_dir {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            request = request.with_mount(Mount::bind_mount(dir.display().to_string(), CONSOLE_DIR));
         }
         if let Some(network) = &options.network {
             request = request.with_network(network.clone());

@@ -102,6 +102,28 @@ pub fn static_address(host: u8) -> String {
     format!("{SUBNET_PREFIX}.{host}")
 }
 
+/// The XML of [`NETWORK`]: NAT, bridge [`BRIDGE`], `<SUBNET_PREFIX>.0/24` with
+/// DHCP from `.DHCP_FIRST` to `.DHCP_LAST`. `cargo xtask host up` defines it on
+/// the private daemon; the e2e stack on a containerized libvirtd defines the
+/// same network there, so the scenarios see one layout on either host.
+pub fn network_xml() -> String {
+    let p = SUBNET_PREFIX;
+    format!(
+        "<network>\n  <name>{NETWORK}</name>\n  <forward mode='nat'/>\n  \
+         <bridge name='{BRIDGE}' stp='on' delay='0'/>\n  \
+         <ip address='{p}.1' netmask='255.255.255.0'>\n    <dhcp>\n      \
+         <range start='{p}.{DHCP_FIRST}' end='{p}.{DHCP_LAST}'/>\n    </dhcp>\n  </ip>\n</network>\n"
+    )
+}
+
+/// The XML of a directory storage pool `name` at `path`.
+pub fn pool_xml(name: &str, path: &std::path::Path) -> String {
+    format!(
+        "<pool type='dir'>\n  <name>{name}</name>\n  <target>\n    <path>{}</path>\n  </target>\n</pool>\n",
+        path.display()
+    )
+}
+
 /// The TLS URI of the private daemon with the client PKI directory `pkipath`
 /// (holding `cacert.pem`, `clientcert.pem` and `clientkey.pem`).
 pub fn tls_uri(pkipath: &str) -> String {

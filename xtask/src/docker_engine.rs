@@ -85,9 +85,7 @@ pub fn answers(sh: &Shell) -> bool {
 
 /// The pid of the dockerd that `up` started, while it runs.
 fn ours() -> Option<u32> {
-    let pid: u32 = fs::read_to_string(PID_FILE).ok()?.trim().parse().ok()?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == "dockerd").then_some(pid)
+    crate::libvirt_host::live_pid(Path::new(PID_FILE), "dockerd")
 }
 
 /// An engine that answers: the one there is, or dockerd started here.
@@ -101,7 +99,11 @@ pub fn up() -> Result<Engine> {
         );
         return Ok(engine);
     }
-    require_root()?;
+    crate::libvirt_host::require_root(
+        "docker-engine up",
+        "no docker engine answers `docker info`, and starting dockerd needs root; or start docker yourself, \
+         or point DOCKER_HOST at an engine",
+    )?;
     install_if_missing(&sh)?;
     let libvirt_before = forward_jumps_to_libvirt(&sh);
     fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
@@ -153,17 +155,6 @@ pub fn down() -> Result<()> {
     }
     let _ = fs::remove_file(PID_FILE);
     eprintln!("docker engine: dockerd (pid {pid}) stopped");
-    Ok(())
-}
-
-fn require_root() -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if fs::metadata("/proc/self").context("reading /proc/self")?.uid() != 0 {
-        bail!(
-            "no docker engine answers `docker info`, and starting dockerd needs root: run `cargo xtask docker-engine up` \
-             as root, or start docker yourself (or point DOCKER_HOST at an engine)"
-        );
-    }
     Ok(())
 }
 

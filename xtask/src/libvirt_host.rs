@@ -59,9 +59,9 @@ use xshell::{Shell, cmd};
 #[allow(dead_code)] // the tests' half of the contract (uri(), static_address()) is not used here
 mod test_host;
 pub use test_host::{
-    BASE_POOL, BRIDGE, DHCP_FIRST, DHCP_LAST, DISK_POOL, LIBVIRTD_ARGS, LIBVIRTD_PID_FILE, NETWORK, PKI_DIR, RUN_DIR,
-    STATE_DIR, SUBNET_PREFIX, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, VIRTLOGD_PID_FILE,
-    tls_uri,
+    BASE_POOL, BRIDGE, DISK_POOL, LIBVIRTD_ARGS, LIBVIRTD_PID_FILE, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR,
+    SUBNET_PREFIX, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, VIRTLOGD_PID_FILE, network_xml,
+    pool_xml, tls_uri,
 };
 
 #[path = "../../testenv/src/certificates.rs"]
@@ -445,23 +445,6 @@ namespaces = [ ]
 const VIRTLOGD_CONF: &str = r#"log_outputs = "3:file:/var/log/libvirt/virtlogd.log"
 "#;
 
-fn network_xml() -> String {
-    let p = SUBNET_PREFIX;
-    format!(
-        "<network>\n  <name>{NETWORK}</name>\n  <forward mode='nat'/>\n  \
-         <bridge name='{BRIDGE}' stp='on' delay='0'/>\n  \
-         <ip address='{p}.1' netmask='255.255.255.0'>\n    <dhcp>\n      \
-         <range start='{p}.{DHCP_FIRST}' end='{p}.{DHCP_LAST}'/>\n    </dhcp>\n  </ip>\n</network>\n"
-    )
-}
-
-fn pool_xml(name: &str, path: &Path) -> String {
-    format!(
-        "<pool type='dir'>\n  <name>{name}</name>\n  <target>\n    <path>{}</path>\n  </target>\n</pool>\n",
-        path.display()
-    )
-}
-
 /// The probe domain `up` defines and undefines to prove calls are fast.
 const PROBE_DOMAIN: &str = "capl-host-probe";
 
@@ -591,7 +574,7 @@ fn require_tls_port_free() -> Result<()> {
     }
 }
 
-fn require_root(what: &str, why: &str) -> Result<()> {
+pub(crate) fn require_root(what: &str, why: &str) -> Result<()> {
     let uid = fs::metadata("/proc/self").context("reading /proc/self to find the user id")?.uid();
     if uid != 0 {
         bail!("`cargo xtask {what}` must run as root ({why}); run it as root or with sudo -E");
@@ -757,7 +740,7 @@ fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
 // --- stop and status ------------------------------------------------------------
 
 /// The pid in `file` if that process is alive and is `name`.
-fn live_pid(file: &Path, name: &str) -> Option<u32> {
+pub(crate) fn live_pid(file: &Path, name: &str) -> Option<u32> {
     let pid: u32 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     // /proc/<pid>/stat is "pid (comm) state ...": a zombie (Z) has exited.
