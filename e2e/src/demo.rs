@@ -22,6 +22,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
         at(),
         match &config.backend {
             crate::stack::Backend::Libvirt { uri } => format!("libvirt at {uri}"),
+            crate::stack::Backend::Container => "a containerized libvirtd over TLS".into(),
             crate::stack::Backend::Sim => "embedded simulated libvirt host".into(),
         }
     );
@@ -29,7 +30,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     let ns = stack.namespace("demo").await?;
     let client = stack.client();
     println!("{} {}; KUBECONFIG={}", at(), stack.management.describe(), stack.management.kubeconfig_path().display());
-    println!("{} provider log: {}", at(), stack.provider.log_path().display());
+    println!("{} provider log: {}", at(), stack.provider.log_hint());
     let p = &stack.placement;
     println!(
         "{} creating Cluster {ns}/{CLUSTER}: host {}, network {}, pools {} / {}, image {}",
@@ -183,7 +184,7 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
     let ns = stack.namespace("demo").await?;
     let client = stack.client();
     println!("{} {}; KUBECONFIG={}", at(), stack.management.describe(), stack.management.kubeconfig_path().display());
-    println!("{} provider log: {}", at(), stack.provider.log_path().display());
+    println!("{} provider log: {}", at(), stack.provider.log_hint());
     let result = async {
         apply_cluster(&stack, &ns, |m| println!("{} {m}", at()))?;
         println!("{} under software emulation kubeadm init takes 3 to 8 minutes, a worker's join about 3 more", at());

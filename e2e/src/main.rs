@@ -17,13 +17,20 @@ struct Cli {
 enum Command {
     /// Run the scenarios against the private libvirtd and print a summary table.
     Run {
-        /// Run only these scenario ids (init, single, md, pause, restart, stopped, delete, move).
+        /// Run only these scenario ids (init, deployed, single, md, pause, restart, stopped, delete,
+        /// workload, workload-topology, multihost, move, pod-logs).
         #[arg(long)]
         only: Vec<String>,
-        /// The kind scenarios instead: the provider's image as a Pod of a kind
-        /// cluster (`deployed`), with what `cargo xtask e2e --kind` builds offline.
+        /// The management cluster is a kind cluster with everything installed by
+        /// clusterctl init, the provider as its Pod (what `cargo xtask e2e --kind`
+        /// builds offline); implies `--libvirt container`.
         #[arg(long)]
         kind: bool,
+        /// The libvirt host: the private libvirtd of `cargo xtask host up`, or a
+        /// containerized libvirtd reached over TLS (testcontainers; needs a docker
+        /// engine and the image of `cargo xtask libvirtd-image`).
+        #[arg(long, value_parser = ["private", "container"], default_value = "private")]
+        libvirt: String,
     },
     /// A benchmark of issue 15 (started by `cargo xtask bench`): prints a table, writes JSON.
     Bench {
@@ -109,7 +116,7 @@ async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { only, kind } => run(&only, kind).await,
+        Command::Run { only, kind, libvirt } => run(&only, kind, &libvirt).await,
         Command::Bench { which, out } => bench(which, out).await,
         Command::Demo { hypervisor, exit_after_ready, workload } => match StackConfig::from_env(hypervisor == "sim") {
             Ok(config) if workload => e2e::demo::run_workload(&config, exit_after_ready).await.map(|()| true),
@@ -127,44 +134,27 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(only: &[String], kind: bool) -> anyhow::Result<bool> {
-    if kind {
-        let only = only.to_vec();
-        // Blocking: kind, kubectl and testcontainers' own runtime.
-        return Ok(tokio::task::spawn_blocking(move || run_kind(&only)).await?);
-    }
-    let config = StackConfig::from_env(false)?;
-    let outcomes = e2e::suite::run(&config, only).await?;
-    println!("\n{}", e2e::suite::table(&outcomes));
-    Ok(outcomes.iter().all(|o| o.passed))
-}
+/// Where `run` also writes its summary table, if set.
+const SUMMARY_ENV: &str = "CAPL_E2E_SUMMARY";
 
-/// The kind scenarios (today `deployed`), with the same summary table.
-fn run_kind(only: &[String]) -> bool {
-    use e2e::scenario_deployed::{SCENARIO, run_scenario};
-    let mut outcomes = Vec::new();
-    for wanted in only.iter().filter(|o| o.as_str() != SCENARIO) {
-        outcomes.push(e2e::suite::Outcome {
-            name: wanted.clone(),
-            passed: false,
-            seconds: 0.0,
-            detail: format!("not a kind scenario (with --kind: {SCENARIO})"),
-        });
+async fn run(only: &[String], kind: bool, libvirt: &str) -> anyhow::Result<bool> {
+    use e2e::management::ManagementKind;
+    use e2e::stack::Backend;
+    let config = match (kind, libvirt) {
+        (false, "private") => StackConfig::private_libvirtd()?,
+        (false, _) => StackConfig::with(Backend::Container, ManagementKind::Local)?,
+        (true, _) => StackConfig::with(Backend::Container, ManagementKind::Kind)?,
+    };
+    let outcomes = e2e::suite::run(&config, only).await?;
+    let table = e2e::suite::table(&outcomes);
+    println!("\n{table}");
+    // For whoever started us to repeat at the end of a long log (`cargo xtask test`).
+    if let Some(path) = std::env::var_os(SUMMARY_ENV) {
+        let stack =
+            format!("{} management cluster, {} libvirtd", if kind { "kind" } else { "local" }, config.backend.name());
+        if let Err(err) = std::fs::write(&path, format!("e2e on the {stack}:\n{table}")) {
+            eprintln!("error: writing the summary to {}: {err}", std::path::Path::new(&path).display());
+        }
     }
-    let started = std::time::Instant::now();
-    let work = e2e::repo_root().join("target/tmp/e2e-kind");
-    let result = run_scenario(&work);
-    outcomes.push(e2e::suite::Outcome {
-        name: SCENARIO.into(),
-        passed: result.is_ok(),
-        seconds: started.elapsed().as_secs_f64(),
-        detail: match result {
-            Ok(()) => "clusterctl init; Pod Ready and leading, nonroot, read-only, JSON log; rollout restart moved \
-                       the Lease; a Machine, a MachineDeployment 2 -> 1 and Cluster deletion over qemu+tls"
-                .into(),
-            Err(e) => format!("{e:#}"),
-        },
-    });
-    println!("\n{}", e2e::suite::table(&outcomes));
-    outcomes.iter().all(|o| o.passed)
+    Ok(outcomes.iter().all(|o| o.passed))
 }

@@ -1,68 +1,36 @@
 //! The management cluster an e2e run uses: the local control plane built from
-//! Go modules (what CI runs), or a kind cluster with CAPI core installed by
-//! clusterctl (machines with a docker engine and internet access).
+//! Go modules with the CAPI managers as local processes, or a kind cluster
+//! made offline with every provider installed by `clusterctl init`
+//! ([`crate::kind_cluster`]).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use testenv::{CapiManager, CapiOptions, TestEnv};
 
+use crate::kind_cluster::KindCluster;
 use crate::repo_root;
 
 /// Which management cluster to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ManagementKind {
-    /// etcd + kube-apiserver + the CAPI core manager, as local processes.
+    /// etcd + kube-apiserver + the CAPI managers, as local processes.
     #[default]
     Local,
-    /// `kind create cluster` + `clusterctl init`; needs docker, kind, clusterctl, kubectl and internet.
+    /// A kind cluster with everything installed by `clusterctl init`, the
+    /// provider included (`cargo xtask e2e --kind` builds what it needs).
     Kind,
 }
-
-/// Name of the kind cluster an e2e run creates (and deletes).
-pub const KIND_CLUSTER: &str = "capl-e2e";
 
 // One value per e2e run: the size of the Local variant does not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum Management {
     // Field order matters for Local: CAPI stops before the API server.
     Local { capi: CapiManager, env: TestEnv },
-    Kind { kubeconfig: PathBuf, client: Client },
-}
-
-fn run(what: &str, command: &mut Command) -> Result<()> {
-    let status = command.status().with_context(|| format!("{what}: cannot start {:?}", command.get_program()))?;
-    if !status.success() {
-        bail!("{what} failed ({status})");
-    }
-    Ok(())
-}
-
-/// The tools a kind run needs, each with how to get it.
-pub fn kind_prerequisites() -> Result<()> {
-    let checks: [(&str, &[&str], &str); 4] = [
-        ("docker", &["info"], "a running docker engine (`docker info` fails)"),
-        ("kind", &["version"], "kind (`go install sigs.k8s.io/kind@latest`)"),
-        ("clusterctl", &["version"], "clusterctl (from the cluster-api releases)"),
-        ("kubectl", &["version", "--client"], "kubectl"),
-    ];
-    let missing: Vec<&str> = checks
-        .iter()
-        .filter(|(tool, args, _)| !Command::new(tool).args(*args).output().map(|o| o.status.success()).unwrap_or(false))
-        .map(|(_, _, hint)| *hint)
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "a kind management cluster needs {}; without them run the e2e suite on the local control plane \
-             (`cargo xtask e2e` without --kind)",
-            missing.join(", ")
-        );
-    }
-    Ok(())
+    Kind { cluster: KindCluster, client: Client },
 }
 
 impl Management {
@@ -89,36 +57,10 @@ impl Management {
                 Ok(Management::Local { capi, env })
             }
             ManagementKind::Kind => {
-                kind_prerequisites()?;
-                let kubeconfig = work_dir.join("kind.kubeconfig");
-                run(
-                    "kind create cluster",
-                    Command::new("kind")
-                        .args(["create", "cluster", "--name", KIND_CLUSTER, "--wait", "180s", "--kubeconfig"])
-                        .arg(&kubeconfig),
-                )?;
-                // From here on, Drop deletes the kind cluster again.
-                let config = kube::Config::from_custom_kubeconfig(
-                    kube::config::Kubeconfig::read_from(&kubeconfig)?,
-                    &Default::default(),
-                )
-                .await?;
-                let management = Management::Kind { kubeconfig: kubeconfig.clone(), client: Client::try_from(config)? };
-                run(
-                    "clusterctl init (CAPI core, the in-cluster IPAM provider and cert-manager)",
-                    Command::new("clusterctl")
-                        .args(["init", "--ipam", "in-cluster", "--wait-providers", "--kubeconfig"])
-                        .arg(&kubeconfig),
-                )?;
-                run(
-                    "installing the provider's CRDs",
-                    Command::new("kubectl")
-                        .args(["apply", "--server-side", "-f"])
-                        .arg(repo_root().join("config/crd/bases"))
-                        .arg("--kubeconfig")
-                        .arg(&kubeconfig),
-                )?;
-                Ok(management)
+                let dir = work_dir.join("kind");
+                let cluster = crate::blocking(|| KindCluster::create(&dir, |m| crate::scenarios::say("kind", m)))?;
+                let client = cluster.client().await?;
+                Ok(Management::Kind { cluster, client })
             }
         }
     }
@@ -133,7 +75,7 @@ impl Management {
     pub fn kubeconfig_path(&self) -> &Path {
         match self {
             Management::Local { env, .. } => env.kubeconfig_path(),
-            Management::Kind { kubeconfig, .. } => kubeconfig,
+            Management::Kind { cluster, .. } => &cluster.kubectl.kubeconfig,
         }
     }
 
@@ -141,11 +83,12 @@ impl Management {
     pub fn describe(&self) -> String {
         match self {
             Management::Local { env, .. } => format!("control plane at {}", env.server_url()),
-            Management::Kind { .. } => format!("kind cluster {KIND_CLUSTER}"),
+            Management::Kind { .. } => format!("kind cluster {}", crate::kind_cluster::CLUSTER),
         }
     }
 
-    /// Fails, with its log, when the local CAPI manager died; kind's runs in-cluster.
+    /// Fails, with its log, when the local CAPI manager died; kind's runs in-cluster
+    /// (its Deployment restarts it).
     pub fn ensure_capi_running(&self) -> Result<()> {
         match self {
             Management::Local { capi, .. } => capi.ensure_running(),
@@ -153,16 +96,26 @@ impl Management {
         }
     }
 
-    /// Copies the local CAPI managers' logs into `dir` (they go with the control plane's
-    /// scratch directory when the run ends); false on kind, which keeps them in its Pods.
+    /// Copies the CAPI managers' logs into `dir` (they go with the control plane's
+    /// scratch directory, or with the kind cluster, when the run ends).
     pub fn keep_capi_logs(&self, dir: &std::path::Path) -> bool {
-        let Management::Local { capi, .. } = self else { return false };
         if std::fs::create_dir_all(dir).is_err() {
             return false;
         }
-        for log in capi.log_paths() {
-            if let Some(name) = log.file_name() {
-                let _ = std::fs::copy(log, dir.join(name));
+        match self {
+            Management::Local { capi, .. } => {
+                for log in capi.log_paths() {
+                    if let Some(name) = log.file_name() {
+                        let _ = std::fs::copy(log, dir.join(name));
+                    }
+                }
+            }
+            Management::Kind { cluster, .. } => {
+                for (namespace, deployment) in CAPI_DEPLOYMENTS {
+                    let log = cluster.kubectl.out(&["logs", "-n", namespace, &format!("deployment/{deployment}")]);
+                    let _ =
+                        std::fs::write(dir.join(format!("{deployment}.log")), log.unwrap_or_else(|e| format!("{e:#}")));
+                }
             }
         }
         true
@@ -172,13 +125,13 @@ impl Management {
     pub fn capi_log_tail(&self, lines: usize) -> String {
         match self {
             Management::Local { capi, .. } => capi.log_tail(lines),
-            Management::Kind { kubeconfig, .. } => Command::new("kubectl")
-                .args(["logs", "-n", "capi-system", "deploy/capi-controller-manager", &format!("--tail={lines}")])
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default(),
+            Management::Kind { cluster, .. } => {
+                let (namespace, deployment) = CAPI_DEPLOYMENTS[0];
+                cluster
+                    .kubectl
+                    .out(&["logs", "-n", namespace, &format!("deployment/{deployment}"), &format!("--tail={lines}")])
+                    .unwrap_or_else(|e| format!("({e:#})"))
+            }
         }
     }
 
@@ -194,10 +147,9 @@ impl Management {
     }
 }
 
-impl Drop for Management {
-    fn drop(&mut self) {
-        if let Management::Kind { .. } = self {
-            let _ = Command::new("kind").args(["delete", "cluster", "--name", KIND_CLUSTER]).status();
-        }
-    }
-}
+/// The CAPI managers `clusterctl init` installs, core first (namespace, Deployment).
+const CAPI_DEPLOYMENTS: [(&str, &str); 3] = [
+    ("capi-system", "capi-controller-manager"),
+    ("capi-kubeadm-bootstrap-system", "capi-kubeadm-bootstrap-controller-manager"),
+    ("capi-kubeadm-control-plane-system", "capi-kubeadm-control-plane-controller-manager"),
+];

@@ -97,6 +97,8 @@ pub struct Placement {
     pub image: String,
     /// A free address outside the DHCP range for the (unused) control plane endpoint.
     pub endpoint_host: String,
+    /// The Secret (in the Cluster's namespace) with the host's credentials, if it needs any.
+    pub credentials: Option<String>,
 }
 
 pub fn cluster(namespace: &str, name: &str, paused: bool) -> Value {
@@ -112,7 +114,7 @@ pub fn cluster(namespace: &str, name: &str, paused: bool) -> Value {
 }
 
 pub fn libvirt_cluster(namespace: &str, name: &str, placement: &Placement) -> Value {
-    json!({
+    let mut cluster = json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "LibvirtCluster",
         "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: name}},
@@ -123,7 +125,11 @@ pub fn libvirt_cluster(namespace: &str, name: &str, placement: &Placement) -> Va
             "domainPool": placement.domain_pool,
             "controlPlaneEndpoint": {"host": placement.endpoint_host, "port": 6443},
         },
-    })
+    });
+    if let Some(secret) = &placement.credentials {
+        cluster["spec"]["credentialsRef"] = json!({"name": secret});
+    }
+    cluster
 }
 
 /// A bootstrap data Secret as a bootstrap provider would write it.

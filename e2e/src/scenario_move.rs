@@ -98,9 +98,6 @@ impl Timings {
 
 pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
     let id = "move";
-    if matches!(stack.management, Management::Kind { .. }) {
-        bail!("the move scenario runs on the local control plane only (it starts a second one as the target)");
-    }
     let mut timings = Timings::new();
     let host = stack.libvirt()?.clone();
 
@@ -114,8 +111,11 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
     let target = Management::start(ManagementKind::Local, &target_dir)
         .await
         .context("starting the target management cluster (API server, CAPI core, CRDs)")?;
-    let mut target_provider =
-        stack.provider.start_like(target.kubeconfig_path(), &stack.work_dir.join("provider-target.log")).await?;
+    let mut target_provider = stack
+        .provider
+        .process()?
+        .start_like(target.kubeconfig_path(), &stack.work_dir.join("provider-target.log"))
+        .await?;
     clusterctl::install_core_inventory(&stack.management).await?;
     timings.lap("workload API server, target management cluster and provider");
 

@@ -10,8 +10,9 @@ use kube::api::DynamicObject;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::management::ManagementKind;
 use crate::objects::{self, CLUSTER_NAME_LABEL, Kind};
-use crate::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK, delete_all_clusters};
+use crate::stack::{Backend, Stack, StackConfig, TEST_DISK_POOL, TEST_NETWORK, delete_all_clusters};
 use crate::wait::{Check, until};
 
 /// How long a machine may take from creation to a running guest with an
@@ -32,55 +33,134 @@ pub struct Scenario {
     /// Short id for `--only` and for namespace names.
     pub id: &'static str,
     pub run: ScenarioFn,
+    /// What it needs of the stack.
+    pub needs: Needs,
+}
+
+/// What a scenario needs of the stack beyond a libvirt host and a management cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Any stack.
+    Any,
+    /// The private libvirtd (`cargo xtask host up`), for the reason given: its
+    /// guests are routable from this machine, and other hosts can share its bridge.
+    PrivateLibvirtd(&'static str),
+    /// The local control plane and the provider as a local process (the
+    /// scenario starts a second one of each), and the private libvirtd (it
+    /// checks the volumes' files, by inode, on this machine's disk).
+    LocalProcessesAndPrivateLibvirtd,
+    /// The kind management cluster, with the provider as its Pod.
+    Kind,
+    /// Not the kind management cluster: the scenario checks what that
+    /// cluster's own setup already did (`clusterctl init`).
+    NotKind,
+}
+
+impl Scenario {
+    /// Why it cannot run on a stack of `config`, if it cannot.
+    pub fn unmet(&self, config: &StackConfig) -> Option<String> {
+        let kind = config.management == ManagementKind::Kind;
+        match self.needs {
+            Needs::Any => None,
+            Needs::PrivateLibvirtd(why) => (!matches!(config.backend, Backend::Libvirt { .. }))
+                .then(|| format!("needs the private libvirtd: {why}")),
+            Needs::LocalProcessesAndPrivateLibvirtd => (kind || !matches!(config.backend, Backend::Libvirt { .. }))
+                .then(|| {
+                    "needs the local control plane, the provider as a local process and the private libvirtd \
+                     (it starts a second manager and reads the volumes' inodes on this machine's disk)"
+                        .to_string()
+                }),
+            Needs::Kind => (!kind).then(|| "needs the kind management cluster (--kind)".to_string()),
+            Needs::NotKind => kind.then(|| "the kind management cluster was made by clusterctl init".to_string()),
+        }
+    }
 }
 
 /// All scenarios, in the order they run.
 pub fn all() -> Vec<Scenario> {
+    const GUESTS: &str = "the workload cluster's API server and Pods are reached at guest addresses";
     vec![
         // First: it needs nothing of the stack (a fresh API server of its own) and takes seconds.
         Scenario {
             name: "clusterctl init into a fresh management cluster",
             id: "init",
             run: |s| Box::pin(crate::scenario_init::clusterctl_init(s)),
+            needs: Needs::NotKind,
+        },
+        Scenario {
+            name: "the provider's Pod: Ready, leading, nonroot, read-only; rollout restart",
+            id: "deployed",
+            run: |s| Box::pin(crate::scenario_deployed::deployed(s)),
+            needs: Needs::Kind,
         },
         Scenario {
             name: "single machine, bootstrap Secret by name",
             id: "single",
             run: |s| Box::pin(single_machine(s)),
+            needs: Needs::Any,
         },
-        Scenario { name: "MachineDeployment scaled 1 -> 3 -> 1", id: "md", run: |s| Box::pin(machine_deployment(s)) },
-        Scenario { name: "paused Cluster creates nothing; unpaused it does", id: "pause", run: |s| Box::pin(pause(s)) },
-        Scenario { name: "provider killed mid-create and restarted", id: "restart", run: |s| Box::pin(restart(s)) },
+        Scenario {
+            name: "MachineDeployment scaled 1 -> 3 -> 1",
+            id: "md",
+            run: |s| Box::pin(machine_deployment(s)),
+            needs: Needs::Any,
+        },
+        Scenario {
+            name: "paused Cluster creates nothing; unpaused it does",
+            id: "pause",
+            run: |s| Box::pin(pause(s)),
+            needs: Needs::Any,
+        },
+        Scenario {
+            name: "provider killed mid-create and restarted",
+            id: "restart",
+            run: |s| Box::pin(restart(s)),
+            needs: Needs::Any,
+        },
         Scenario {
             name: "domain stopped behind the provider's back",
             id: "stopped",
             run: |s| Box::pin(stopped_domain(s)),
+            needs: Needs::Any,
         },
         Scenario {
             name: "Cluster deletion removes everything it made",
             id: "delete",
             run: |s| Box::pin(cluster_deletion(s)),
+            needs: Needs::Any,
         },
         Scenario {
             name: "workload cluster: kubeadm control plane and workers from the template",
             id: "workload",
             run: |s| Box::pin(crate::scenario_workload::workload(s)),
+            needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
             name: "workload cluster from the ClusterClass flavor",
             id: "workload-topology",
             run: |s| Box::pin(crate::scenario_workload::workload_topology(s)),
+            needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
             name: "one Cluster over two hosts on one bridge, addresses and endpoint from IPAM",
             id: "multihost",
             run: |s| Box::pin(crate::scenario_multihost::multihost(s)),
+            needs: Needs::PrivateLibvirtd("a second libvirtd shares its bridge"),
         },
         // Last: it adds clusterctl's inventory to the stack's management cluster.
         Scenario {
             name: "clusterctl move to a second management cluster",
             id: "move",
             run: |s| Box::pin(crate::scenario_move::clusterctl_move(s)),
+            // Also the private libvirtd: it reads the volumes' inodes on this machine's disk.
+            needs: Needs::LocalProcessesAndPrivateLibvirtd,
+        },
+        // Last on kind: the log of every scenario's reconciles.
+        Scenario {
+            name: "the provider Pods' logs after every scenario",
+            id: "pod-logs",
+            run: |s| Box::pin(crate::scenario_deployed::pod_logs(s)),
+            needs: Needs::Kind,
         },
     ]
 }

@@ -1,9 +1,12 @@
 //! The whole stack of an e2e run: a libvirt host (the private libvirtd of
-//! `cargo xtask host up`, or the provider's embedded simulator), the local
-//! control plane with CAPI's and our CRDs, the CAPI core manager, and the
-//! provider binary as a process. [`Stack::shutdown`] takes it down again and
-//! removes whatever the run left on the host; dropping a `Stack` without it
-//! (a panic) still kills the processes and sweeps the host.
+//! `cargo xtask host up`, a containerized libvirtd reached over TLS, or the
+//! provider's embedded simulator), a management cluster with CAPI's and our
+//! CRDs and the CAPI managers (the local control plane, or a kind cluster made
+//! offline with everything installed by `clusterctl init`), and the provider
+//! (a local process, or the Deployment in the kind cluster).
+//! [`Stack::shutdown`] takes it down again and removes whatever the run left
+//! on the host; dropping a `Stack` without it (a panic) still kills the
+//! processes and sweeps the host.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,23 +15,32 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use kube::Client;
+use serde_json::json;
+use testenv::container_libvirtd::{ContainerLibvirtd, TlsClient};
 
 use crate::host_view::HostView;
 use crate::management::{Management, ManagementKind};
 use crate::objects::{self, Kind, Placement};
+use crate::provider::Provider;
 use crate::provider_process::ProviderProcess;
-use crate::repo_root;
 use crate::wait::{Check, until};
+use crate::{blocking, repo_root};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
 pub use testenv::test_host::URI_ENV;
 pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
 pub const PROVIDER_BIN_ENV: &str = "CAPL_PROVIDER_BIN";
 
-/// The names `cargo xtask host up` gives the private host's network and pools.
+/// The names `cargo xtask host up` gives the private host's network and pools
+/// (a containerized libvirtd gets the same).
 pub use testenv::test_host::{BASE_POOL as TEST_BASE_POOL, DISK_POOL as TEST_DISK_POOL, NETWORK as TEST_NETWORK};
 /// The endpoint's host number, outside the test network's DHCP range: never handed to a guest.
 const TEST_ENDPOINT_HOST: u8 = 250;
+/// The Secret with the containerized libvirtd's client certificate, made in
+/// every namespace of the run and named by every LibvirtCluster's `credentialsRef`.
+pub const CREDENTIALS_SECRET: &str = "capl-e2e-host-tls";
+/// Where a containerized libvirtd keeps the pools' files.
+const CONTAINER_POOLS_DIR: &str = "/var/lib/capl-e2e/pools";
 
 /// Every namespace (and so every domain, volume and DHCP host, which start
 /// with the namespace) an e2e run creates starts with this.
@@ -39,8 +51,24 @@ pub const NAME_PREFIX: &str = "capl-e2e-";
 pub enum Backend {
     /// A real libvirtd at this URI with the test network and pools.
     Libvirt { uri: String },
+    /// A libvirtd in a container (testcontainers, the image of `cargo xtask
+    /// libvirtd-image`), given the test network and pools, reached by the
+    /// provider over `qemu+tls://<container address>/system` with a credentials
+    /// Secret; its guests are not routable from this machine.
+    Container,
     /// The provider's embedded simulated host (`--hypervisor sim`).
     Sim,
+}
+
+impl Backend {
+    /// The `--libvirt` name of the backend.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Libvirt { .. } => "private",
+            Backend::Container => "container",
+            Backend::Sim => "sim",
+        }
+    }
 }
 
 /// Everything needed to start a [`Stack`].
@@ -62,27 +90,37 @@ impl StackConfig {
     /// a `cargo test` that runs us). Missing pieces are errors naming the
     /// command that provides them.
     pub fn from_env(sim: bool) -> Result<Self> {
-        let backend = if sim {
-            Backend::Sim
-        } else {
-            let uri = testenv::test_host::uri().map_err(|message| anyhow::anyhow!("the e2e tests: {message}"))?;
-            Backend::Libvirt { uri }
-        };
+        if sim { Self::with(Backend::Sim, ManagementKind::Local) } else { Self::private_libvirtd() }
+    }
+
+    /// The private libvirtd of `cargo xtask host up` and the local control plane.
+    pub fn private_libvirtd() -> Result<Self> {
+        let uri = testenv::test_host::uri().map_err(|message| anyhow::anyhow!("the e2e tests: {message}"))?;
+        Self::with(Backend::Libvirt { uri }, ManagementKind::Local)
+    }
+
+    /// `backend` and `management`, the rest from the environment.
+    pub fn with(backend: Backend, management: ManagementKind) -> Result<Self> {
         let guest_image = match (&backend, std::env::var_os(GUEST_IMAGE_ENV)) {
             (Backend::Sim, _) => None,
             (_, Some(path)) => Some(PathBuf::from(path)),
             (_, None) => Some(guest_image_from_xtask()?),
         };
-        let provider_binary = match std::env::var_os(PROVIDER_BIN_ENV) {
-            Some(path) => PathBuf::from(path),
-            None => built_binary("cluster-api-provider-libvirt").with_context(|| {
+        let provider_binary = match (management, std::env::var_os(PROVIDER_BIN_ENV)) {
+            (_, Some(path)) => PathBuf::from(path),
+            // In kind the provider is the image's binary; this one is not run.
+            (ManagementKind::Kind, None) => PathBuf::new(),
+            (ManagementKind::Local, None) => built_binary("cluster-api-provider-libvirt").with_context(|| {
                 format!(
                     "the provider binary is not built: run `cargo build -p cluster-api-provider-libvirt \
                      --bin cluster-api-provider-libvirt` or set {PROVIDER_BIN_ENV}"
                 )
             })?,
         };
-        Ok(Self { backend, provider_binary, guest_image, management: ManagementKind::Local })
+        if management == ManagementKind::Kind && backend != Backend::Container {
+            bail!("a kind management cluster reaches only the containerized libvirtd (--libvirt container)");
+        }
+        Ok(Self { backend, provider_binary, guest_image, management })
     }
 }
 
@@ -113,17 +151,24 @@ fn guest_image_from_xtask() -> Result<PathBuf> {
 /// A running stack.
 pub struct Stack {
     pub placement: Placement,
+    /// Which host it drives.
+    pub backend: Backend,
     /// The guest image file (libvirt only), for scenarios that upload it to hosts of their own.
     pub guest_image: Option<PathBuf>,
     /// The host through virsh; `None` on the simulator.
     pub host: Option<HostView>,
-    /// Where the guests' serial consoles are logged (libvirt only).
+    /// Where the guests' serial consoles are logged, as this machine sees it (libvirt only).
     pub console_dir: Option<PathBuf>,
     /// Scratch directory of this run (provider log, console logs).
     pub work_dir: PathBuf,
-    // Fields drop in order: the provider, then the management cluster.
-    pub provider: ProviderProcess,
+    /// The client certificate for the containerized libvirtd, put in every
+    /// namespace as [`CREDENTIALS_SECRET`].
+    credentials: Option<TlsClient>,
+    // Fields drop in order: the provider, the management cluster, then the
+    // containerized libvirtd (taken out and dropped where blocking is allowed).
+    pub provider: Provider,
     pub management: Management,
+    container: Option<ContainerLibvirtd>,
     namespaces: Vec<String>,
     swept: bool,
 }
@@ -132,6 +177,11 @@ impl Stack {
     pub async fn start(config: &StackConfig) -> Result<Self> {
         let work_dir = std::env::temp_dir().join(format!("capl-e2e-{}", std::process::id()));
         std::fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
+        // The management cluster first: a kind cluster makes the docker network
+        // the containerized libvirtd joins.
+        let management = Management::start(config.management, &work_dir).await?;
+        let mut container = None;
+        let mut credentials = None;
         let (placement, host, console_dir) = match &config.backend {
             Backend::Libvirt { uri } => {
                 let host = HostView::new(uri);
@@ -147,7 +197,33 @@ impl Stack {
                     domain_pool: TEST_DISK_POOL.into(),
                     image: volume,
                     endpoint_host: testenv::test_host::static_address(TEST_ENDPOINT_HOST),
+                    credentials: None,
                 };
+                (placement, Some(host), Some(console_dir))
+            }
+            Backend::Container => {
+                let image = config.guest_image.as_deref().context("a guest image is needed for the libvirt backend")?;
+                let console_dir = work_dir.join("console");
+                let network = matches!(management, Management::Kind { .. })
+                    .then(|| crate::kind_cluster::DOCKER_NETWORK.to_string());
+                let options =
+                    testenv::container_libvirtd::Options { network, tls: true, console_dir: Some(console_dir.clone()) };
+                let daemon = blocking(|| ContainerLibvirtd::start_with(options)).map_err(anyhow::Error::msg)?;
+                let host = HostView::new(daemon.uri());
+                let tls = daemon.tls().context("the containerized libvirtd was started without TLS")?.clone();
+                container = Some(daemon);
+                define_test_host(&host, &work_dir)?;
+                let volume = upload_guest_image(&host, image)?;
+                let placement = Placement {
+                    uri: tls.uri.clone(),
+                    network: TEST_NETWORK.into(),
+                    base_pool: TEST_BASE_POOL.into(),
+                    domain_pool: TEST_DISK_POOL.into(),
+                    image: volume,
+                    endpoint_host: testenv::test_host::static_address(TEST_ENDPOINT_HOST),
+                    credentials: Some(CREDENTIALS_SECRET.into()),
+                };
+                credentials = Some(tls);
                 (placement, Some(host), Some(console_dir))
             }
             Backend::Sim => {
@@ -158,43 +234,65 @@ impl Stack {
                     domain_pool: capl_host::sim_host::DOMAIN_POOL.into(),
                     image: capl_host::sim_host::BASE_IMAGE.into(),
                     endpoint_host: "192.168.122.10".into(),
+                    credentials: None,
                 };
                 (placement, None, None)
             }
         };
 
-        let management = Management::start(config.management, &work_dir).await?;
-
-        let mut args = Vec::new();
-        match &config.backend {
-            Backend::Libvirt { .. } => {
-                args.push("--domain-type=qemu".to_string());
-                // The private libvirtd is reached through socket=, which a manager
-                // refuses by default: this stack's user owns both sides.
-                if capl_host::uri_policy::UriPolicy::default().check(&placement.uri).is_err() {
-                    args.push("--allow-unsafe-uris".to_string());
+        // The console log directory is a path on the libvirt host.
+        let console_log_dir = match (&config.backend, &console_dir) {
+            (Backend::Container, _) => Some(testenv::container_libvirtd::CONSOLE_DIR.to_string()),
+            (_, dir) => dir.as_ref().map(|d| d.display().to_string()),
+        };
+        let provider = match &management {
+            Management::Kind { cluster, .. } => {
+                // The release does not set --console-log-dir; an operator who wants
+                // the guests' consoles logged adds it like this.
+                if let Some(dir) = &console_log_dir {
+                    let args = [format!("--console-log-dir={dir}")];
+                    blocking(|| cluster.add_manager_args(&args))?;
                 }
-                if let Some(dir) = &console_dir {
-                    args.push(format!("--console-log-dir={}", dir.display()));
-                }
+                Provider::Pod(cluster.kubectl.clone())
             }
-            Backend::Sim => args.push("--hypervisor=sim".to_string()),
-        }
-        let provider = ProviderProcess::start(
-            &config.provider_binary,
-            args,
-            management.kubeconfig_path(),
-            &work_dir.join("provider.log"),
-        )
-        .await?;
+            Management::Local { .. } => {
+                let mut args = Vec::new();
+                match &config.backend {
+                    Backend::Libvirt { .. } | Backend::Container => {
+                        args.push("--domain-type=qemu".to_string());
+                        // The private libvirtd is reached through socket=, which a manager
+                        // refuses by default: this stack's user owns both sides.
+                        if capl_host::uri_policy::UriPolicy::default().check(&placement.uri).is_err() {
+                            args.push("--allow-unsafe-uris".to_string());
+                        }
+                        if let Some(dir) = &console_log_dir {
+                            args.push(format!("--console-log-dir={dir}"));
+                        }
+                    }
+                    Backend::Sim => args.push("--hypervisor=sim".to_string()),
+                }
+                Provider::Process(
+                    ProviderProcess::start(
+                        &config.provider_binary,
+                        args,
+                        management.kubeconfig_path(),
+                        &work_dir.join("provider.log"),
+                    )
+                    .await?,
+                )
+            }
+        };
         Ok(Self {
             placement,
+            backend: config.backend.clone(),
             guest_image: config.guest_image.clone(),
             host,
             console_dir,
             work_dir,
+            credentials,
             provider,
             management,
+            container,
             namespaces: Vec::new(),
             swept: false,
         })
@@ -204,13 +302,22 @@ impl Stack {
         self.management.client()
     }
 
-    /// Creates a fresh namespace `capl-e2e-<short>-<pid>-<n>`.
+    /// Creates a fresh namespace `capl-e2e-<short>-<pid>-<n>` (with the host's
+    /// credentials Secret when the host needs one).
     pub async fn namespace(&mut self, short: &str) -> Result<String> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name =
             format!("{NAME_PREFIX}{short}-{}{}", std::process::id() % 10_000, NEXT.fetch_add(1, Ordering::Relaxed));
         self.management.create_namespace(&name).await?;
         self.namespaces.push(name.clone());
+        if let Some(tls) = &self.credentials {
+            let secret = json!({
+                "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                "metadata": {"name": CREDENTIALS_SECRET, "namespace": name},
+                "stringData": {"ca.crt": tls.ca_pem, "tls.crt": tls.cert_pem, "tls.key": tls.key_pem},
+            });
+            objects::create(&self.client(), &name, Kind::Secret, secret).await?;
+        }
         Ok(name)
     }
 
@@ -267,14 +374,38 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        self.provider.kill();
+        // A Pod goes with its kind cluster.
+        if let Provider::Process(process) = &mut self.provider {
+            process.kill();
+        }
         if !self.swept {
             let removed = self.sweep_host();
             if !removed.is_empty() {
                 eprintln!("e2e teardown removed from the host: {}", removed.join(", "));
             }
         }
+        // testcontainers stops it with a runtime of its own.
+        if let Some(container) = self.container.take() {
+            blocking(move || drop(container));
+        }
     }
+}
+
+/// Defines and starts the test network and pools of `cargo xtask host up` on a
+/// fresh (containerized) libvirtd.
+fn define_test_host(host: &HostView, work_dir: &Path) -> Result<()> {
+    let network = work_dir.join("network.xml");
+    std::fs::write(&network, testenv::test_host::network_xml())?;
+    host.virsh(&["net-define", &network.display().to_string()])?;
+    host.virsh(&["net-start", TEST_NETWORK])?;
+    for pool in [TEST_BASE_POOL, TEST_DISK_POOL] {
+        let file = work_dir.join(format!("{pool}.xml"));
+        std::fs::write(&file, testenv::test_host::pool_xml(pool, &Path::new(CONTAINER_POOLS_DIR).join(pool)))?;
+        host.virsh(&["pool-define", &file.display().to_string()])?;
+        host.virsh(&["pool-build", pool])?;
+        host.virsh(&["pool-start", pool])?;
+    }
+    check_test_host(host)
 }
 
 /// Removes every domain, volume (and seed ISO) and DHCP host of the test pool and

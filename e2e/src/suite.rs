@@ -21,15 +21,45 @@ pub struct Outcome {
 /// empty), tears the stack down, and returns one outcome per scenario plus
 /// the stack itself ("setup" / "teardown") when those fail.
 pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> {
-    let selected: Vec<Scenario> =
-        scenarios::all().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| o == s.id)).collect();
-    if selected.is_empty() {
-        let ids: Vec<&str> = scenarios::all().iter().map(|s| s.id).collect();
-        anyhow::bail!("no scenario matches {only:?}; the scenario ids are {}", ids.join(", "));
+    let ids: Vec<&str> = scenarios::all().iter().map(|s| s.id).collect();
+    if let Some(unknown) = only.iter().find(|o| !ids.contains(&o.as_str())) {
+        anyhow::bail!("no scenario has the id {unknown:?}; the scenario ids are {}", ids.join(", "));
     }
     let mut outcomes = Vec::new();
+    let mut selected: Vec<Scenario> = Vec::new();
+    let mut left_out = Vec::new();
+    for scenario in scenarios::all() {
+        let asked = only.iter().any(|o| o == scenario.id);
+        if !only.is_empty() && !asked {
+            continue;
+        }
+        match scenario.unmet(config) {
+            None => selected.push(scenario),
+            // Asked for by name: a failure, not a silent omission.
+            Some(why) if asked => outcomes.push(Outcome {
+                name: scenario.name.into(),
+                passed: false,
+                seconds: 0.0,
+                detail: format!("cannot run on this stack: {why}"),
+            }),
+            Some(why) => left_out.push(format!("{} ({why})", scenario.id)),
+        }
+    }
+    if !left_out.is_empty() {
+        eprintln!("e2e: not on this stack: {}", left_out.join("; "));
+    }
+    if selected.is_empty() {
+        return Ok(outcomes);
+    }
     let started = Instant::now();
-    eprintln!("e2e: starting the stack (control plane, CAPI core, provider)");
+    eprintln!(
+        "e2e: starting the stack ({} management cluster, {} libvirtd, provider)",
+        match config.management {
+            crate::management::ManagementKind::Local => "local",
+            crate::management::ManagementKind::Kind => "kind",
+        },
+        config.backend.name()
+    );
     let mut stack = match Stack::start(config).await {
         Ok(stack) => stack,
         Err(err) => {
@@ -43,10 +73,10 @@ pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> 
         }
     };
     eprintln!(
-        "e2e: stack up in {:.0} s (work dir {}, provider log {})",
+        "e2e: stack up in {:.0} s (work dir {}, provider log: {})",
         started.elapsed().as_secs_f64(),
         stack.work_dir.display(),
-        stack.provider.log_path().display()
+        stack.provider.log_hint()
     );
     for scenario in selected {
         eprintln!("e2e: == {}", scenario.name);
@@ -123,4 +153,57 @@ pub fn table(outcomes: &[Outcome]) -> String {
         out.push_str(&format!("\n{}: {}\n", o.name, o.detail));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::management::ManagementKind;
+    use crate::stack::Backend;
+
+    fn config(backend: Backend, management: ManagementKind) -> StackConfig {
+        StackConfig { backend, provider_binary: PathBuf::new(), guest_image: None, management }
+    }
+
+    fn runs(config: &StackConfig) -> Vec<&'static str> {
+        scenarios::all().into_iter().filter(|s| s.unmet(config).is_none()).map(|s| s.id).collect()
+    }
+
+    #[test]
+    fn each_stack_runs_every_scenario_it_can() {
+        let private = config(Backend::Libvirt { uri: "qemu:///system".into() }, ManagementKind::Local);
+        assert_eq!(
+            runs(&private),
+            [
+                "init",
+                "single",
+                "md",
+                "pause",
+                "restart",
+                "stopped",
+                "delete",
+                "workload",
+                "workload-topology",
+                "multihost",
+                "move"
+            ]
+        );
+        let kind = config(Backend::Container, ManagementKind::Kind);
+        assert_eq!(runs(&kind), ["deployed", "single", "md", "pause", "restart", "stopped", "delete", "pod-logs"]);
+        let container = config(Backend::Container, ManagementKind::Local);
+        assert_eq!(runs(&container), ["init", "single", "md", "pause", "restart", "stopped", "delete"]);
+    }
+
+    #[tokio::test]
+    async fn a_scenario_asked_for_that_the_stack_cannot_run_fails_without_starting_it() {
+        let kind = config(Backend::Container, ManagementKind::Kind);
+        let outcomes = run(&kind, &["workload".to_string()]).await.unwrap();
+        assert_eq!(outcomes.len(), 1);
+        assert!(!outcomes[0].passed);
+        assert!(outcomes[0].detail.contains("needs the private libvirtd"), "{}", outcomes[0].detail);
+        let err = run(&kind, &["nonsense".to_string()]).await.unwrap_err();
+        assert!(format!("{err}").contains("the scenario ids are"), "{err}");
+    }
 }

@@ -14,11 +14,16 @@
 //! is non-zero when any scenario failed. The private libvirtd is stopped
 //! afterwards unless `--keep-host`.
 //!
-//! `--kind` is for machines with docker and internet: the management
-//! cluster is a kind cluster with CAPI core installed by `clusterctl init`
-//! instead of the local control plane (the provider still runs as a local
-//! process against the private libvirtd). The runner checks for docker,
-//! kind, clusterctl and kubectl first and names what is missing.
+//! `--libvirt container`: the same suite with a containerized libvirtd
+//! (testcontainers, reached over TLS with a credentials Secret) instead of the
+//! private one; a docker engine is started when none answers.
+//!
+//! `--kind`: the management cluster is a kind cluster made offline, with CAPI
+//! core, the kubeadm providers and this provider (its image, built offline)
+//! installed by `clusterctl init`; the provider runs as the Deployment's Pod
+//! and drives a containerized libvirtd on the kind node's docker network.
+//! The scenarios that need guests routable from this machine or a second
+//! manager process (workload, multihost, move) are the private run's.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -30,33 +35,39 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, single, md, pause, restart, stopped, delete, workload, workload-topology, multihost, move; with --kind: deployed); repeatable.
+    /// Only these scenarios (ids: init, deployed, single, md, pause, restart, stopped, delete, workload,
+    /// workload-topology, multihost, move, pod-logs); repeatable. Without it, every scenario the
+    /// stack can run (deployed and pod-logs need --kind).
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
     #[arg(long)]
     keep_host: bool,
-    /// The kind scenarios: the provider's image as a Pod of a kind cluster,
-    /// everything built offline (docker engine started when none runs).
+    /// The management cluster is a kind cluster, the provider its Pod, the host
+    /// a containerized libvirtd; everything built offline (docker engine started
+    /// when none runs).
     #[arg(long)]
     kind: bool,
+    /// The libvirt host: the private libvirtd (`host up`) or a containerized one.
+    #[arg(long, value_parser = ["private", "container"], default_value = "private")]
+    libvirt: String,
 }
 
 impl Args {
     /// What `cargo xtask test` runs: every scenario, on the libvirtd it started.
     pub fn for_test_command() -> Self {
-        Self { keep_host: true, ..Self::default() }
+        Self { keep_host: true, libvirt: "private".into(), ..Self::default() }
     }
 
-    /// What `cargo xtask test` runs after that: the kind scenarios.
+    /// What `cargo xtask test` runs after that: the suite on kind.
     pub fn kind_for_test_command() -> Self {
-        Self { kind: true, ..Self::default() }
+        Self { kind: true, libvirt: "container".into(), ..Self::default() }
     }
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.kind {
-        return run_kind(&args);
+    if args.kind || args.libvirt == "container" {
+        return run_in_containers(&args);
     }
     let started = Instant::now();
     step("host packages", libvirt_host::deps)?;
@@ -79,6 +90,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
     sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
+    sh.set_var(SUMMARY_ENV, summary_path("private"));
     let runner = &bins.e2e;
     let runner_args: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
     let result = step("e2e scenarios", || {
@@ -91,39 +103,59 @@ pub fn run(args: Args) -> Result<()> {
     result
 }
 
-/// `cargo xtask e2e --kind`: the kind scenarios, with everything they need
-/// built offline (kind, its node image, the manager image, the containerized
-/// libvirtd's image, the guest image; the control plane cache for kubectl and
-/// CAPI's CRDs).
-fn run_kind(args: &Args) -> Result<()> {
+/// `cargo xtask e2e --kind` and `--libvirt container`: the suite with a
+/// containerized libvirtd, on kind or on the local control plane, with
+/// everything built offline (kind, its node image, the manager image and
+/// CAPI's for kind; the containerized libvirtd's image; the guest image; the
+/// control plane cache for kubectl and CAPI's CRDs).
+fn run_in_containers(args: &Args) -> Result<()> {
     let started = Instant::now();
+    // virsh, for the checks on the host.
+    step("host packages", libvirt_host::deps)?;
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
-    let kind = step("kind and its node image", crate::kind::prepare)?;
+    step("docker engine", || crate::docker_engine::up().map(drop))?;
     let libvirtd_image = step("containerized libvirtd image", crate::images::libvirtd_image)?;
     let guest = step("guest image", || guest_image::build(false))?;
-    let image = crate::images::TEST_MANAGER_IMAGE;
-    step("manager image, built offline", || crate::images::build_provider_offline(image))?;
-    let capi_images =
-        step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
     let bins = step("build provider and e2e runner", build_binaries)?;
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    sh.set_var("CAPL_KIND_BIN", &kind.binary);
-    sh.set_var("CAPL_KIND_NODE_IMAGE", &kind.node_image);
-    sh.set_var("CAPL_KIND_WRAPPER_DIR", &kind.wrapper_dir);
-    sh.set_var("CAPL_REAL_DOCKER", &kind.real_docker);
-    sh.set_var("CAPL_PROVIDER_IMAGE", image);
     sh.set_var("CAPL_LIBVIRTD_IMAGE", &libvirtd_image);
-    sh.set_var("CAPL_CAPI_IMAGES", capi_images.join(","));
     sh.set_var("CAPL_GUEST_IMAGE", &guest);
     sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
+    let mut mode = vec!["--libvirt".to_string(), "container".to_string()];
+    if args.kind {
+        let kind = step("kind and its node image", crate::kind::prepare)?;
+        let image = crate::images::TEST_MANAGER_IMAGE;
+        step("manager image, built offline", || crate::images::build_provider_offline(image))?;
+        let capi_images =
+            step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
+        sh.set_var("CAPL_KIND_BIN", &kind.binary);
+        sh.set_var("CAPL_KIND_NODE_IMAGE", &kind.node_image);
+        sh.set_var("CAPL_KIND_WRAPPER_DIR", &kind.wrapper_dir);
+        sh.set_var("CAPL_REAL_DOCKER", &kind.real_docker);
+        sh.set_var("CAPL_PROVIDER_IMAGE", image);
+        sh.set_var("CAPL_CAPI_IMAGES", capi_images.join(","));
+        mode.push("--kind".into());
+    } else {
+        sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
+    }
+    sh.set_var(SUMMARY_ENV, summary_path(if args.kind { "kind" } else { "container" }));
     let runner = &bins.e2e;
     let only: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
-    let result = step("e2e kind scenarios", || {
-        cmd!(sh, "{runner} run --kind {only...}").run().context("the kind scenarios failed (see the table above)")
+    let what = if args.kind { "e2e scenarios on kind" } else { "e2e scenarios on a containerized libvirtd" };
+    let result = step(what, || {
+        cmd!(sh, "{runner} run {mode...} {only...}").run().context("some e2e scenarios failed (see the table above)")
     });
-    eprintln!("xtask e2e --kind: finished in {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!("xtask e2e: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
+}
+
+/// The variable that tells `capl-e2e run` where to write its summary table too.
+const SUMMARY_ENV: &str = "CAPL_E2E_SUMMARY";
+
+/// Where the summary table of the run on `stack` goes (`private`, `container`, `kind`).
+pub fn summary_path(stack: &str) -> PathBuf {
+    crate::target_dir().join(format!("tmp/e2e-summary-{stack}.txt"))
 }
 
 /// The binaries the e2e suite and the demo run.

@@ -165,6 +165,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         domain_pool: TEST_DISK_POOL.into(),
         image: image.to_string(),
         endpoint_host: testenv::test_host::static_address(250),
+        credentials: None,
     };
     super::create_all(&client, &ns, super::cluster_objects(&ns, CLUSTER, &placement)).await?;
     crate::wait::until("the LibvirtCluster to be provisioned", Duration::from_secs(120), || async {

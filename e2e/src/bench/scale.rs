@@ -59,6 +59,7 @@ fn placement() -> Placement {
         image: capl_host::sim_host::BASE_IMAGE.into(),
         // In the /22 network, below its DHCP range.
         endpoint_host: "10.20.0.5".into(),
+        credentials: None,
     }
 }
 
