@@ -20,10 +20,11 @@
 //!    each backend: libvirt-sim, `test:///default`, the real libvirtd and the
 //!    containerized one);
 //! 6. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
-//!    table, then `cargo xtask e2e --kind`: the manager image as a Pod of a
-//!    kind cluster (both skipped only when a test name filter was given);
+//!    table, then `cargo xtask e2e --kind`: the suite on a kind management
+//!    cluster, the provider as the Pod of its image, the host a containerized
+//!    libvirtd (both left out only when a test name filter was given);
 //! 7. the private libvirtd is stopped again, and a dockerd that step 4
-//!    started (unless `--keep-host`);
+//!    started (unless `--keep-host`; also when a step fails on the way);
 //! 8. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
 //!    two machines run: it must delete everything and stop the private libvirtd
 //!    it started ([`crate::demo_check`]; not with `--keep-host` or a filter).
@@ -45,13 +46,41 @@ pub struct Args {
     cargo_test_args: Vec<String>,
 }
 
+/// Stops the private libvirtd and the dockerd this command started, when
+/// [`Teardown::run`] is called or, if a step failed on the way (`?`), when dropped.
+struct Teardown {
+    armed: bool,
+    dockerd: bool,
+}
+
+impl Teardown {
+    fn run(&mut self) -> Result<()> {
+        self.armed = false;
+        let libvirtd = step("stop private libvirtd", libvirt_host::down);
+        let dockerd = if self.dockerd { step("stop dockerd", docker_engine::down) } else { Ok(()) };
+        libvirtd.and(dockerd)
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(err) = self.run()
+        {
+            eprintln!("xtask test: stopping what it started: {err:#}");
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     step("host packages", libvirt_host::deps)?;
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
+    let mut teardown = Teardown { armed: !args.keep_host, dockerd: false };
     let uri = step("private libvirtd", libvirt_host::up)?;
     let image = step("guest image", || guest_image::build(false))?;
     let engine = step("docker engine", docker_engine::up)?;
+    teardown.dockerd = engine == docker_engine::Engine::Ours;
     let libvirtd_image = step("containerized libvirtd image", images::libvirtd_image)?;
     step("manager image, built offline", || images::build_provider_offline(images::TEST_MANAGER_IMAGE))?;
 
@@ -72,16 +101,17 @@ pub fn run(args: Args) -> Result<()> {
     let e2e_units = step("e2e crate unit tests", || {
         cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
     });
+    let summaries = ["private", "kind"].map(e2e::summary_path);
+    for path in &summaries {
+        let _ = std::fs::remove_file(path);
+    }
     let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
     let kind = if extra.is_empty() { e2e::run(e2e::Args::kind_for_test_command()) } else { Ok(()) };
     let e2e = e2e.and(kind);
     let result = workspace.and(e2e_units).and(e2e);
 
     if !args.keep_host {
-        step("stop private libvirtd", libvirt_host::down)?;
-        if engine == docker_engine::Engine::Ours {
-            step("stop dockerd", docker_engine::down)?;
-        }
+        teardown.run()?;
     }
     // The README's demo, stopped with Ctrl-C: it needs the daemon stopped first.
     let result = if !args.keep_host && extra.is_empty() {
@@ -89,6 +119,12 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         result
     };
+    // The e2e tables again, where the end of a long log shows them.
+    for path in &summaries {
+        if let Ok(table) = std::fs::read_to_string(path) {
+            eprintln!("{table}");
+        }
+    }
     eprintln!("xtask test: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
 }
