@@ -119,6 +119,26 @@ impl Kubectl {
         let list = self.json(&["get", "pods", "-n", NAMESPACE, "-l", POD_SELECTOR])?;
         Ok(list["items"].as_array().cloned().unwrap_or_default())
     }
+
+    /// The names of the manager's Pods.
+    pub fn manager_pod_names(&self) -> Result<Vec<String>> {
+        Ok(self.manager_pods()?.iter().filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string)).collect())
+    }
+
+    /// The names of the manager's Pods that are Ready and not being deleted.
+    pub fn ready_manager_pods(&self) -> Result<Vec<String>> {
+        Ok(self
+            .manager_pods()?
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            })
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect())
+    }
 }
 
 fn run(what: &str, command: &mut Command) -> Result<()> {

@@ -150,8 +150,7 @@ async fn run(only: &[String], kind: bool, libvirt: &str) -> anyhow::Result<bool>
     println!("\n{table}");
     // For whoever started us to repeat at the end of a long log (`cargo xtask test`).
     if let Some(path) = std::env::var_os(SUMMARY_ENV) {
-        let stack =
-            format!("{} management cluster, {} libvirtd", if kind { "kind" } else { "local" }, config.backend.name());
+        let stack = format!("{} management cluster, {} libvirtd", config.management.name(), config.backend.name());
         if let Err(err) = std::fs::write(&path, format!("e2e on the {stack}:\n{table}")) {
             eprintln!("error: writing the summary to {}: {err}", std::path::Path::new(&path).display());
         }

@@ -25,6 +25,16 @@ pub enum ManagementKind {
     Kind,
 }
 
+impl ManagementKind {
+    /// Its name in messages and summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            ManagementKind::Local => "local",
+            ManagementKind::Kind => "kind",
+        }
+    }
+}
+
 // One value per e2e run: the size of the Local variant does not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum Management {

@@ -4,7 +4,6 @@
 //! on both: SIGKILL of the process, or a forced delete of the Pod (the
 //! kubelet kills the container, the Deployment makes a new Pod).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -27,14 +26,6 @@ impl Provider {
         match self {
             Provider::Process(p) => p.log_path().display().to_string(),
             Provider::Pod(_) => format!("kubectl logs -n {NAMESPACE} deployment/{DEPLOYMENT}"),
-        }
-    }
-
-    /// The log file of the process (`None` in a cluster).
-    pub fn log_path(&self) -> Option<&Path> {
-        match self {
-            Provider::Process(p) => Some(p.log_path()),
-            Provider::Pod(_) => None,
         }
     }
 
@@ -87,18 +78,12 @@ impl Provider {
             Provider::Pod(kubectl) => {
                 let deadline = Instant::now() + POD_READY;
                 loop {
-                    let pods = crate::blocking(|| kubectl.manager_pods())?;
-                    let ready = pods.iter().any(|p| {
-                        p["metadata"]["deletionTimestamp"].is_null()
-                            && p["status"]["conditions"]
-                                .as_array()
-                                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-                    });
-                    if ready {
+                    if !crate::blocking(|| kubectl.ready_manager_pods())?.is_empty() {
                         return Ok(());
                     }
                     if Instant::now() > deadline {
-                        bail!("no manager Pod Ready within {POD_READY:?} after the kill: {} Pods", pods.len());
+                        let pods = crate::blocking(|| kubectl.manager_pod_names()).unwrap_or_default();
+                        bail!("no manager Pod Ready within {POD_READY:?} after the kill; Pods: {pods:?}");
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }

@@ -47,12 +47,12 @@ pub async fn deployed(stack: &mut Stack) -> Result<String> {
 pub async fn pod_logs(stack: &mut Stack) -> Result<String> {
     let tools = kubectl(stack)?;
     crate::blocking(|| {
-        let pods = all_pods(&tools)?;
+        let pods = tools.manager_pod_names()?;
         ensure!(!pods.is_empty(), "no manager Pod");
         let mut lines = 0;
         for pod in &pods {
-            lines += check_logs(&tools, pod)?;
-            let logs = tools.out(&["logs", "-n", NAMESPACE, pod])?;
+            let logs = check_logs(&tools, pod)?;
+            lines += logs.lines().filter(|l| !l.trim().is_empty()).count();
             // What every scenario's bootstrap data says (objects::user_data).
             ensure!(!logs.contains("hello from"), "Pod {pod} logged a machine's bootstrap data");
         }
@@ -65,7 +65,7 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     // 1. Rolled out, Ready, leading.
     let t = Instant::now();
     tools.manager_rollout()?;
-    let first = ready_pods(tools)?;
+    let first = tools.ready_manager_pods()?;
     ensure!(first.len() == 1, "one Ready manager Pod expected, found {first:?}");
     let first = first[0].clone();
     let holder = wait_for_lease_holder(tools, &first)?;
@@ -82,8 +82,8 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     tools.manager_rollout()?;
     let deadline = Instant::now() + GONE_LIMIT;
     let second = loop {
-        let pods = all_pods(tools)?;
-        let ready = ready_pods(tools)?;
+        let pods = tools.manager_pod_names()?;
+        let ready = tools.ready_manager_pods()?;
         if !pods.contains(&first) && ready.len() == 1 {
             break ready[0].clone();
         }
@@ -100,24 +100,6 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     let moved = format!("rollout restart: {first} -> {second}, Lease holder {holder}, in {:.0?}", t.elapsed());
     say(id, &moved);
     Ok(format!("Pod Ready and leading, nonroot, read-only, JSON log; {moved}"))
-}
-
-fn all_pods(tools: &Kubectl) -> Result<Vec<String>> {
-    Ok(tools.manager_pods()?.iter().filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string)).collect())
-}
-
-fn ready_pods(tools: &Kubectl) -> Result<Vec<String>> {
-    Ok(tools
-        .manager_pods()?
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter(|p| {
-            p["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-        })
-        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
-        .collect())
 }
 
 /// Waits until a Lease in the provider's namespace is held by `pod`; returns the holder.
@@ -158,8 +140,8 @@ fn check_pod_security(tools: &Kubectl, pod: &str) -> Result<()> {
 }
 
 /// Every line is a JSON object with a level; nothing was forbidden; no cloud-config.
-/// Returns the number of lines.
-fn check_logs(tools: &Kubectl, pod: &str) -> Result<usize> {
+/// Returns the log.
+fn check_logs(tools: &Kubectl, pod: &str) -> Result<String> {
     let logs = tools.out(&["logs", "-n", NAMESPACE, pod])?;
     let mut lines = 0;
     for line in logs.lines().filter(|l| !l.trim().is_empty()) {
@@ -171,5 +153,5 @@ fn check_logs(tools: &Kubectl, pod: &str) -> Result<usize> {
         ensure!(!line.contains("#cloud-config"), "Pod {pod}: bootstrap data in the log: {line}");
     }
     ensure!(lines > 0, "Pod {pod} logged nothing");
-    Ok(lines)
+    Ok(logs)
 }

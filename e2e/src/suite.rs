@@ -54,10 +54,7 @@ pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> 
     let started = Instant::now();
     eprintln!(
         "e2e: starting the stack ({} management cluster, {} libvirtd, provider)",
-        match config.management {
-            crate::management::ManagementKind::Local => "local",
-            crate::management::ManagementKind::Kind => "kind",
-        },
+        config.management.name(),
         config.backend.name()
     );
     let mut stack = match Stack::start(config).await {

@@ -49,24 +49,32 @@ pub struct Args {
     #[arg(long)]
     kind: bool,
     /// The libvirt host: the private libvirtd (`host up`) or a containerized one.
-    #[arg(long, value_parser = ["private", "container"], default_value = "private")]
-    libvirt: String,
+    #[arg(long, value_enum, default_value_t)]
+    libvirt: Libvirt,
+}
+
+/// Which libvirt host the suite drives.
+#[derive(clap::ValueEnum, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Libvirt {
+    #[default]
+    Private,
+    Container,
 }
 
 impl Args {
     /// What `cargo xtask test` runs: every scenario, on the libvirtd it started.
     pub fn for_test_command() -> Self {
-        Self { keep_host: true, libvirt: "private".into(), ..Self::default() }
+        Self { keep_host: true, ..Self::default() }
     }
 
     /// What `cargo xtask test` runs after that: the suite on kind.
     pub fn kind_for_test_command() -> Self {
-        Self { kind: true, libvirt: "container".into(), ..Self::default() }
+        Self { kind: true, libvirt: Libvirt::Container, ..Self::default() }
     }
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.kind || args.libvirt == "container" {
+    if args.kind || args.libvirt == Libvirt::Container {
         return run_in_containers(&args);
     }
     let started = Instant::now();
