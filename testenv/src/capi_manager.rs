@@ -239,6 +239,11 @@ impl CapiManager {
         self.managers.iter().map(|m| m.process.log_path()).collect()
     }
 
+    /// Each manager's name and process id.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.managers.iter().map(|m| (m.name, m.process.pid())).collect()
+    }
+
     /// Fails, with the end of its log, if a manager has exited.
     pub fn ensure_running(&self) -> Result<()> {
         self.managers.iter().try_for_each(|m| m.process.ensure_running())

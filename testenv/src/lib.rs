@@ -247,6 +247,11 @@ impl TestEnv {
         Ok(Self { assets, apiserver, etcd, kubeconfig_path, config, server_url, startup_time, scratch, ca })
     }
 
+    /// The process ids of kube-apiserver and etcd, named.
+    pub fn pids(&self) -> [(&'static str, u32); 2] {
+        [("kube-apiserver", self.apiserver.pid()), ("etcd", self.etcd.pid())]
+    }
+
     /// A client with cluster-admin rights (group `system:masters`), bound to the calling
     /// tokio runtime. Call it in each test rather than sharing one client between tests.
     pub fn client(&self) -> Client {

@@ -61,6 +61,11 @@ impl SupervisedProcess {
         Ok(Self { name: name.to_owned(), child: Mutex::new(child), log: log.to_owned() })
     }
 
+    /// The process id (of a process that may have exited since).
+    pub fn pid(&self) -> u32 {
+        self.lock().id()
+    }
+
     /// `Some(status)` once the process has exited.
     pub fn exit_status(&self) -> Option<ExitStatus> {
         self.lock().try_wait().ok().flatten()
