@@ -74,6 +74,15 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         concurrency: u16,
     },
+    /// The scale workload with no manager: the benchmark writes the least a provider must, so that
+    /// what remains is CAPI core's and the API server's cost (the floor under `scale`).
+    Floor {
+        #[arg(long, default_value_t = 1000)]
+        machines: usize,
+        /// Answers in flight at once (as the manager's --concurrency).
+        #[arg(long, default_value_t = 10)]
+        concurrency: usize,
+    },
     /// 20 machines on the private libvirtd, one after another: each create step beside virsh doing it.
     Overhead {
         #[arg(long, default_value_t = 20)]
@@ -97,6 +106,9 @@ async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
             let steady = Some(std::time::Duration::from_secs_f64(minutes * 60.0));
             let args = e2e::bench::scale::Args { machines, steady, provider_binary, out, concurrency };
             e2e::bench::scale::run(&args).await
+        }
+        Bench::Floor { machines, concurrency } => {
+            e2e::bench::floor::run(&e2e::bench::floor::Args { machines, concurrency, out }).await
         }
         Bench::Overhead { machines } => {
             let config = StackConfig::from_env(false)?;

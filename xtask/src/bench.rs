@@ -1,8 +1,8 @@
-//! `cargo xtask bench [scale|steady|overhead|contention]`: what the provider
-//! costs at scale (issue 15). Each benchmark prints a table and writes
-//! `target/bench/<name>.json`; without a subcommand all four run, the scale
-//! figures coming from the steady run (which creates the same 1,000 machines
-//! first).
+//! `cargo xtask bench [scale|steady|floor|overhead|contention]`: what the
+//! provider costs at scale (issue 15). Each benchmark prints a table and
+//! writes `target/bench/<name>.json`; without a subcommand steady, floor,
+//! overhead and contention run, the scale figures coming from the steady run
+//! (which creates the same 1,000 machines first).
 //!
 //! Prepares what the benchmark needs, reusing what exists: the local control
 //! plane (`control-plane build`), a release build of the manager and of the
@@ -31,6 +31,8 @@ enum Which {
     Scale(Rest),
     /// The same 1,000 machines left alone (5 minutes by default): calls, requests and reconciles per minute.
     Steady(Rest),
+    /// The scale workload with no manager, the benchmark answering in its place: what CAPI core and the API server cost.
+    Floor(Rest),
     /// 20 machines on the private libvirtd: each create step beside the same step done with virsh.
     Overhead(Rest),
     /// 100 machines at once on one real network: distinct addresses, reservations per second.
@@ -49,6 +51,7 @@ impl Which {
         match self {
             Which::Scale(_) => "scale",
             Which::Steady(_) => "steady",
+            Which::Floor(_) => "floor",
             Which::Overhead(_) => "overhead",
             Which::Contention(_) => "contention",
         }
@@ -60,7 +63,7 @@ impl Which {
 
     fn args(&self) -> &[String] {
         match self {
-            Which::Scale(r) | Which::Steady(r) | Which::Overhead(r) | Which::Contention(r) => &r.args,
+            Which::Scale(r) | Which::Steady(r) | Which::Floor(r) | Which::Overhead(r) | Which::Contention(r) => &r.args,
         }
     }
 }
@@ -70,6 +73,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(which) => vec![which],
         None => vec![
             Which::Steady(Rest { args: Vec::new() }),
+            Which::Floor(Rest { args: Vec::new() }),
             Which::Overhead(Rest { args: Vec::new() }),
             Which::Contention(Rest { args: Vec::new() }),
         ],

@@ -7,12 +7,16 @@
 //! - [`overhead`]: 20 machines on the private libvirtd, each create step
 //!   beside the same step done with virsh.
 //! - [`contention`]: 100 machines at once on one real network.
+//! - [`floor`]: the scale workload with no manager, the benchmark answering
+//!   each LibvirtMachine with the least a provider must write: what CAPI
+//!   core and the API server alone cost, the floor under `scale`.
 //!
 //! Each prints a table and writes `<out>/<name>.json`. Nothing here asserts a
 //! time: the figures are printed; only correctness (leaks, duplicate
 //! addresses) makes a run fail.
 
 pub mod contention;
+pub mod floor;
 pub mod overhead;
 pub mod scale;
 pub mod steady;
@@ -39,13 +43,63 @@ pub const NAME_PREFIX: &str = "capl-bench-";
 /// Creates in flight at once while a benchmark makes its objects.
 const CREATE_CONCURRENCY: usize = 64;
 
-/// The control plane (kube-apiserver, etcd, CAPI core with its webhooks)
-/// and the manager, started with `provider_args` plus a metrics endpoint.
-pub struct BenchStack {
-    // Fields drop in order: the provider, then CAPI, then the API server.
-    pub provider: ProviderProcess,
+/// The local control plane the scale benchmarks run against: kube-apiserver,
+/// etcd and CAPI core with its webhooks, and this cluster's CRDs.
+pub struct ControlPlane {
+    // Fields drop in order: CAPI, then the API server.
     pub capi: CapiManager,
     pub env: TestEnv,
+}
+
+impl ControlPlane {
+    pub async fn start() -> Result<Self> {
+        let env = TestEnv::start().await.context("starting the local control plane")?;
+        let capi = env.start_capi(CapiOptions::new()).await.context("starting CAPI core")?;
+        env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await?;
+        Ok(Self { capi, env })
+    }
+
+    pub fn client(&self) -> Client {
+        self.env.client()
+    }
+
+    /// kube-apiserver's request counters now (every client: this benchmark, CAPI core, the manager).
+    pub async fn api_requests(&self) -> Result<ApiRequests> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = self.client().request_text(request).await.context("reading kube-apiserver's /metrics")?;
+        Ok(ApiRequests::parse(&text))
+    }
+
+    /// CPU seconds so far of each process of the control plane, of this
+    /// benchmark runner, and of `others` (name, pid).
+    pub fn cpu_seconds(&self, others: &[(&'static str, u32)]) -> BTreeMap<String, f64> {
+        let mut processes: Vec<(&str, u32)> = self.env.pids().to_vec();
+        processes.extend(self.capi.pids());
+        processes.extend(others.iter().copied());
+        processes.push(("benchmark runner", std::process::id()));
+        processes
+            .into_iter()
+            .filter_map(|(name, pid)| Some((name.to_string(), ProcessStats::of(pid).ok()?.cpu_seconds)))
+            .collect()
+    }
+}
+
+/// "name seconds" of `after - before`, largest first, with the sum.
+pub fn cpu_breakdown(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> (String, BTreeMap<String, f64>) {
+    let used: BTreeMap<String, f64> =
+        after.iter().map(|(name, s)| (name.clone(), s - before.get(name).copied().unwrap_or(0.0))).collect();
+    let mut sorted: Vec<(&String, &f64)> = used.iter().collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(a.1));
+    let total: f64 = used.values().sum();
+    let parts = sorted.iter().map(|(name, s)| format!("{name} {s:.1}")).collect::<Vec<_>>().join(", ");
+    (format!("{total:.1} in all: {parts}"), used)
+}
+
+/// The control plane and the manager, started with `provider_args` plus a metrics endpoint.
+pub struct BenchStack {
+    // Fields drop in order: the provider, then the control plane.
+    pub provider: ProviderProcess,
+    pub plane: ControlPlane,
     pub metrics_port: u16,
     pub work_dir: PathBuf,
 }
@@ -54,23 +108,21 @@ impl BenchStack {
     pub async fn start(provider_binary: &Path, mut provider_args: Vec<String>) -> Result<Self> {
         let work_dir = std::env::temp_dir().join(format!("capl-bench-{}", std::process::id()));
         std::fs::create_dir_all(&work_dir)?;
-        let env = TestEnv::start().await.context("starting the local control plane")?;
-        let capi = env.start_capi(CapiOptions::new()).await.context("starting CAPI core")?;
-        env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await?;
+        let plane = ControlPlane::start().await?;
         let metrics_port = free_port()?;
         provider_args.push(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"));
         let provider = ProviderProcess::start(
             provider_binary,
             provider_args,
-            env.kubeconfig_path(),
+            plane.env.kubeconfig_path(),
             &work_dir.join("provider.log"),
         )
         .await?;
-        Ok(Self { provider, capi, env, metrics_port, work_dir })
+        Ok(Self { provider, plane, metrics_port, work_dir })
     }
 
     pub fn client(&self) -> Client {
-        self.env.client()
+        self.plane.client()
     }
 
     /// The manager's metrics now.
@@ -78,16 +130,23 @@ impl BenchStack {
         Ok(Metrics(http_get(self.metrics_port, "/metrics").await?))
     }
 
+    fn manager_pid(&self) -> Result<u32> {
+        self.provider.pid().context("the manager is not running")
+    }
+
     /// The manager's peak and current memory and its CPU time so far.
     pub fn process(&self) -> Result<ProcessStats> {
-        ProcessStats::of(self.provider.pid().context("the manager is not running")?)
+        ProcessStats::of(self.manager_pid()?)
+    }
+
+    /// CPU seconds so far of every process of the benchmark, the manager's included.
+    pub fn cpu_seconds(&self) -> Result<BTreeMap<String, f64>> {
+        Ok(self.plane.cpu_seconds(&[("manager", self.manager_pid()?)]))
     }
 
     /// kube-apiserver's request counters now (every client: this benchmark, CAPI core, the manager).
     pub async fn api_requests(&self) -> Result<ApiRequests> {
-        let request = http::Request::get("/metrics").body(Vec::new())?;
-        let text = self.client().request_text(request).await.context("reading kube-apiserver's /metrics")?;
-        Ok(ApiRequests::parse(&text))
+        self.plane.api_requests().await
     }
 }
 
@@ -271,6 +330,21 @@ pub async fn create_all(client: &Client, ns: &str, objects: Vec<(Kind, Value)>) 
     results.into_iter().collect()
 }
 
+/// Deletes the Cluster `cluster` (CAPI deletes its Machines, their
+/// infrastructure goes with them) and waits until no Cluster, Machine or
+/// infrastructure object is left in `ns`.
+pub async fn delete_cluster(client: &Client, ns: &str, cluster: &str) -> Result<()> {
+    objects::delete(client, ns, Kind::Cluster, cluster).await?;
+    crate::wait::until("every object of the benchmark to be deleted", Duration::from_secs(1800), || async {
+        let mut left = 0;
+        for kind in [Kind::Cluster, Kind::LibvirtCluster, Kind::Machine, Kind::LibvirtMachine] {
+            left += objects::list(client, ns, kind).await?.len();
+        }
+        Ok(if left == 0 { crate::wait::Check::Done(()) } else { crate::wait::Check::Pending(format!("{left} left")) })
+    })
+    .await
+}
+
 /// The objects of `count` machines `m-0000`.. of `cluster`: for each a
 /// bootstrap Secret, a LibvirtMachine and a Machine (CAPI sets the owner reference).
 pub fn machine_objects(ns: &str, cluster: &str, image: &str, count: usize) -> Vec<(Kind, Value)> {
@@ -299,36 +373,41 @@ pub fn provisioned_ip(lm: &kube::api::DynamicObject) -> Option<String> {
     if provisioned { objects::internal_ip(lm) } else { None }
 }
 
-/// Lists the namespace's LibvirtMachines every `every` until `done` says so
-/// (or `timeout` passes); returns the time each machine first satisfied
-/// `ready` (seconds since `since`), and the lists made.
+/// Watches the namespace's LibvirtMachines until `count` of them satisfied
+/// `ready` (or `timeout` since `since` passes); returns the time each first
+/// did (seconds since `since`) and the lists the watch made (a watch, not
+/// repeated lists, so that looking costs the API server little).
 pub async fn wait_each(
     client: &Client,
     ns: &str,
     count: usize,
     since: Instant,
-    every: Duration,
     timeout: Duration,
     ready: impl Fn(&kube::api::DynamicObject) -> bool,
 ) -> Result<(BTreeMap<String, f64>, usize)> {
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api = Kind::LibvirtMachine.api(client, ns);
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let deadline = tokio::time::Instant::from_std(since + timeout);
     let mut first_seen = BTreeMap::new();
     let mut lists = 0;
-    loop {
-        let items = objects::list(client, ns, Kind::LibvirtMachine).await?;
-        lists += 1;
-        for lm in &items {
-            if ready(lm) {
-                first_seen.entry(objects::name(lm)).or_insert_with(|| since.elapsed().as_secs_f64());
+    while first_seen.len() < count {
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => bail!("the watch of LibvirtMachines in {ns} ended"),
+            Err(_) => bail!("after {timeout:?} only {} of {count} machines were ready", first_seen.len()),
+        };
+        match event {
+            Ok(watcher::Event::Init) => lists += 1,
+            Ok(watcher::Event::Apply(lm) | watcher::Event::InitApply(lm)) if ready(&lm) => {
+                first_seen.entry(objects::name(&lm)).or_insert_with(|| since.elapsed().as_secs_f64());
             }
+            Ok(_) => {}
+            // The backoff retries; a watch that keeps failing ends at the deadline.
+            Err(err) => eprintln!("watching LibvirtMachines: {err}"),
         }
-        if first_seen.len() >= count {
-            return Ok((first_seen, lists));
-        }
-        if since.elapsed() > timeout {
-            bail!("after {timeout:?} only {} of {count} machines were ready", first_seen.len());
-        }
-        tokio::time::sleep(every).await;
     }
+    Ok((first_seen, lists))
 }
 
 /// The time by which `fraction` of the machines were ready.
@@ -407,5 +486,18 @@ mod tests {
     fn this_process_has_memory_and_cpu() {
         let stats = ProcessStats::of(std::process::id()).expect("/proc");
         assert!(stats.peak_rss_mib > 0.0 && stats.peak_rss_mib >= stats.rss_mib * 0.99);
+    }
+
+    #[test]
+    fn cpu_breakdown_subtracts_and_puts_the_largest_first() {
+        let before = BTreeMap::from([("etcd".to_string(), 1.0), ("kube-apiserver".to_string(), 10.0)]);
+        let after = BTreeMap::from([
+            ("etcd".to_string(), 3.5),
+            ("kube-apiserver".to_string(), 30.0),
+            ("manager".to_string(), 4.0),
+        ]);
+        let (text, used) = cpu_breakdown(&after, &before);
+        assert_eq!(text, "26.5 in all: kube-apiserver 20.0, manager 4.0, etcd 2.5");
+        assert_eq!(used["manager"], 4.0, "a process not sampled before counts from zero");
     }
 }

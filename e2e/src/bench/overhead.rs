@@ -157,7 +157,7 @@ fn floor(
 async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) -> Result<bool> {
     let client = stack.client();
     let ns = format!("{NAME_PREFIX}overhead");
-    stack.env.create_namespace(&ns).await?;
+    stack.plane.env.create_namespace(&ns).await?;
     let placement = Placement {
         uri: args.uri.clone(),
         network: TEST_NETWORK.into(),

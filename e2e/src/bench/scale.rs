@@ -16,8 +16,8 @@ use anyhow::{Result, bail};
 use serde_json::json;
 
 use super::{
-    BenchStack, NAME_PREFIX, cluster_objects, create_all, fmt, machine_objects, percentile, print_table,
-    provisioned_ip, wait_each, write_json,
+    BenchStack, NAME_PREFIX, cluster_objects, cpu_breakdown, create_all, delete_cluster, fmt, machine_objects,
+    percentile, print_table, provisioned_ip, wait_each, write_json,
 };
 use crate::objects::{self, Kind, Placement};
 
@@ -50,7 +50,8 @@ pub async fn run(args: &Args) -> Result<bool> {
     result
 }
 
-fn placement() -> Placement {
+/// Where the machines go: the embedded simulated host's network and pools.
+pub fn placement() -> Placement {
     Placement {
         uri: "qemu:///system".into(),
         network: capl_host::sim_host::NETWORK.into(),
@@ -67,12 +68,13 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let client = stack.client();
     let n = args.machines;
     let ns = format!("{NAME_PREFIX}scale");
-    stack.env.create_namespace(&ns).await?;
+    stack.plane.env.create_namespace(&ns).await?;
     let placement = placement();
 
     let m0 = stack.metrics().await?;
     let api0 = stack.api_requests().await?;
     let p0 = stack.process()?;
+    let cpu0 = stack.cpu_seconds()?;
     eprintln!("creating {n} machines (Secret, LibvirtMachine, Machine each) and one Cluster at once");
     let started = Instant::now();
     let mut all = cluster_objects(&ns, CLUSTER, &placement);
@@ -81,14 +83,13 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     create_all(&client, &ns, all).await?;
     let created_s = started.elapsed().as_secs_f64();
     eprintln!("created in {created_s:.1} s; waiting for every machine's address");
-    let (ready, lists) = wait_each(&client, &ns, n, started, Duration::from_secs(1), Duration::from_secs(1800), |lm| {
-        provisioned_ip(lm).is_some()
-    })
-    .await?;
+    let (ready, lists) =
+        wait_each(&client, &ns, n, started, Duration::from_secs(1800), |lm| provisioned_ip(lm).is_some()).await?;
     let all_ready_s = percentile(&ready, 1.0);
     let m1 = stack.metrics().await?;
     let api1 = stack.api_requests().await?;
     let p1 = stack.process()?;
+    let (cpu_text, cpu_used) = cpu_breakdown(&stack.cpu_seconds()?, &cpu0);
 
     // Every address once.
     let items = objects::list(&client, &ns, Kind::LibvirtMachine).await?;
@@ -99,8 +100,8 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let reconciles = m1.reconciles() - m0.reconciles();
     let libvirt_calls = m1.libvirt_calls() - m0.libvirt_calls();
     let api = api1.since(&api0);
-    // This benchmark's own requests: the creates, the lists while waiting and the final list.
-    let own_requests = (own_creates + lists + 1) as f64;
+    // This benchmark's own requests: the creates, the watch (a list and a watch each time it starts) and the final list.
+    let own_requests = (own_creates + 2 * lists + 1) as f64;
     let calls_by =
         diff(&m1.by_label("capl_libvirt_calls_total", "call"), &m0.by_label("capl_libvirt_calls_total", "call"));
     let steps = step_means(&m1);
@@ -127,15 +128,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     eprintln!("deleting the Cluster (CAPI deletes the Machines, the manager the domains)");
     let m2 = stack.metrics().await?;
     let deleting = Instant::now();
-    objects::delete(&client, &ns, Kind::Cluster, CLUSTER).await?;
-    crate::wait::until("every object of the benchmark to be deleted", Duration::from_secs(1800), || async {
-        let mut left = 0;
-        for kind in [Kind::Cluster, Kind::LibvirtCluster, Kind::Machine, Kind::LibvirtMachine] {
-            left += objects::list(&client, &ns, kind).await?.len();
-        }
-        Ok(if left == 0 { crate::wait::Check::Done(()) } else { crate::wait::Check::Pending(format!("{left} left")) })
-    })
-    .await?;
+    delete_cluster(&client, &ns, CLUSTER).await?;
     let deleted_s = deleting.elapsed().as_secs_f64();
     let m3 = stack.metrics().await?;
     let p3 = stack.process()?;
@@ -164,6 +157,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
         ("API requests per machine (without the benchmark's)".into(), fmt((api.total() - own_requests) / n as f64, 1)),
         ("API requests, largest (all clients)".into(), api.top(6)),
         ("manager CPU while provisioning (s)".into(), fmt(cpu_provision, 1)),
+        ("CPU while provisioning, every process (s)".into(), cpu_text),
         ("manager peak RSS while provisioning (MiB)".into(), fmt(p1.peak_rss_mib, 1)),
         ("duplicate IPs".into(), duplicate_ips.to_string()),
         ("delete: all gone (s)".into(), fmt(deleted_s, 1)),
@@ -193,6 +187,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
         "api_requests_total": api.total(),
         "api_requests_benchmark_own": own_requests,
         "manager_cpu_s_provisioning": cpu_provision,
+        "cpu_s_provisioning_by_process": cpu_used,
         "manager_peak_rss_mib_provisioning": p1.peak_rss_mib,
         "manager_rss_mib_after_provisioning": p1.rss_mib,
         "duplicate_ips": duplicate_ips,
