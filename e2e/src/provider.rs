@@ -4,12 +4,13 @@
 //! on both: SIGKILL of the process, or a forced delete of the Pod (the
 //! kubelet kills the container, the Deployment makes a new Pod).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 
 use crate::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
 use crate::provider_process::ProviderProcess;
+use crate::wait::Check;
 
 /// How long a new manager Pod may take to be Ready after the old one was killed.
 const POD_READY: Duration = Duration::from_secs(180);
@@ -76,17 +77,15 @@ impl Provider {
         match self {
             Provider::Process(p) => p.restart().await,
             Provider::Pod(kubectl) => {
-                let deadline = Instant::now() + POD_READY;
-                loop {
-                    if !crate::blocking(|| kubectl.ready_manager_pods())?.is_empty() {
-                        return Ok(());
+                crate::wait::until("a manager Pod Ready after the kill", POD_READY, || async {
+                    let ready = crate::blocking(|| kubectl.ready_manager_pods())?;
+                    if !ready.is_empty() {
+                        return Ok(Check::Done(()));
                     }
-                    if Instant::now() > deadline {
-                        let pods = crate::blocking(|| kubectl.manager_pod_names()).unwrap_or_default();
-                        bail!("no manager Pod Ready within {POD_READY:?} after the kill; Pods: {pods:?}");
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+                    let pods = crate::blocking(|| kubectl.manager_pod_names()).unwrap_or_default();
+                    Ok(Check::Pending(format!("Pods {pods:?}, none Ready")))
+                })
+                .await
             }
         }
     }

@@ -26,6 +26,7 @@ use crate::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
 use crate::management::Management;
 use crate::scenarios::say;
 use crate::stack::Stack;
+use crate::wait::{self, Check};
 
 const LEASE_LIMIT: Duration = Duration::from_secs(120);
 const GONE_LIMIT: Duration = Duration::from_secs(120);
@@ -80,20 +81,15 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     let t = Instant::now();
     tools.out(&["rollout", "restart", "-n", NAMESPACE, &format!("deployment/{DEPLOYMENT}")])?;
     tools.manager_rollout()?;
-    let deadline = Instant::now() + GONE_LIMIT;
-    let second = loop {
+    let second = wait::until_blocking("the old Pod gone and one new Pod Ready", GONE_LIMIT, || {
         let pods = tools.manager_pod_names()?;
         let ready = tools.ready_manager_pods()?;
-        if !pods.contains(&first) && ready.len() == 1 {
-            break ready[0].clone();
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "after the rollout restart the old Pod {first} is still there or no single new Pod is Ready: {pods:?}"
-            );
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    };
+        Ok(if !pods.contains(&first) && ready.len() == 1 {
+            Check::Done(ready[0].clone())
+        } else {
+            Check::Pending(format!("Pods {pods:?}, Ready {ready:?} (old Pod {first})"))
+        })
+    })?;
     ensure!(second != first, "the rollout restart kept Pod {first}");
     let holder = wait_for_lease_holder(tools, &second)?;
     check_logs(tools, &second)?;
@@ -104,8 +100,7 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
 
 /// Waits until a Lease in the provider's namespace is held by `pod`; returns the holder.
 fn wait_for_lease_holder(tools: &Kubectl, pod: &str) -> Result<String> {
-    let deadline = Instant::now() + LEASE_LIMIT;
-    loop {
+    wait::until_blocking(&format!("a Lease in {NAMESPACE} held by Pod {pod}"), LEASE_LIMIT, || {
         let leases = tools.json(&["get", "leases", "-n", NAMESPACE])?;
         let holders: Vec<String> = leases["items"]
             .as_array()
@@ -113,14 +108,11 @@ fn wait_for_lease_holder(tools: &Kubectl, pod: &str) -> Result<String> {
             .flatten()
             .filter_map(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
             .collect();
-        if let Some(h) = holders.iter().find(|h| h.starts_with(&format!("{pod}_"))) {
-            return Ok(h.clone());
-        }
-        if Instant::now() > deadline {
-            bail!("no Lease in {NAMESPACE} held by Pod {pod} within {LEASE_LIMIT:?}; holders: {holders:?}");
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
+        Ok(match holders.iter().find(|h| h.starts_with(&format!("{pod}_"))) {
+            Some(h) => Check::Done(h.clone()),
+            None => Check::Pending(format!("holders {holders:?}")),
+        })
+    })
 }
 
 fn check_pod_security(tools: &Kubectl, pod: &str) -> Result<()> {

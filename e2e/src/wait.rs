@@ -1,7 +1,9 @@
-//! Polling with a deadline: every wait of the harness goes through [`until`].
+//! Polling with a deadline: every wait of the harness goes through [`until`]
+//! (or [`until_blocking`], its twin for blocking probes).
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -27,17 +29,38 @@ where
 {
     let deadline = Instant::now() + timeout;
     loop {
-        let last = match probe().await {
-            Ok(Check::Done(value)) => return Ok(value),
-            Ok(Check::Pending(state)) => state,
-            Err(err) if err.is::<NoAnswer>() => format!("{err:#}"),
-            Err(err) => return Err(err),
-        };
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+        match judge(probe().await, what, timeout, deadline)? {
+            ControlFlow::Break(value) => return Ok(value),
+            ControlFlow::Continue(()) => tokio::time::sleep(INTERVAL).await,
         }
-        tokio::time::sleep(INTERVAL).await;
     }
+}
+
+/// [`until`] for a probe that blocks (kubectl): the same polls, deadline and
+/// errors, the thread asleep between polls.
+pub fn until_blocking<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Result<Check<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match judge(probe(), what, timeout, deadline)? {
+            ControlFlow::Break(value) => return Ok(value),
+            ControlFlow::Continue(()) => std::thread::sleep(INTERVAL),
+        }
+    }
+}
+
+/// One poll's outcome: done, poll again, or fail (a hard error, or not done
+/// by the deadline).
+fn judge<T>(outcome: Result<Check<T>>, what: &str, timeout: Duration, deadline: Instant) -> Result<ControlFlow<T>> {
+    let last = match outcome {
+        Ok(Check::Done(value)) => return Ok(ControlFlow::Break(value)),
+        Ok(Check::Pending(state)) => state,
+        Err(err) if err.is::<NoAnswer>() => format!("{err:#}"),
+        Err(err) => return Err(err),
+    };
+    if Instant::now() > deadline {
+        bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 /// Whether a Kubernetes API call failed in a way that passes by itself: no answer

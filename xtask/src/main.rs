@@ -94,7 +94,7 @@ enum Command {
     LibvirtdImage,
     /// Build (or reuse) the kind node image (offline, cgroup v1 ready); print its name.
     KindNodeImage,
-    /// The provider at scale: scale, steady, overhead, contention (all four without a name); tables and target/bench/*.json.
+    /// The provider at scale: scale, steady, floor, overhead, contention (all but scale without a name); tables and target/bench/*.json.
     Bench(bench::Args),
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
     BenchSim(bench_sim::Args),
