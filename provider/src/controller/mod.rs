@@ -314,7 +314,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let cluster_controller = Controller::for_stream(cluster_stream, cluster_store.clone()).with_config(config.clone());
     let libvirt_clusters = cluster_store.clone();
     let cluster_controller = cluster_controller
-        .watches(capi_clusters.clone(), watcher::Config::default(), watch_mapping::libvirt_cluster_of_cluster)
+        // The owner Cluster, when what the reconcile reads of it changes: not on
+        // CAPI's status writes, which follow every change of its machines.
+        .watches_stream(
+            watch_mapping::when_inputs_change(
+                watch_lean(capi_clusters.clone()).default_backoff(),
+                watch_mapping::owner_cluster_inputs,
+            ),
+            watch_mapping::libvirt_cluster_of_cluster,
+        )
         .watches(api::<LibvirtMachine>(&client, &ns), watcher::Config::default(), {
             let store = cluster_store.clone();
             move |lm| watch_mapping::deleting_libvirt_clusters_of_machine(&store, &lm)

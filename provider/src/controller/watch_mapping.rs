@@ -179,6 +179,14 @@ pub fn cluster_inputs(cluster: &Cluster) -> u64 {
     hash_of((metadata_inputs(cluster.meta()), provisioned))
 }
 
+/// What a LibvirtCluster's reconcile reads of its owner Cluster:
+/// [`metadata_inputs`] (spec.paused and the control plane endpoint are
+/// spec); not its status, which CAPI rewrites whenever one of the cluster's
+/// machines changes, and which would otherwise check the host again each time.
+pub fn owner_cluster_inputs(cluster: &Cluster) -> u64 {
+    hash_of(metadata_inputs(cluster.meta()))
+}
+
 /// What a LibvirtMachine's reconcile reads of its Machine: the spec fields
 /// bootstrap data Secret, failure domain and cluster name, its deletion,
 /// labels and annotations; not the rest of its spec (CAPI copying the
@@ -249,6 +257,31 @@ mod tests {
             .await;
         // The first sight, infrastructure provisioned, a spec change, the deletion.
         assert_eq!(passed, [(1, false), (1, true), (2, true), (2, true)]);
+    }
+
+    #[tokio::test]
+    async fn a_libvirt_cluster_sees_its_clusters_spec_and_deletion_not_its_status() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let events = [
+            Init,
+            InitApply(cluster(1, false, 0)),
+            InitDone,
+            Apply(cluster(1, false, 1)),
+            Apply(cluster(1, true, 2)),
+            Apply(cluster(2, true, 3)),
+            Apply(cluster(2, true, 4)),
+            Delete(cluster(2, true, 4)),
+        ];
+        let passed: Vec<(i64, String)> =
+            when_inputs_change(stream::iter(events.into_iter().map(Ok)), owner_cluster_inputs)
+                .map(|c| {
+                    let c = c.unwrap();
+                    (c.metadata.generation.unwrap(), c.metadata.resource_version.unwrap())
+                })
+                .collect()
+                .await;
+        // The first sight, the spec change, the deletion: none of the status writes.
+        assert_eq!(passed, [(1, "0".to_string()), (2, "3".to_string()), (2, "4".to_string())]);
     }
 
     /// CAPI copying the providerID into the Machine's spec (a new generation)
