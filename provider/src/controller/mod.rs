@@ -319,7 +319,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .watches_stream(
             watch_mapping::when_inputs_change(
                 watch_lean(capi_clusters.clone()).default_backoff(),
-                watch_mapping::owner_cluster_inputs,
+                watch_mapping::spec_inputs::<Cluster>,
             ),
             watch_mapping::libvirt_cluster_of_cluster,
         )
@@ -358,7 +358,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let (libvirt_cluster_reader, libvirt_cluster_writer) = reflector::store::<LibvirtCluster>();
     let libvirt_cluster_stream = watch_mapping::when_inputs_change(
         reflector::reflector(libvirt_cluster_writer, watch_lean(api::<LibvirtCluster>(&client, &ns))).default_backoff(),
-        watch_mapping::libvirt_cluster_inputs,
+        watch_mapping::spec_inputs::<LibvirtCluster>,
     );
     let _ = ctx.inputs.set(InputCaches {
         machines: machine_reader.clone(),

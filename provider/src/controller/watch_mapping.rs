@@ -179,14 +179,6 @@ pub fn cluster_inputs(cluster: &Cluster) -> u64 {
     hash_of((metadata_inputs(cluster.meta()), provisioned))
 }
 
-/// What a LibvirtCluster's reconcile reads of its owner Cluster:
-/// [`metadata_inputs`] (spec.paused and the control plane endpoint are
-/// spec); not its status, which CAPI rewrites whenever one of the cluster's
-/// machines changes, and which would otherwise check the host again each time.
-pub fn owner_cluster_inputs(cluster: &Cluster) -> u64 {
-    hash_of(metadata_inputs(cluster.meta()))
-}
-
 /// What a LibvirtMachine's reconcile reads of its Machine: the spec fields
 /// bootstrap data Secret, failure domain and cluster name, its deletion,
 /// labels and annotations; not the rest of its spec (CAPI copying the
@@ -204,10 +196,14 @@ pub fn machine_inputs(machine: &Machine) -> u64 {
     ))
 }
 
-/// What a LibvirtMachine's reconcile reads of its LibvirtCluster: the spec
-/// (host, network, pools) and [`metadata_inputs`]; not its status.
-pub fn libvirt_cluster_inputs(cluster: &LibvirtCluster) -> u64 {
-    hash_of(metadata_inputs(cluster.meta()))
+/// An object's spec and [`metadata_inputs`], not its status: what a
+/// LibvirtMachine's reconcile reads of its LibvirtCluster (host, network,
+/// pools), and what a LibvirtCluster's reads of its owner Cluster
+/// (spec.paused, the control plane endpoint), whose status CAPI rewrites
+/// whenever one of the cluster's machines changes and would otherwise have
+/// the host checked again each time.
+pub fn spec_inputs<K: Resource>(object: &K) -> u64 {
+    hash_of(metadata_inputs(object.meta()))
 }
 
 #[cfg(test)]
@@ -273,7 +269,7 @@ mod tests {
             Delete(cluster(2, true, 4)),
         ];
         let passed: Vec<(i64, String)> =
-            when_inputs_change(stream::iter(events.into_iter().map(Ok)), owner_cluster_inputs)
+            when_inputs_change(stream::iter(events.into_iter().map(Ok)), spec_inputs::<Cluster>)
                 .map(|c| {
                     let c = c.unwrap();
                     (c.metadata.generation.unwrap(), c.metadata.resource_version.unwrap())
