@@ -120,24 +120,20 @@ impl Kubectl {
         Ok(list["items"].as_array().cloned().unwrap_or_default())
     }
 
-    /// The names of the manager's Pods.
-    pub fn manager_pod_names(&self) -> Result<Vec<String>> {
-        Ok(self.manager_pods()?.iter().filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string)).collect())
-    }
-
-    /// The names of the manager's Pods that are Ready and not being deleted.
-    pub fn ready_manager_pods(&self) -> Result<Vec<String>> {
-        Ok(self
-            .manager_pods()?
-            .iter()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .filter(|p| {
-                p["status"]["conditions"]
+    /// The names of the manager's Pods, all of them and the Ready ones, from one listing.
+    pub fn manager_pod_names(&self) -> Result<ManagerPods> {
+        let pods = self.manager_pods()?;
+        let name = |p: &Value| p["metadata"]["name"].as_str().map(str::to_string);
+        let ready = |p: &&Value| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["conditions"]
                     .as_array()
                     .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-            })
-            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
-            .collect())
+        };
+        Ok(ManagerPods {
+            all: pods.iter().filter_map(name).collect(),
+            ready: pods.iter().filter(ready).filter_map(name).collect(),
+        })
     }
 }
 
@@ -339,4 +335,12 @@ fn stand_in_for_cert_manager(kubectl: &Kubectl) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The manager's Pods by name.
+#[derive(Debug, Clone, Default)]
+pub struct ManagerPods {
+    pub all: Vec<String>,
+    /// Ready and not being deleted.
+    pub ready: Vec<String>,
 }

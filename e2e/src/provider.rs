@@ -78,12 +78,11 @@ impl Provider {
             Provider::Process(p) => p.restart().await,
             Provider::Pod(kubectl) => {
                 crate::wait::until("a manager Pod Ready after the kill", POD_READY, || async {
-                    let ready = crate::blocking(|| kubectl.ready_manager_pods())?;
-                    if !ready.is_empty() {
+                    let pods = crate::blocking(|| kubectl.manager_pod_names())?;
+                    if !pods.ready.is_empty() {
                         return Ok(Check::Done(()));
                     }
-                    let pods = crate::blocking(|| kubectl.manager_pod_names()).unwrap_or_default();
-                    Ok(Check::Pending(format!("Pods {pods:?}, none Ready")))
+                    Ok(Check::Pending(format!("Pods {:?}, none Ready", pods.all)))
                 })
                 .await
             }

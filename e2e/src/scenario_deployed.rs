@@ -48,7 +48,7 @@ pub async fn deployed(stack: &mut Stack) -> Result<String> {
 pub async fn pod_logs(stack: &mut Stack) -> Result<String> {
     let tools = kubectl(stack)?;
     crate::blocking(|| {
-        let pods = tools.manager_pod_names()?;
+        let pods = tools.manager_pod_names()?.all;
         ensure!(!pods.is_empty(), "no manager Pod");
         let mut lines = 0;
         for pod in &pods {
@@ -66,7 +66,7 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     // 1. Rolled out, Ready, leading.
     let t = Instant::now();
     tools.manager_rollout()?;
-    let first = tools.ready_manager_pods()?;
+    let first = tools.manager_pod_names()?.ready;
     ensure!(first.len() == 1, "one Ready manager Pod expected, found {first:?}");
     let first = first[0].clone();
     let holder = wait_for_lease_holder(tools, &first)?;
@@ -83,11 +83,10 @@ fn check_deployment(tools: &Kubectl) -> Result<String> {
     tools.manager_rollout()?;
     let second = wait::until_blocking("the old Pod gone and one new Pod Ready", GONE_LIMIT, || {
         let pods = tools.manager_pod_names()?;
-        let ready = tools.ready_manager_pods()?;
-        Ok(if !pods.contains(&first) && ready.len() == 1 {
-            Check::Done(ready[0].clone())
+        Ok(if !pods.all.contains(&first) && pods.ready.len() == 1 {
+            Check::Done(pods.ready[0].clone())
         } else {
-            Check::Pending(format!("Pods {pods:?}, Ready {ready:?} (old Pod {first})"))
+            Check::Pending(format!("Pods {:?}, Ready {:?} (old Pod {first})", pods.all, pods.ready))
         })
     })?;
     ensure!(second != first, "the rollout restart kept Pod {first}");
