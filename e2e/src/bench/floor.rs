@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{
-    ControlPlane, NAME_PREFIX, cluster_objects, cpu_breakdown, create_all, delete_cluster, fmt, machine_objects,
-    percentile, print_table, provisioned_ip, wait_each, write_json,
+    ControlPlane, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, print_table,
+    provisioned_ip, ready_json, ready_rows, wait_each, write_json,
 };
 use crate::objects::{self, Kind};
 
@@ -56,12 +56,8 @@ pub async fn run(args: &Args) -> Result<bool> {
     let api0 = plane.api_requests().await?;
     let cpu0 = plane.cpu_seconds(&[]);
     eprintln!("creating {n} machines (Secret, LibvirtMachine, Machine each) and one Cluster at once; no manager runs");
-    let started = Instant::now();
-    let mut all = cluster_objects(&ns, CLUSTER, &super::scale::placement());
-    all.extend(machine_objects(&ns, CLUSTER, super::scale::placement().image.as_str(), n));
-    let own_creates = all.len();
-    create_all(&client, &ns, all).await?;
-    let created_s = started.elapsed().as_secs_f64();
+    let Workload { started, created_s, objects: own_creates } =
+        create_workload(&client, &ns, CLUSTER, &super::scale::placement(), n).await?;
     eprintln!("created in {created_s:.1} s; answering each LibvirtMachine and waiting for every address");
     let waited =
         wait_each(&client, &ns, n, started, Duration::from_secs(1800), |lm| provisioned_ip(lm).is_some()).await;
@@ -70,7 +66,6 @@ pub async fn run(args: &Args) -> Result<bool> {
         Err(err) if responder.is_finished() => bail!("{err:#}; the responder stopped: {:?}", responder.await),
         Err(err) => return Err(err),
     };
-    let all_ready_s = percentile(&ready, 1.0);
     let api = plane.api_requests().await?.since(&api0);
     let (cpu_text, cpu_used) = cpu_breakdown(&plane.cpu_seconds(&[]), &cpu0);
     let writes = answers.writes.load(Ordering::Relaxed);
@@ -86,28 +81,27 @@ pub async fn run(args: &Args) -> Result<bool> {
     responder.abort();
 
     let capi_requests = api.total() - own_requests;
-    let rows = vec![
+    let mut rows = vec![
         ("machines".to_string(), n.to_string()),
         ("answers in flight at once".into(), args.concurrency.to_string()),
         ("objects created (s)".into(), fmt(created_s, 1)),
-        ("first machine with address (s)".into(), fmt(percentile(&ready, 0.0), 1)),
-        ("50% with address (s)".into(), fmt(percentile(&ready, 0.5), 1)),
-        ("90% with address (s)".into(), fmt(percentile(&ready, 0.9), 1)),
-        ("all with address (s)".into(), fmt(all_ready_s, 1)),
+    ];
+    rows.extend(ready_rows(&ready));
+    rows.extend([
         ("answer writes (failed)".into(), format!("{writes} ({failed})")),
         ("API requests per machine (all clients)".into(), fmt(api.total() / n as f64, 1)),
         ("API requests per machine (without the benchmark's)".into(), fmt(capi_requests / n as f64, 1)),
         ("API requests, largest (all clients)".into(), api.top(6)),
         ("CPU while provisioning, every process (s)".into(), cpu_text),
         ("delete: all gone (s)".into(), fmt(deleted_s, 1)),
-    ];
+    ]);
     print_table(&format!("floor: {n} machines, the benchmark answering in the provider's place"), &rows);
     let report = json!({
         "benchmark": "floor",
         "machines": n,
         "concurrency": args.concurrency,
         "created_s": created_s,
-        "ready_s": {"first": percentile(&ready, 0.0), "p50": percentile(&ready, 0.5), "p90": percentile(&ready, 0.9), "all": all_ready_s},
+        "ready_s": ready_json(&ready),
         "answer_writes": writes,
         "answer_writes_failed": failed,
         "api_requests": api.to_json(),

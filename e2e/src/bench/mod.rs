@@ -359,6 +359,52 @@ pub fn machine_objects(ns: &str, cluster: &str, image: &str, count: usize) -> Ve
     out
 }
 
+/// The objects of [`create_workload`], just created.
+pub struct Workload {
+    /// When the first create went out.
+    pub started: Instant,
+    /// How long creating all of them took, seconds.
+    pub created_s: f64,
+    /// How many objects were created (the benchmark's own POSTs).
+    pub objects: usize,
+}
+
+/// Creates, at once, the Cluster `cluster` on `placement` and `count`
+/// machines of it (the workload of `scale` and `floor`).
+pub async fn create_workload(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+    placement: &Placement,
+    count: usize,
+) -> Result<Workload> {
+    let started = Instant::now();
+    let mut all = cluster_objects(ns, cluster, placement);
+    all.extend(machine_objects(ns, cluster, &placement.image, count));
+    let objects = all.len();
+    create_all(client, ns, all).await?;
+    Ok(Workload { started, created_s: started.elapsed().as_secs_f64(), objects })
+}
+
+/// The times by which the first, half, 90 % and all of the machines in
+/// `ready` had their address, as table rows.
+pub fn ready_rows(ready: &BTreeMap<String, f64>) -> Vec<(String, String)> {
+    vec![
+        ("first machine with address (s)".into(), fmt(percentile(ready, 0.0), 1)),
+        ("50% with address (s)".into(), fmt(percentile(ready, 0.5), 1)),
+        ("90% with address (s)".into(), fmt(percentile(ready, 0.9), 1)),
+        ("all with address (s)".into(), fmt(percentile(ready, 1.0), 1)),
+    ]
+}
+
+/// [`ready_rows`] as JSON.
+pub fn ready_json(ready: &BTreeMap<String, f64>) -> Value {
+    serde_json::json!({
+        "first": percentile(ready, 0.0), "p50": percentile(ready, 0.5),
+        "p90": percentile(ready, 0.9), "all": percentile(ready, 1.0),
+    })
+}
+
 /// The Cluster and LibvirtCluster `cluster` on `placement`.
 pub fn cluster_objects(ns: &str, cluster: &str, placement: &Placement) -> Vec<(Kind, Value)> {
     vec![

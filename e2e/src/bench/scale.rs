@@ -16,8 +16,8 @@ use anyhow::{Result, bail};
 use serde_json::json;
 
 use super::{
-    BenchStack, NAME_PREFIX, cluster_objects, cpu_breakdown, create_all, delete_cluster, fmt, machine_objects,
-    percentile, print_table, provisioned_ip, wait_each, write_json,
+    BenchStack, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, percentile, print_table,
+    provisioned_ip, ready_json, ready_rows, wait_each, write_json,
 };
 use crate::objects::{self, Kind, Placement};
 
@@ -76,12 +76,8 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let p0 = stack.process()?;
     let cpu0 = stack.cpu_seconds()?;
     eprintln!("creating {n} machines (Secret, LibvirtMachine, Machine each) and one Cluster at once");
-    let started = Instant::now();
-    let mut all = cluster_objects(&ns, CLUSTER, &placement);
-    all.extend(machine_objects(&ns, CLUSTER, &placement.image, n));
-    let own_creates = all.len();
-    create_all(&client, &ns, all).await?;
-    let created_s = started.elapsed().as_secs_f64();
+    let Workload { started, created_s, objects: own_creates } =
+        create_workload(&client, &ns, CLUSTER, &placement, n).await?;
     eprintln!("created in {created_s:.1} s; waiting for every machine's address");
     let (ready, lists) =
         wait_each(&client, &ns, n, started, Duration::from_secs(1800), |lm| provisioned_ip(lm).is_some()).await?;
@@ -140,10 +136,9 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
         ("machines".to_string(), n.to_string()),
         ("manager --concurrency".into(), args.concurrency.to_string()),
         ("objects created (s)".into(), fmt(created_s, 1)),
-        ("first machine with address (s)".into(), fmt(percentile(&ready, 0.0), 1)),
-        ("50% with address (s)".into(), fmt(percentile(&ready, 0.5), 1)),
-        ("90% with address (s)".into(), fmt(percentile(&ready, 0.9), 1)),
-        ("all with address (s)".into(), fmt(all_ready_s, 1)),
+    ];
+    rows.extend(ready_rows(&ready));
+    rows.extend([
         ("reconciles (LibvirtMachine)".into(), fmt(reconciles, 0)),
         ("reconciles per machine".into(), fmt(reconciles / n as f64, 2)),
         ("reconciles per second".into(), fmt(reconciles / all_ready_s, 1)),
@@ -166,7 +161,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
         ("manager CPU, whole run (s)".into(), fmt(p3.cpu_seconds, 1)),
         ("manager peak RSS, whole run (MiB)".into(), fmt(p3.peak_rss_mib, 1)),
         ("libvirt connections opened".into(), fmt(m3.connections_opened(), 0)),
-    ];
+    ]);
     for (step, mean) in &steps {
         rows.push((format!("create step {step}: mean (ms)"), fmt(mean * 1000.0, 3)));
     }
@@ -176,7 +171,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
         "machines": n,
         "concurrency": args.concurrency,
         "created_s": created_s,
-        "ready_s": {"first": percentile(&ready, 0.0), "p50": percentile(&ready, 0.5), "p90": percentile(&ready, 0.9), "all": all_ready_s},
+        "ready_s": ready_json(&ready),
         "reconciles": reconciles,
         "reconciles_per_s": reconciles / all_ready_s,
         "reconcile_mean_s": reconcile_mean,
