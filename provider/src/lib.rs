@@ -2,7 +2,8 @@
 //! turns LibvirtMachines into QEMU/KVM domains on a libvirt host.
 //!
 //! Layers, top to bottom:
-//! - [`api`]: the four CRD kinds and their condition constants.
+//! - [`api`]: the four CRD kinds and their condition constants; [`api_reference`]
+//!   renders the book's API reference from their CRDs.
 //! - [`controller`]: the reconcilers (gather, decide, act, report); the only
 //!   place that maps host failures to condition reasons.
 //! - the `capl-host` crate ([`capl_host`]): naming, XML, cloud-init ISO, IP
@@ -10,6 +11,7 @@
 //!   libvirt and `libvirt-sim` backends. It knows nothing of Kubernetes.
 
 pub mod api;
+pub mod api_reference;
 pub mod controller;
 pub mod counted_host;
 pub mod manifests;

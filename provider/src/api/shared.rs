@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 /// Where the workload cluster's API server listens.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApiEndpoint {
-    /// Hostname or IP address of the control plane endpoint, e.g. a kube-vip address
-    /// outside the network's DHCP range.
+    /// Hostname or IP address of the control plane endpoint, e.g. the address keepalived
+    /// holds on the control-plane nodes, outside the network's DHCP range.
     #[schemars(length(min = 1, max = 512))]
     pub host: String,
     /// Port of the control plane endpoint.

@@ -16,7 +16,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write config/, metadata.yaml and the generated flavors under the repository root.
+    /// Write config/, metadata.yaml, the generated flavors and the book's API reference under the repository root.
     Write {
         #[arg(long, default_value = ".")]
         root: PathBuf,
@@ -94,6 +94,8 @@ fn write_config(root: &Path) -> Result<()> {
     let flavor = manifests::allocated_endpoint_flavor(&default_flavor).map_err(anyhow::Error::msg)?;
     write_file(&root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR), &flavor)?;
     println!("wrote {}", manifests::ALLOCATED_ENDPOINT_FLAVOR);
+    write_file(&root.join(capl::api_reference::PATH), &capl::api_reference::markdown())?;
+    println!("wrote {}", capl::api_reference::PATH);
     Ok(())
 }
 

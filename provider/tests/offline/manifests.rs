@@ -30,7 +30,54 @@ fn committed_manifests_match_the_code() {
     if std::fs::read_to_string(root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR)).unwrap_or_default() != flavor {
         stale.push(manifests::ALLOCATED_ENDPOINT_FLAVOR.into());
     }
+    if std::fs::read_to_string(root.join(capl::api_reference::PATH)).unwrap_or_default()
+        != capl::api_reference::markdown()
+    {
+        stale.push(capl::api_reference::PATH.into());
+    }
     assert!(stale.is_empty(), "stale generated files {stale:?}: run `cargo xtask manifests` and commit the result");
+}
+
+/// Every field of the four kinds' schemas, found by a walk of its own, is a
+/// row of the committed API reference.
+#[test]
+fn the_api_reference_lists_every_field_of_the_four_kinds() {
+    fn walk(path: &str, schema: &Value, out: &mut Vec<String>) {
+        let (inner, inner_path) = if schema["type"] == "array" {
+            (&schema["items"], format!("{path}[]"))
+        } else if schema["additionalProperties"].is_object() {
+            (&schema["additionalProperties"], format!("{path}.*"))
+        } else {
+            (schema, path.to_string())
+        };
+        for (name, child) in inner["properties"].as_object().into_iter().flatten() {
+            let child_path = if inner_path.is_empty() { name.clone() } else { format!("{inner_path}.{name}") };
+            if inner_path.is_empty() && ["apiVersion", "kind", "metadata"].contains(&name.as_str()) {
+                continue;
+            }
+            out.push(child_path.clone());
+            walk(&child_path, child, out);
+        }
+    }
+    let reference = std::fs::read_to_string(repo_root().join(capl::api_reference::PATH)).unwrap();
+    let mut kinds = 0;
+    for crd in capl::api::crds() {
+        let kind = crd.spec.names.kind.clone();
+        let section = reference
+            .split(&format!("\n## {kind}\n"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .unwrap_or_else(|| panic!("{} has no section {kind}", capl::api_reference::PATH));
+        let value = serde_json::to_value(&crd).unwrap();
+        let mut paths = Vec::new();
+        walk("", &value["spec"]["versions"][0]["schema"]["openAPIV3Schema"], &mut paths);
+        assert!(paths.len() > 10, "{kind}: {paths:?}");
+        for path in paths {
+            assert!(section.contains(&format!("| `{path}` |")), "{kind}: field {path} is not in the API reference");
+        }
+        kinds += 1;
+    }
+    assert_eq!(kinds, 4);
 }
 
 /// The allocated-endpoint flavor is the default flavor with the LibvirtCluster
