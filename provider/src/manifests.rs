@@ -152,7 +152,7 @@ fn service_account() -> Value {
 }
 
 /// Every API request the manager makes, as RBAC rules, and nothing more
-/// (issue 11 item 7). The reconcilers watch and patch our two kinds (finalizers,
+/// (least privilege). The reconcilers watch and patch our two kinds (finalizers,
 /// `spec.providerID`, the endpoint; a machine reads its LibvirtCluster, a
 /// LibvirtMachine is only ever read from the watch cache), patch their status, read CAPI's Cluster and
 /// Machine and the bootstrap Secrets, and publish `events.k8s.io` Events (kube's
@@ -646,7 +646,7 @@ pub fn allocated_endpoint_flavor(default_flavor: &str) -> Result<String, String>
          # endpoint allocated by the provider instead of named\n\
          # (clusterctl generate cluster NAME --flavor allocated-endpoint; no\n\
          # CAPL_CONTROL_PLANE_ENDPOINT_HOST). One libvirt host (spec.uri).\n\
-         # Variables are documented in templates/README.md.\n"
+         # Variables are documented in docs/src/flavors.md.\n"
     );
     let body = &default_flavor[header_end + 1..];
     Ok(format!("{header}{}", body.replace(NAMED_ENDPOINT, ALLOCATED_ENDPOINT)))

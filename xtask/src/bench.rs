@@ -1,6 +1,7 @@
 //! `cargo xtask bench [scale|steady|floor|overhead|contention]`: what the
-//! provider costs at scale (issue 15). Each benchmark prints a table and
-//! writes `target/bench/<name>.json`; without a subcommand steady, floor,
+//! provider costs at scale. Each benchmark prints a table and writes
+//! `target/bench/<name>.json`, whose table then replaces that benchmark's in
+//! the book (`docs/src/performance.md`, see `bench_tables`); without a subcommand steady, floor,
 //! overhead and contention run, the scale figures coming from the steady run
 //! (which creates the same 1,000 machines first).
 //!
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
+use crate::{bench_tables, control_plane, guest_image, libvirt_host, repo_root, step};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -113,7 +114,8 @@ pub fn run(args: Args) -> Result<()> {
     if started_libvirtd {
         step("stop private libvirtd", libvirt_host::down)?;
     }
-    result
+    result?;
+    step("the book's performance tables", bench_tables::write)
 }
 
 /// Release builds: the figures are the manager's as it would run.

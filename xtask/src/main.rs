@@ -6,12 +6,14 @@
 
 mod bench;
 mod bench_sim;
+mod bench_tables;
 mod control_plane;
 mod demo;
 mod demo_check;
 mod deploy;
 mod docker;
 mod docker_engine;
+mod docs;
 mod e2e;
 mod guest_image;
 mod images;
@@ -37,8 +39,10 @@ struct Cli {
 enum Command {
     /// Run every test, installing and starting what they need (the README's test command).
     Test(test::Args),
-    /// Regenerate CRDs, RBAC, the manager manifests, metadata.yaml and the generated flavor.
+    /// Regenerate CRDs, RBAC, the manager manifests, metadata.yaml, the generated flavor and the API reference.
     Manifests,
+    /// Check the book's internal links and build it with mdBook into target/book.
+    Docs,
     /// Write a release as a clusterctl provider repository: <out>/infrastructure-libvirt/<version>/
     /// (components, metadata, templates, install.yaml).
     Release {
@@ -96,6 +100,8 @@ enum Command {
     KindNodeImage,
     /// The provider at scale: scale, steady, floor, overhead, contention (all but scale without a name); tables and target/bench/*.json.
     Bench(bench::Args),
+    /// Write the book's performance tables from target/bench/*.json (`bench` does it after each run).
+    BenchTables,
     /// Define and start 10,000 domains on one simulated host; print time and peak memory.
     BenchSim(bench_sim::Args),
     /// Build (or reuse) the tiny test guest image the e2e tests and the demo boot; print its path.
@@ -113,6 +119,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Test(args) => test::run(args),
         Command::Manifests => manifests::write(),
+        Command::Docs => docs::build(),
         Command::Release { version, image, out, watch_namespace } => {
             let out = if out.is_absolute() { out } else { repo_root().join(out) };
             manifests::release(&version, &image, &out, watch_namespace.as_deref())
@@ -129,6 +136,7 @@ fn main() -> Result<()> {
         Command::LibvirtdImage => images::libvirtd_image_command(),
         Command::KindNodeImage => kind::node_image_command(),
         Command::Bench(args) => bench::run(args),
+        Command::BenchTables => bench_tables::write(),
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
         Command::NodeImage(args) => node_image::run(args),

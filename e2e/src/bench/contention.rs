@@ -157,8 +157,10 @@ pub fn run(uri: &str, machines: usize, out: &Path) -> Result<bool> {
         ("  DHCP leases read (ms)".into(), fmt(read_leases * 1000.0, 2)),
         ("  network update add/delete, live+config (ms)".into(), fmt(update * 1000.0, 2)),
     ];
-    print_table(&format!("contention: {machines} reservations on one real network"), &rows);
+    let title = format!("contention: {machines} reservations on one real network");
+    print_table(&title, &rows);
     let value = json!({
+        "table": super::table_json(&title, &rows),
         "benchmark": "contention",
         "machines": machines,
         "dhcp_hosts": ours.len(),

@@ -95,8 +95,10 @@ pub async fn run(args: &Args) -> Result<bool> {
         ("CPU while provisioning, every process (s)".into(), cpu_text),
         ("delete: all gone (s)".into(), fmt(deleted_s, 1)),
     ]);
-    print_table(&format!("floor: {n} machines, the benchmark answering in the provider's place"), &rows);
+    let title = format!("floor: {n} machines, the benchmark answering in the provider's place");
+    print_table(&title, &rows);
     let report = json!({
+        "table": super::table_json(&title, &rows),
         "benchmark": "floor",
         "machines": n,
         "concurrency": args.concurrency,

@@ -1,5 +1,5 @@
 //! `capl-e2e bench <name>`, started by `cargo xtask bench`: what the provider
-//! costs at scale, measured through the real parts (issue 15).
+//! costs at scale, measured through the real parts.
 //!
 //! - [`scale`]: 1,000 machines on the embedded simulated host, through the
 //!   local kube-apiserver with CAPI core: created at once, then deleted.
@@ -475,6 +475,12 @@ pub fn print_table(title: &str, rows: &[(String, String)]) {
     for (k, v) in rows {
         println!("{k:<width$}  {v}");
     }
+}
+
+/// The printed table as JSON, `{"title": ..., "rows": [[name, value], ...]}`:
+/// what `cargo xtask bench-tables` renders into the book.
+pub fn table_json(title: &str, rows: &[(String, String)]) -> Value {
+    serde_json::json!({"title": title, "rows": rows.iter().map(|(k, v)| [k, v]).collect::<Vec<_>>()})
 }
 
 /// Writes `value` as `<out>/<name>.json`; returns the path.

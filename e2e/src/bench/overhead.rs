@@ -290,8 +290,10 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         format!("{:.1} / {:.1} / {:.1}", total.0 * 1000.0, total.1 * 1000.0, floor_net.max(0.0) * 1000.0),
     ));
     rows.push(("manager steps / virsh floor without connect".into(), fmt(total.0 / floor_net, 2)));
-    print_table(&format!("overhead: {} machines on the private libvirtd", args.machines), &rows);
+    let title = format!("overhead: {} machines on the private libvirtd", args.machines);
+    print_table(&title, &rows);
     let value = json!({
+        "table": super::table_json(&title, &rows),
         "benchmark": "overhead",
         "machines": args.machines,
         "end_to_end_s": end_to_end,

@@ -165,8 +165,10 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     for (step, mean) in &steps {
         rows.push((format!("create step {step}: mean (ms)"), fmt(mean * 1000.0, 3)));
     }
-    print_table(&format!("scale: {n} machines on the simulated host"), &rows);
+    let title = format!("scale: {n} machines on the simulated host");
+    print_table(&title, &rows);
     let report = json!({
+        "table": super::table_json(&title, &rows),
         "benchmark": "scale",
         "machines": n,
         "concurrency": args.concurrency,

@@ -85,8 +85,10 @@ pub fn report(out: &Path, s: &Steady) -> Result<()> {
         ),
         ("manager peak RSS since start (MiB)".into(), fmt(s.peak_rss_mib, 1)),
     ];
-    print_table(&format!("steady: {} running machines left alone", s.machines), &rows);
+    let title = format!("steady: {} running machines left alone", s.machines);
+    print_table(&title, &rows);
     let value: Value = json!({
+        "table": super::table_json(&title, &rows),
         "benchmark": "steady",
         "machines": s.machines,
         "window_s": s.window_s,
