@@ -1,10 +1,10 @@
-//! The e2e scenario `multihost` (issue 16): one Cluster over two libvirt hosts on one
+//! The e2e scenario `multihost`: one Cluster over two libvirt hosts on one
 //! L2, addresses and the control-plane endpoint from CAPI's in-cluster IPAM provider.
 //!
 //! Two private libvirtd beside the test host (`testenv::lab`), each with the network
 //! `lab-lan` in forward mode bridge onto one Linux bridge whose only address, the lab
-//! gateway, is inside a network namespace of its own. The README's complete example
-//! ("Several hosts") is applied as written, with its variables filled in; a
+//! gateway, is inside a network namespace of its own. The book's complete example
+//! (`docs/src/several-hosts.md`) is applied as written, with its variables filled in; a
 //! MachineDeployment of four with a plain bootstrap Secret follows. Checked from
 //! outside: the endpoint is allocated; the machines land on both hosts (placement by
 //! available memory), each with a distinct address of the pool; every guest's serial
@@ -39,10 +39,14 @@ const HOSTS: [&str; 2] = ["rack1", "rack2"];
 /// How long the guests may take to print their address and reach every peer.
 const GUESTS_REACH: Duration = Duration::from_secs(420);
 
-/// The README's YAML block that follows `<!-- e2e: multihost -->`.
-pub fn readme_example(readme: &str) -> Result<String> {
-    let (_, after) =
-        readme.split_once("<!-- e2e: multihost -->").context("README.md has no `<!-- e2e: multihost -->`")?;
+/// The book page that holds the complete example.
+pub const EXAMPLE_PAGE: &str = "docs/src/several-hosts.md";
+
+/// The page's YAML block that follows `<!-- e2e: multihost -->`.
+pub fn documented_example(page: &str) -> Result<String> {
+    let (_, after) = page
+        .split_once("<!-- e2e: multihost -->")
+        .with_context(|| format!("{EXAMPLE_PAGE} has no `<!-- e2e: multihost -->`"))?;
     let (_, block) = after.split_once("```yaml\n").context("no ```yaml block after `<!-- e2e: multihost -->`")?;
     let (yaml, _) = block.split_once("\n```").context("the multihost YAML block is not closed")?;
     Ok(format!("{yaml}\n"))
@@ -115,7 +119,8 @@ pub async fn multihost(stack: &mut Stack) -> Result<String> {
     }
     say(ID, format!("two libvirtd ({}, {}) on bridge {} with network {NETWORK}", HOSTS[0], HOSTS[1], lab.bridge()));
 
-    let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).context("reading README.md")?;
+    let page = std::fs::read_to_string(crate::repo_root().join(EXAMPLE_PAGE))
+        .with_context(|| format!("reading {EXAMPLE_PAGE}"))?;
     let vars: BTreeMap<&str, String> = [
         ("CAPL_LAB_MACHINE_ADDRESSES", format!("{}-{}", MACHINES[0], MACHINES[3])),
         ("CAPL_LAB_GATEWAY", GATEWAY.to_string()),
@@ -133,8 +138,8 @@ pub async fn multihost(stack: &mut Stack) -> Result<String> {
     .into_iter()
     .collect();
     let manifest = stack.work_dir.join("multihost.yaml");
-    std::fs::write(&manifest, substitute(&readme_example(&readme)?, &vars)?)?;
-    crate::scenario_workload::kubectl_apply(stack, Some(&ns), &manifest)?;
+    std::fs::write(&manifest, substitute(&documented_example(&page)?, &vars)?)?;
+    crate::workload::render::kubectl_apply(stack, Some(&ns), &manifest)?;
     let client = stack.client();
     // Every guest pings all the pool's addresses (but its own) and the gateway.
     let user_data = format!("#cloud-config\n#capl-ping {} {GATEWAY}\n", MACHINES.join(" "));
@@ -147,7 +152,7 @@ pub async fn multihost(stack: &mut Stack) -> Result<String> {
         objects::machine_deployment(&ns, "lab-md", "lab", MACHINES.len() as i64, "lab-workers", "lab-bootstrap"),
     )
     .await?;
-    say(ID, "README example applied; MachineDeployment of 4 created");
+    say(ID, "the book's example applied; MachineDeployment of 4 created");
 
     let result = check(&client, &ns, &views, &console_dir, &lab).await;
     let cleanup = clean_up(&client, &ns, &views).await;
@@ -279,9 +284,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_readme_example_renders_with_every_variable() {
-        let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).unwrap();
-        let yaml = readme_example(&readme).unwrap();
+    fn the_documented_example_renders_with_every_variable() {
+        let page = std::fs::read_to_string(crate::repo_root().join(EXAMPLE_PAGE)).unwrap();
+        let yaml = documented_example(&page).unwrap();
         let vars: BTreeMap<&str, String> = [
             "CAPL_LAB_MACHINE_ADDRESSES",
             "CAPL_LAB_GATEWAY",

@@ -41,7 +41,7 @@ pub async fn connection_uri(
             reason: reasons::CREDENTIALS_NOT_FOUND,
             message: format!(
                 "{owner}: Secret {namespace}/{secret} named by credentialsRef does not exist: create it with the \
-                 credentials for {uri} (see the README, \"Host credentials\")"
+                 credentials for {uri} (see the book, \"Credentials and the URI policy\")"
             ),
             transient: true,
         }));

@@ -46,7 +46,7 @@ async fn a_credentials_secret_is_checked_before_connecting_and_its_content_never
         message,
         format!(
             "LibvirtCluster tls: Secret {}/kvm1-tls named by credentialsRef does not exist: create it with the \
-             credentials for {uri} (see the README, \"Host credentials\")",
+             credentials for {uri} (see the book, \"Credentials and the URI policy\")",
             w.ns
         )
     );

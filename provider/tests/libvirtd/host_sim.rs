@@ -105,9 +105,10 @@ fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
 
 /// Simulator operations (each trait call is one or two libvirt RPCs: the
 /// lookup by name and the call itself, as on a real host) for the paths the
-/// README's "Cost on the host" table lists; the table must say the same.
+/// "Cost on the host" table of the book's design page lists; the table must
+/// say the same.
 #[test]
-fn libvirt_call_counts_match_the_readme() {
+fn libvirt_call_counts_match_the_book() {
     let (host, hv, fx) = sim("counts");
     let spec = spec(&fx, "sim-counts", "count-0");
     let counters = host.counters();
@@ -140,25 +141,25 @@ fn libvirt_call_counts_match_the_readme() {
     let (cluster, cluster_one_pool) = (infra(&fx.domain_pool), infra(&fx.base_pool));
 
     eprintln!("simulator operations: create {create}, steady state {steady}, delete {delete}, cluster {cluster}");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let table = readme_cost_table(&readme);
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/design.md")).unwrap();
+    let table = cost_table(&page);
     let row = |label: &str| -> Vec<u64> {
         let (_, numbers) = table
             .iter()
             .find(|(l, _)| l.starts_with(label))
-            .unwrap_or_else(|| panic!("README's cost table has no row {label:?}: {table:?}"));
+            .unwrap_or_else(|| panic!("design.md's cost table has no row {label:?}: {table:?}"));
         numbers.clone()
     };
-    assert_eq!(row("create a new machine"), [create], "README: create");
-    assert_eq!(row("steady-state check"), [steady], "README: steady state");
-    assert_eq!(row("delete a running machine"), [delete], "README: delete");
-    assert_eq!(row("LibvirtCluster host check"), [cluster, cluster_one_pool], "README: cluster check");
+    assert_eq!(row("create a new machine"), [create], "design.md: create");
+    assert_eq!(row("steady-state check"), [steady], "design.md: steady state");
+    assert_eq!(row("delete a running machine"), [delete], "design.md: delete");
+    assert_eq!(row("LibvirtCluster host check"), [cluster, cluster_one_pool], "design.md: cluster check");
 }
 
-/// The rows of the README's "Cost on the host" table: (label, the numbers of
-/// the second column).
-fn readme_cost_table(readme: &str) -> Vec<(String, Vec<u64>)> {
-    let section = readme.split("### Cost on the host").nth(1).expect("README has a Cost on the host section");
+/// The rows of the design page's "Cost on the host" table: (label, the
+/// numbers of the second column).
+fn cost_table(page: &str) -> Vec<(String, Vec<u64>)> {
+    let section = page.split("## Cost on the host").nth(1).expect("design.md has a Cost on the host section");
     section
         .lines()
         .skip_while(|l| !l.starts_with('|'))

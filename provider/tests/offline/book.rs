@@ -1,19 +1,27 @@
-//! The README's tables say what the code does.
+//! The book's tables say what the code does: each test reads the page that
+//! holds its table (`docs/src/<page>.md`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use capl::api::conditions;
 
-fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap()
+/// The book's pages that hold the tables checked here.
+const INTRODUCTION: &str = "introduction.md";
+const TROUBLESHOOTING: &str = "troubleshooting.md";
+const DESIGN: &str = "design.md";
+const OPERATIONS: &str = "operations.md";
+
+fn page(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// Rows of the README table whose header starts with `header`.
-fn table_rows(header: &str) -> Vec<Vec<String>> {
-    let text = readme();
+/// Rows of the table of book page `name` whose header starts with `header`.
+fn table_rows(name: &str, header: &str) -> Vec<Vec<String>> {
+    let text = page(name);
     let mut lines = text.lines().skip_while(|l| !l.starts_with(header));
-    lines.next().unwrap_or_else(|| panic!("README has no table starting with {header:?}"));
+    lines.next().unwrap_or_else(|| panic!("{name} has no table starting with {header:?}"));
     lines
         .skip(1)
         .take_while(|l| l.starts_with('|'))
@@ -23,13 +31,13 @@ fn table_rows(header: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn conditions_table_matches_the_constants() {
-    let rows = table_rows("| Resource | Condition | Meaning |");
+    let rows = table_rows(TROUBLESHOOTING, "| Resource | Condition | Meaning |");
     for (kind, constants) in
         [("LibvirtCluster", conditions::CLUSTER_CONDITIONS), ("LibvirtMachine", conditions::MACHINE_CONDITIONS)]
     {
         let documented: BTreeSet<&str> = rows.iter().filter(|r| r[0] == kind).map(|r| r[1].as_str()).collect();
         let code: BTreeSet<&str> = constants.iter().copied().collect();
-        assert_eq!(documented, code, "README conditions of {kind} differ from the code");
+        assert_eq!(documented, code, "the book's conditions of {kind} differ from the code");
     }
     let infra = rows.iter().find(|r| r[0] == "LibvirtCluster" && r[1] == conditions::INFRASTRUCTURE_READY).unwrap();
     for reason in [
@@ -41,38 +49,38 @@ fn conditions_table_matches_the_constants() {
         conditions::reasons::INVALID_CREDENTIALS,
         conditions::reasons::HOST_AUTHENTICATION_FAILED,
     ] {
-        assert!(infra[2].contains(reason), "README does not list reason {reason}");
+        assert!(infra[2].contains(reason), "the conditions table does not list reason {reason}");
     }
 }
 
 #[test]
 fn kinds_table_lists_the_four_crds() {
-    let documented: BTreeSet<String> = table_rows("| Kind | Purpose |").into_iter().map(|r| r[0].clone()).collect();
+    let documented: BTreeSet<String> = table_rows(INTRODUCTION, "| Kind | Purpose |").into_iter().map(|r| r[0].clone()).collect();
     let code: BTreeSet<String> = capl::api::crds().into_iter().map(|c| c.spec.names.kind).collect();
     assert_eq!(documented, code);
 }
 
 #[test]
 fn names_table_example_is_what_the_code_computes() {
-    let rows = table_rows("| Item | Value |");
-    let domain = rows.iter().find(|r| r[0] == "Domain name").expect("README names table has a Domain name row");
-    // The README's example: LibvirtMachine default/libvirt-xd-0 with the identity it shows.
-    let identity = rows.iter().find(|r| r[0] == "Identity").expect("README names table has an Identity row");
+    let rows = table_rows(DESIGN, "| Item | Value |");
+    let domain = rows.iter().find(|r| r[0] == "Domain name").expect("the names table has a Domain name row");
+    // The table's example: LibvirtMachine default/libvirt-xd-0 with the identity it shows.
+    let identity = rows.iter().find(|r| r[0] == "Identity").expect("the names table has an Identity row");
     let uuid =
         identity[1].split('`').find(|s| capl_host::naming::is_uuid(s)).expect("the Identity row shows an example UUID");
     let example = capl_host::naming::domain_name("default", "libvirt-xd-0", uuid);
-    assert!(domain[1].contains(&format!("`{example}`")), "README says {:?}, the code computes {example}", domain[1]);
+    assert!(domain[1].contains(&format!("`{example}`")), "the book says {:?}, the code computes {example}", domain[1]);
     let provider_id = rows.iter().find(|r| r[0] == "Provider ID").unwrap();
     assert!(provider_id[1].starts_with(&format!("`{}", capl_host::naming::PROVIDER_ID_PREFIX)));
 }
 
 #[test]
 fn machine_failure_reasons_are_documented() {
-    let rows = table_rows("| Resource | Condition | Meaning |");
+    let rows = table_rows(TROUBLESHOOTING, "| Resource | Condition | Meaning |");
     let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::DOMAIN_PROVISIONING_READY).unwrap();
     for kind in capl_host::FailureKind::ALL {
         let reason = capl::controller::host_failure::machine_reason(kind);
-        assert!(row[2].contains(reason), "README does not list reason {reason} (host failure {kind:?})");
+        assert!(row[2].contains(reason), "the conditions table does not list reason {reason} (host failure {kind:?})");
     }
     for reason in [
         conditions::reasons::WAITING_FOR_BOOTSTRAP_DATA,
@@ -85,30 +93,30 @@ fn machine_failure_reasons_are_documented() {
         conditions::reasons::CREDENTIALS_NOT_FOUND,
         conditions::reasons::INVALID_CREDENTIALS,
     ] {
-        assert!(row[2].contains(reason), "README does not list reason {reason}");
+        assert!(row[2].contains(reason), "the conditions table does not list reason {reason}");
     }
 }
 
 #[test]
 fn lost_domain_reason_is_documented() {
-    let rows = table_rows("| Resource | Condition | Meaning |");
+    let rows = table_rows(TROUBLESHOOTING, "| Resource | Condition | Meaning |");
     for type_ in [conditions::MACHINE_CREATED, conditions::DOMAIN_RUNNING, conditions::READY] {
         let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == type_).unwrap();
-        assert!(row[2].contains(conditions::reasons::DOMAIN_LOST), "README row {type_} lacks DomainLost");
+        assert!(row[2].contains(conditions::reasons::DOMAIN_LOST), "conditions row {type_} lacks DomainLost");
     }
 }
 
 #[test]
 fn deletion_reason_and_annotation_are_documented() {
-    let rows = table_rows("| Resource | Condition | Meaning |");
+    let rows = table_rows(TROUBLESHOOTING, "| Resource | Condition | Meaning |");
     let row = rows.iter().find(|r| r[0] == "LibvirtMachine" && r[1] == conditions::READY).unwrap();
-    assert!(row[2].contains(conditions::reasons::DELETION_RETRYING), "README Ready row lacks DeletionRetrying");
-    let text = readme();
+    assert!(row[2].contains(conditions::reasons::DELETION_RETRYING), "conditions Ready row lacks DeletionRetrying");
+    let text = page(TROUBLESHOOTING);
     let section = text
-        .split("#### Deleting objects in any order")
+        .split("### Deleting objects in any order")
         .nth(1)
-        .and_then(|rest| rest.split("\n#### ").next())
-        .expect("README has a Deleting objects in any order section");
+        .and_then(|rest| rest.split("\n### ").next())
+        .expect("the troubleshooting page has a Deleting objects in any order section");
     for needle in
         [capl::api::SKIP_HOST_CLEANUP_ANNOTATION, "HostCleanupSkipped", "ForeignObjectsLeft", "DeletionRetrying"]
     {
@@ -116,7 +124,7 @@ fn deletion_reason_and_annotation_are_documented() {
     }
 }
 
-/// Every flag of the manager is in the README's Manager flags table, with the
+/// Every flag of the manager is in the book's Manager flags table, with the
 /// default `--help` shows.
 #[test]
 fn manager_flags_table_matches_the_binary() {
@@ -125,7 +133,7 @@ fn manager_flags_table_matches_the_binary() {
         .output()
         .expect("run the manager with --help");
     let help = String::from_utf8(out.stdout).unwrap();
-    let rows = table_rows("| Flag | Default | Meaning |");
+    let rows = table_rows(OPERATIONS, "| Flag | Default | Meaning |");
     let mut seen = 0;
     // clap prints each flag as "  --name <VALUE>" or "  --name", its help after
     // it, and the default as "[default: x]" at the end of that help.
@@ -150,9 +158,9 @@ fn manager_flags_table_matches_the_binary() {
         let row = rows
             .iter()
             .find(|r| r[0] == format!("`{flag}`"))
-            .unwrap_or_else(|| panic!("{flag} is not in the README's Manager flags table"));
+            .unwrap_or_else(|| panic!("{flag} is not in the Manager flags table of operations.md"));
         if let Some(default) = default {
-            assert_eq!(row[1], format!("`{default}`"), "README default of {flag}");
+            assert_eq!(row[1], format!("`{default}`"), "operations.md default of {flag}");
         }
     }
     assert!(seen >= 13, "parsed {seen} flags from --help:\n{help}");

@@ -14,6 +14,7 @@
 #[path = "../support/clusterctl_template.rs"]
 mod clusterctl_template;
 
+mod book;
 mod dockerfile;
 mod host_cloud_init_iso;
 mod host_errors;
@@ -21,5 +22,4 @@ mod host_naming;
 mod host_xml_snapshots;
 mod libvirt_test_driver;
 mod manifests;
-mod readme;
 mod templates;

@@ -1,4 +1,5 @@
-//! Every YAML under templates/ and every example in the README parses, our
+//! Every YAML under templates/ and every example in README.md and the book
+//! (`docs/src/*.md`) parses, our
 //! kinds parse into our types, every reference resolves, and every clusterctl
 //! variable is documented.
 
@@ -135,13 +136,13 @@ fn clusterclass_files_carry_no_variables_and_flavors_use_the_standard_ones() {
 
 #[test]
 fn every_template_variable_is_documented() {
-    let doc = std::fs::read_to_string(repo_root().join("templates/README.md")).unwrap();
+    let doc = std::fs::read_to_string(repo_root().join(FLAVORS_PAGE)).unwrap();
     for path in template_files() {
         let (_, names) = substitute(&std::fs::read_to_string(&path).unwrap());
         for name in names {
             assert!(
                 doc.contains(&format!("| `{name}` |")),
-                "${{{name}}} of {} is not in templates/README.md",
+                "${{{name}}} of {} is not in {FLAVORS_PAGE}",
                 path.display()
             );
         }
@@ -165,12 +166,28 @@ fn kubeadm_configs_set_the_provider_id_the_provider_uses() {
     }
 }
 
-/// ```yaml blocks of the README that mention our API group.
-fn readme_yaml_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+/// The book's page with the flavors' variables table.
+const FLAVORS_PAGE: &str = "docs/src/flavors.md";
+
+/// README.md and the book's pages (`docs/src/*.md`).
+fn documentation() -> Vec<(String, String)> {
+    let mut files = vec![repo_root().join("README.md")];
+    let pages = std::fs::read_dir(repo_root().join("docs/src")).unwrap();
+    files.extend(pages.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")));
+    files.sort();
+    files.into_iter().map(|p| (p.display().to_string(), std::fs::read_to_string(&p).unwrap())).collect()
+}
+
+/// ```yaml blocks of README.md and the book that mention our API group, with
+/// the file each is in.
+fn documented_yaml_blocks() -> Vec<(String, String)> {
+    documentation().into_iter().flat_map(|(file, text)| yaml_blocks(&text).into_iter().map(move |b| (file.clone(), b))).collect()
+}
+
+fn yaml_blocks(text: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut current: Option<String> = None;
-    for line in readme.lines() {
+    for line in text.lines() {
         match (&mut current, line.trim_start().starts_with("```")) {
             (None, true) if line.trim_start().trim_start_matches('`').starts_with("yaml") => {
                 current = Some(String::new())
@@ -190,16 +207,16 @@ fn readme_yaml_blocks() -> Vec<String> {
 }
 
 #[test]
-fn readme_examples_parse_into_our_types() {
-    let blocks = readme_yaml_blocks();
-    assert!(!blocks.is_empty(), "the README shows at least one LibvirtCluster/LibvirtMachine example");
+fn documented_examples_parse_into_our_types() {
+    let blocks = documented_yaml_blocks();
+    assert!(!blocks.is_empty(), "the book shows at least one LibvirtCluster/LibvirtMachine example");
     let mut kinds = BTreeSet::new();
-    for block in blocks {
+    for (file, block) in blocks {
         // A block with clusterctl variables (the several-hosts example) is read filled in.
         let (block, _) = substitute(&block);
         for doc in parse_documents(&block) {
             if doc["apiVersion"].as_str().is_some_and(|v| v.starts_with("infrastructure.cluster.x-k8s.io/")) {
-                check_our_kind(&doc, "README.md");
+                check_our_kind(&doc, &file);
                 kinds.insert(doc["kind"].as_str().unwrap().to_string());
             }
         }
@@ -208,7 +225,7 @@ fn readme_examples_parse_into_our_types() {
 }
 
 #[test]
-fn the_example_machine_uses_the_readme_defaults() {
+fn the_example_machine_uses_the_documented_defaults() {
     let (text, _) =
         substitute(&std::fs::read_to_string(repo_root().join("templates/example-single-machine.yaml")).unwrap());
     let docs = parse_documents(&text);
