@@ -1,4 +1,5 @@
-//! The names and identity table of the provider (README, "Names and identity").
+//! The names and identity table of the provider (the book's design page,
+//! "Names and identity").
 //!
 //! | Item                   | Value                                                       |
 //! |------------------------|-------------------------------------------------------------|

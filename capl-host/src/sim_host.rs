@@ -1,10 +1,10 @@
 //! The simulated host behind `--hypervisor sim`: what an admin would have
-//! prepared, so that the README's examples work against it unchanged.
+//! prepared, so that the book's examples work against it unchanged.
 
 use libvirt_sim::Host;
 
 /// Network, pools and base image names of the simulated host; they match the
-/// README's usage example.
+/// book's plain example (`docs/src/flavors.md`, "Without a flavor").
 pub const NETWORK: &str = "libvirt-lab";
 pub const BASE_POOL: &str = "capi-base-images";
 pub const DOMAIN_POOL: &str = "capi-vm-disks";

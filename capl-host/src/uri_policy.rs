@@ -1,4 +1,4 @@
-//! Which libvirt URIs a LibvirtCluster may name (issue 12 item 7).
+//! Which libvirt URIs a LibvirtCluster may name.
 //!
 //! Opening a connection runs libvirt's client inside the manager process, and
 //! some URIs make that client do more than talk to a daemon: the `ext`
@@ -25,7 +25,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-/// Where operators mount host credentials by default (the README's examples).
+/// Where operators mount host credentials by default (the book's credentials page).
 pub const DEFAULT_CREDENTIALS_DIR: &str = "/etc/capl";
 
 /// The rules a URI is checked against.

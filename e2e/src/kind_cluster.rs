@@ -291,7 +291,8 @@ fn clusterctl_init(kubectl: &Kubectl, work_dir: &Path, image: &str) -> Result<()
 /// every Certificate (signed by one CA made here, with the Certificate's DNS
 /// names), and that CA as the `caBundle` of every webhook configuration and
 /// CRD conversion webhook annotated `cert-manager.io/inject-ca-from`.
-/// (cert-manager itself cannot be built from the Go module proxy; see the README.)
+/// (cert-manager itself cannot be built from the Go module proxy; see the book's
+/// developing page, "On kind".)
 fn stand_in_for_cert_manager(kubectl: &Kubectl) -> Result<()> {
     let ca = testenv::Pki::new_ca("capl-e2e-cert-manager-stand-in")?;
     let bundle = serde_json::to_value(k8s_openapi::ByteString(ca.ca_pem().as_bytes().to_vec()))?;

@@ -6,12 +6,12 @@
 //! managers (the local control plane of the `testenv` crate, or a kind
 //! cluster made offline with everything installed by `clusterctl init`:
 //! [`management`], [`kind_cluster`]), and the provider ([`provider`]: a local
-//! process, or the Pod of its Deployment in kind). [`scenarios`] are the checks
-//! of issue 7, [`scenario_init`] the offline `clusterctl init` and
-//! [`scenario_move`] the `clusterctl move` of issue 12 (with [`clusterctl`]:
-//! the release as a local repository, and clusterctl's inventory),
-//! [`scenario_deployed`] the provider's Pod as an operator checks it (issue
-//! 14); [`suite`] runs those the stack can run and prints the summary,
+//! process, or the Pod of its Deployment in kind). [`scenarios`] are the
+//! checks of real CAPI Machines becoming real VMs, [`scenario_init`] the
+//! offline `clusterctl init` and [`scenario_move`] the `clusterctl move` of a
+//! running cluster (with [`clusterctl`]: the release as a local repository,
+//! and clusterctl's inventory), [`scenario_deployed`] the provider's Pod as an
+//! operator checks it; [`suite`] runs those the stack can run and prints the summary,
 //! [`demo`] is `cargo xtask demo`.
 //!
 //! Entry points: the `capl-e2e` binary (`capl-e2e run`, `capl-e2e demo`),
@@ -35,6 +35,7 @@ pub mod scenarios;
 pub mod stack;
 pub mod suite;
 pub mod wait;
+pub mod workload;
 
 /// The repository root.
 pub fn repo_root() -> std::path::PathBuf {

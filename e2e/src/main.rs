@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, value_parser = ["private", "container"], default_value = "private")]
         libvirt: String,
     },
-    /// A benchmark of issue 15 (started by `cargo xtask bench`): prints a table, writes JSON.
+    /// A benchmark of the provider at scale (started by `cargo xtask bench`): prints a table, writes JSON.
     Bench {
         #[command(subcommand)]
         which: Bench,
@@ -51,6 +51,9 @@ enum Command {
         /// A real Kubernetes cluster (kubeadm control plane and a worker) instead of two plain machines.
         #[arg(long)]
         workload: bool,
+        /// Multiplies the bound of each step of the Kubernetes cluster (for slower or faster machines).
+        #[arg(long, default_value_t = 1.0)]
+        timeout_factor: f64,
     },
 }
 
@@ -130,11 +133,15 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { only, kind, libvirt } => run(&only, kind, &libvirt).await,
         Command::Bench { which, out } => bench(which, out).await,
-        Command::Demo { hypervisor, exit_after_ready, workload } => match StackConfig::from_env(hypervisor == "sim") {
-            Ok(config) if workload => e2e::demo::run_workload(&config, exit_after_ready).await.map(|()| true),
-            Ok(config) => e2e::demo::run(&config, exit_after_ready).await.map(|()| true),
-            Err(err) => Err(err),
-        },
+        Command::Demo { hypervisor, exit_after_ready, workload, timeout_factor } => {
+            match StackConfig::from_env(hypervisor == "sim") {
+                Ok(config) if workload => {
+                    e2e::demo::run_workload(&config, exit_after_ready, timeout_factor).await.map(|()| true)
+                }
+                Ok(config) => e2e::demo::run(&config, exit_after_ready).await.map(|()| true),
+                Err(err) => Err(err),
+            }
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

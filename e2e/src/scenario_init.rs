@@ -62,7 +62,7 @@ const INFRA_NAMESPACE: &str = "capl-system";
 /// The Deployment of this provider's components.
 const INFRA_DEPLOYMENT: &str = "capl-controller-manager";
 /// The defaults of the release's variables, as they must appear in the Deployment's args
-/// (the README's table): `${CAPL_WATCH_NAMESPACE:=*}`, `${CAPL_CONCURRENCY:=10}`,
+/// (the table of the book's getting-started page): `${CAPL_WATCH_NAMESPACE:=*}`, `${CAPL_CONCURRENCY:=10}`,
 /// `${CAPL_LOG_FORMAT:=json}`.
 const INFRA_DEFAULT_ARGS: &[(&str, &str)] = &[
     ("CAPL_WATCH_NAMESPACE", "--namespace=*"),

@@ -6,7 +6,7 @@
 //!
 //! `clusterctl move` refuses to start unless every Machine has a Node
 //! (`status.nodeRef`) and the control plane is initialized. The guests are
-//! not Kubernetes nodes (the real kubelet join is issue 13), so the Cluster
+//! not Kubernetes nodes (they boot the tiny test image, no kubelet), so the Cluster
 //! gets a workload API server of its own (a third local kube-apiserver, named
 //! by the `<cluster>-kubeconfig` Secret as CAPI expects) and the test
 //! registers there one Node per machine, with the machine's providerID, once

@@ -2,7 +2,7 @@
 //! optionally Cluster API's core manager and kubeadm bootstrap and control plane managers,
 //! with their webhooks, and CAPI's in-cluster IPAM provider, see [`TestEnv::start_capi`]),
 //! built from Go modules by
-//! `cargo xtask control-plane build` (issue 6). It plays the role envtest plays for Go
+//! `cargo xtask control-plane build`. It plays the role envtest plays for Go
 //! providers: CRDs are validated by the real API server, CEL rules run, the status
 //! subresource and finalizers behave as in a real cluster, and watches are served.
 //!

@@ -1,4 +1,5 @@
-//! Acceptance tests of issue 6 against the real kube-apiserver.
+//! The local control plane against the real kube-apiserver: CRDs validated, CEL
+//! rules run, status and finalizers, watches.
 //!
 //! They need the control plane built by `cargo xtask control-plane build` (or
 //! `KUBEBUILDER_ASSETS`); without it every test fails with an error naming that command.

@@ -1,4 +1,5 @@
-//! `cargo xtask control-plane ...`: builds the local control plane of issue 6 from Go modules.
+//! `cargo xtask control-plane ...`: builds the local control plane (etcd,
+//! kube-apiserver, kubectl, CAPI) for the tests from Go modules.
 //!
 //! Nothing can be downloaded as a binary on our machines, but the Go module proxy is
 //! reachable, so `kube-apiserver`, `kubectl`, `etcd`, the Cluster API core manager, CAPI's

@@ -1,5 +1,5 @@
-//! `cargo xtask node-image`: the Kubernetes node image (qcow2) that issue 13's
-//! workload clusters boot, built from Debian packages and Go modules only.
+//! `cargo xtask node-image`: the Kubernetes node image (qcow2) that workload
+//! cluster machines boot, built from Debian packages and Go modules only.
 //!
 //! What goes into it and where it comes from:
 //! - Debian bookworm with systemd, cloud-init (NoCloud), the cloud kernel and the

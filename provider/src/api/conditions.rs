@@ -1,4 +1,5 @@
-//! Condition types and reasons, as the README's conditions table lists them.
+//! Condition types and reasons, as the conditions table of the book's
+//! troubleshooting page (`docs/src/troubleshooting.md`) lists them.
 
 /// Summary condition on both kinds; CAPI mirrors the LibvirtCluster's into
 /// the Cluster's InfrastructureReady.
@@ -21,7 +22,8 @@ pub const MACHINE_CREATED: &str = "MachineCreated";
 /// LibvirtMachine: the domain is running.
 pub const DOMAIN_RUNNING: &str = "DomainRunning";
 
-/// Every condition type per kind, in the order the README lists them.
+/// Every condition type per kind, in the order the book's conditions table
+/// lists them.
 pub const CLUSTER_CONDITIONS: &[&str] =
     &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, HOSTS_READY, READY, PAUSED];
 pub const MACHINE_CONDITIONS: &[&str] =

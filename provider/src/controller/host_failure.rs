@@ -22,7 +22,8 @@ pub fn machine_reason(kind: FailureKind) -> &'static str {
 }
 
 /// The LibvirtCluster's InfrastructureReady reason for a host failure: the
-/// README's four (missing, inactive, unsupported, anything else), and
+/// four of the conditions table in the book's troubleshooting page (missing,
+/// inactive, unsupported, anything else), and
 /// refused credentials, which the user fixes in the Secret.
 pub fn cluster_reason(kind: FailureKind) -> &'static str {
     match kind {

@@ -491,8 +491,8 @@ pub(crate) fn not_status<K: Resource>(object: &K) -> Option<u64> {
 /// Every object of `api`, watched, without `metadata.managedFields`: nothing
 /// reads them, and on objects that several managers write (a Machine: CAPI
 /// core, the bootstrap provider, the API server's defaulting) they are a large
-/// part of each object kept in a reflector's store (measured: half of the
-/// manager's memory with 1,000 machines; see "Performance" in the README).
+/// part of each object kept in a reflector's store (about half of the manager's
+/// memory with 1,000 machines; the book's performance page has the figures).
 fn watch_lean<K>(api: Api<K>) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,

@@ -1,4 +1,4 @@
-//! Faults at scale (issue 11 item 6), on the simulator with a real
+//! Faults at scale, on the simulator with a real
 //! kube-apiserver and CAPI core: a MachineDeployment of 60 machines is
 //! created while 5% of libvirt calls fail as if the connection dropped, and
 //! the simulated daemon restarts halfway. Every machine converges with its

@@ -1,5 +1,5 @@
 //! Memory that does not grow with the hosts and machines a manager has seen
-//! (issue 11 item 8): after machines on 50 distinct host URIs are created and
+//! after machines on 50 distinct host URIs are created and
 //! deleted, the manager holds no connection, call slots, DHCP lock or lease
 //! wait for any of them.
 

@@ -1,8 +1,8 @@
-//! The manager binary itself (`--hypervisor sim`, the README's demo mode)
+//! The manager binary itself (`--hypervisor sim`, the quick demo's simulated host)
 //! against the real kube-apiserver, as its ServiceAccount with nothing but the
 //! shipped RBAC rules: flags, leader election, probes, metrics, a machine
 //! provisioned and deleted end to end, a graceful stop on SIGTERM, and every
-//! granted verb used (least privilege, issue 11 item 7).
+//! granted verb used (least privilege).
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -1,4 +1,4 @@
-//! Which URIs the manager opens (issue 12 item 7), with real libvirt's client:
+//! Which URIs the manager opens, with real libvirt's client:
 //! a LibvirtCluster whose URI would make the manager run a program is refused
 //! with a condition and an event, and the program never runs; the same object
 //! under a manager started with `--allow-unsafe-uris` does run it, which is

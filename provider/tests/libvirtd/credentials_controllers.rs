@@ -1,5 +1,5 @@
 //! `LibvirtCluster.spec.credentialsRef` end to end on the private libvirtd,
-//! with the local kube-apiserver (issue 12 item 6): the URIs name no files,
+//! with the local kube-apiserver: the URIs name no files,
 //! the credentials are only in Secrets, and the manager runs with its default
 //! URI policy (no `--allow-unsafe-uris`).
 //!

@@ -1,4 +1,4 @@
-//! Faults of a real libvirt host under the controllers (issue 11 item 6): on
+//! Faults of a real libvirt host under the controllers: on
 //! the private libvirtd of `cargo xtask host up`, with the local kube-apiserver,
 //! three machines boot the test guest (`cargo xtask guest-image`), which asks
 //! for its address by DHCP.

@@ -1,6 +1,5 @@
 //! Real connections over libvirt's remote transports with credentials in
-//! files, as a LibvirtCluster's `credentialsRef` Secret gives them (issue 12
-//! item 6), through the provider's own `Connections` and `LibvirtConnector`:
+//! files, as a LibvirtCluster's `credentialsRef` Secret gives them, through the provider's own `Connections` and `LibvirtConnector`:
 //!
 //! - `qemu+tls://127.0.0.1:<TLS_PORT>/system?pkipath=<dir>` to the private
 //!   libvirtd's TLS listener (`cargo xtask host up`), with client

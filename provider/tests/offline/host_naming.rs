@@ -1,4 +1,4 @@
-//! The names and identity table of the README, one test per row.
+//! The names and identity table of the book's design page, one test per row.
 
 use capl_host::MachineNames;
 use capl_host::naming::{
