@@ -184,7 +184,8 @@ pub fn markdown() -> String {
         let value = serde_json::to_value(&crd).expect("CRD serializes");
         let version = &value["spec"]["versions"][0];
         out.push_str(&format!("\n## {kind}\n\n"));
-        let schema_description = description(version["schema"]["openAPIV3Schema"]["description"].as_str().unwrap_or(""));
+        let schema_description =
+            description(version["schema"]["openAPIV3Schema"]["description"].as_str().unwrap_or(""));
         if !schema_description.is_empty() {
             out.push_str(&format!("{schema_description}\n\n"));
         }

@@ -55,7 +55,8 @@ fn conditions_table_matches_the_constants() {
 
 #[test]
 fn kinds_table_lists_the_four_crds() {
-    let documented: BTreeSet<String> = table_rows(INTRODUCTION, "| Kind | Purpose |").into_iter().map(|r| r[0].clone()).collect();
+    let documented: BTreeSet<String> =
+        table_rows(INTRODUCTION, "| Kind | Purpose |").into_iter().map(|r| r[0].clone()).collect();
     let code: BTreeSet<String> = capl::api::crds().into_iter().map(|c| c.spec.names.kind).collect();
     assert_eq!(documented, code);
 }

@@ -181,7 +181,10 @@ fn documentation() -> Vec<(String, String)> {
 /// ```yaml blocks of README.md and the book that mention our API group, with
 /// the file each is in.
 fn documented_yaml_blocks() -> Vec<(String, String)> {
-    documentation().into_iter().flat_map(|(file, text)| yaml_blocks(&text).into_iter().map(move |b| (file.clone(), b))).collect()
+    documentation()
+        .into_iter()
+        .flat_map(|(file, text)| yaml_blocks(&text).into_iter().map(move |b| (file.clone(), b)))
+        .collect()
 }
 
 fn yaml_blocks(text: &str) -> Vec<String> {
