@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::objects::{self, Kind};
 use crate::stack::{Stack, StackConfig};
@@ -12,8 +12,10 @@ use crate::stack::{Stack, StackConfig};
 const MACHINES: [&str; 2] = ["demo-0", "demo-1"];
 const CLUSTER: &str = "demo";
 
-/// Runs the demo. Without `exit_after_ready` it waits for Ctrl-C once both
-/// machines run; either way it deletes the cluster and stops everything.
+/// Runs the quick demo. Without `exit_after_ready` it waits for Ctrl-C once both
+/// machines run; when they do not run with their addresses within
+/// [`QUICK_BOUND`] it fails naming them. Either way it deletes the cluster and
+/// stops everything.
 pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     let started = Instant::now();
     let at = move || format!("[{:>5.1}s]", started.elapsed().as_secs_f64());
@@ -66,6 +68,8 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
     let mut shown: BTreeMap<String, String> = BTreeMap::new();
     let mut console_lines: BTreeMap<String, usize> = BTreeMap::new();
     let mut announced_ready = false;
+    let mut failure = None;
+    let waiting_since = Instant::now();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     // SIGTERM (e.g. `timeout`, a CI runner) cleans up like Ctrl-C.
@@ -138,12 +142,32 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
             }
             println!("{} press Ctrl-C to delete the cluster and stop everything", at());
         }
-        stack.provider.ensure_running()?;
+        if !announced_ready && waiting_since.elapsed() > QUICK_BOUND {
+            let stuck: Vec<&str> = MACHINES
+                .iter()
+                .filter_map(|m| shown.get(*m))
+                .map(String::as_str)
+                .filter(|l| !l.ends_with("ready=true"))
+                .collect();
+            failure = Some(anyhow::anyhow!(
+                "the machines did not all run with an address within {} min; not ready: {}",
+                QUICK_BOUND.as_secs() / 60,
+                stuck.join("; ")
+            ));
+            break;
+        }
+        if let Err(exited) = stack.provider.ensure_running() {
+            failure = Some(exited);
+            break;
+        }
         tokio::select! {
             _ = &mut ctrl_c => { println!(); break; }
             _ = term.recv() => { println!(); break; }
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
+    }
+    if let Some(err) = &failure {
+        println!("{} the demo failed: {err:#}", at());
     }
     println!("{} deleting Cluster {CLUSTER}: CAPI deletes the Machines, the provider their domains", at());
     let leftovers = stack.shutdown().await?;
@@ -151,7 +175,7 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
         println!("{} removed what the provider left behind: {}", at(), leftovers.join(", "));
     }
     println!("{} done: everything stopped and removed", at());
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 /// The message of the Ready condition (why a machine is not ready yet).
@@ -164,15 +188,28 @@ fn ready_message(lm: &kube::api::DynamicObject) -> String {
         .replace('\n', " ")
 }
 
-/// `cargo xtask demo`: a real Kubernetes cluster (one control-plane machine,
-/// one worker) from the default template, as the `workload` e2e scenario makes it.
-/// Prints machine phases, kubeadm progress and node readiness as they change, then how
-/// to use the workload cluster; Ctrl-C deletes it and stops everything.
-pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
-    use k8s_openapi::api::core::v1::Node;
-    use kube::api::{Api, ListParams};
+/// How long the quick demo waits for both machines to run with their addresses.
+const QUICK_BOUND: Duration = Duration::from_secs(10 * 60);
 
-    use crate::scenario_workload::{CLUSTER as WL, apply_cluster, kubeadm_control_plane, workload_kubeconfig};
+/// What ended the wait for the cluster.
+enum Outcome<T> {
+    Formed(Result<T>),
+    Interrupted,
+}
+
+/// `cargo xtask demo`: a real Kubernetes cluster (one control-plane machine,
+/// one worker) from the default template, formed by the steps the `workload`
+/// scenario uses ([`crate::workload::formation`]), each with its bound.
+/// Narrates machine phases, kubeadm progress and node readiness as they change
+/// ([`narrate`]), then says how to use the workload cluster. A step that does not
+/// finish within its bound fails the demo with the step named and what the
+/// cluster showed; either way, and on Ctrl-C or SIGTERM, it deletes the cluster
+/// and stops everything. `timeout_factor` multiplies every step's bound.
+pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_factor: f64) -> Result<()> {
+    use crate::workload::client::{node_names, workload_kubeconfig};
+    use crate::workload::diagnose::report_guests;
+    use crate::workload::formation::{Bounds, Formation};
+    use crate::workload::render::Flavor;
 
     let started = Instant::now();
     let at = move || format!("[{:>6.1}s]", started.elapsed().as_secs_f64());
@@ -182,72 +219,51 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
     );
     let mut stack = Stack::start(config).await?;
     let ns = stack.namespace("demo").await?;
-    let client = stack.client();
     println!("{} {}; KUBECONFIG={}", at(), stack.management.describe(), stack.management.kubeconfig_path().display());
     println!("{} provider log: {}", at(), stack.provider.log_hint());
-    let result = async {
-        apply_cluster(&stack, &ns, |m| println!("{} {m}", at()))?;
-        println!("{} under software emulation kubeadm init takes 3 to 8 minutes, a worker's join about 3 more", at());
-        let kcps: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kubeadm_control_plane());
-        let kubeconfig_path = stack.work_dir.join(format!("{WL}.kubeconfig"));
-        let mut workload: Option<kube::Client> = None;
-        let mut shown: BTreeMap<String, String> = BTreeMap::new();
-        let mut announced = false;
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let mut show = |key: &str, line: String| {
-            if shown.get(key) != Some(&line) {
-                println!("{} {line}", at());
-                shown.insert(key.to_string(), line);
-            }
+    anyhow::ensure!(
+        timeout_factor.is_finite() && timeout_factor > 0.0,
+        "--timeout-factor {timeout_factor}: give a positive number, e.g. 2 on a slow machine"
+    );
+    let bounds = Bounds::DOCUMENTED.scaled(timeout_factor);
+    println!(
+        "{} under software emulation kubeadm init takes 3 to 8 minutes, a worker's join 3 to 20 more; \
+         each step below has a bound",
+        at()
+    );
+    let kubeconfig_path = stack.work_dir.join(format!("{}.kubeconfig", crate::workload::CLUSTER));
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    // SIGTERM (e.g. `timeout`, a CI runner) cleans up like Ctrl-C.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = {
+        let (stack, ns, kubeconfig_path) = (&stack, ns.as_str(), &kubeconfig_path);
+        let form = async move {
+            let formation =
+                Formation::apply(stack, ns, Flavor::Default, bounds, Box::new(move |m| println!("{} {m}", at())))?;
+            let cp = formation.control_plane().await?;
+            println!("{} the workload cluster answers at https://{}:6443", at(), stack.placement.endpoint_host);
+            let grown = formation.add_worker(&cp).await?;
+            let (_, text) = workload_kubeconfig(formation.client(), ns, Duration::from_secs(60)).await?;
+            std::fs::write(kubeconfig_path, text).with_context(|| format!("writing {}", kubeconfig_path.display()))?;
+            anyhow::Ok(grown)
         };
-        loop {
-            for machine in objects::list(&client, &ns, Kind::Machine).await? {
-                let name = objects::name(&machine);
-                let phase = objects::str_at(&machine, &["status", "phase"]).unwrap_or("-").to_string();
-                let node = objects::str_at(&machine, &["status", "nodeRef", "name"]).unwrap_or("-").to_string();
-                let ip = objects::internal_ip(&machine).unwrap_or_else(|| "-".into());
-                show(&name, format!("machine {name}: phase={phase} ip={ip} node={node}"));
-            }
-            if let Some(kcp) = kcps.get_opt(&format!("{WL}-control-plane")).await? {
-                let initialized = kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true;
-                let available = objects::condition(&kcp, "Available").map(|c| c.0).unwrap_or("-").to_string();
-                show("kcp", format!("KubeadmControlPlane: initialized={initialized} Available={available}"));
-                if initialized && workload.is_none() {
-                    let (config, text) = workload_kubeconfig(&client, &ns).await?;
-                    std::fs::write(&kubeconfig_path, text)?;
-                    let mut config =
-                        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
-                            .await?;
-                    config.connect_timeout = Some(Duration::from_secs(5));
-                    config.read_timeout = Some(Duration::from_secs(10));
-                    workload = Some(kube::Client::try_from(config)?);
-                    println!(
-                        "{} kubeadm init done; the workload cluster answers at https://{}:6443 (kubeconfig {})",
-                        at(),
-                        stack.placement.endpoint_host,
-                        kubeconfig_path.display()
-                    );
-                }
-            }
-            let mut ready_nodes = 0;
-            if let Some(workload) = &workload
-                && let Ok(nodes) = Api::<Node>::all(workload.clone()).list(&ListParams::default()).await
-            {
-                for node in &nodes.items {
-                    let name = node.metadata.name.clone().unwrap_or_default();
-                    let ready = crate::scenario_workload::node_ready(node);
-                    ready_nodes += usize::from(ready);
-                    show(&format!("node/{name}"), format!("node {name}: Ready={ready}"));
-                }
-            }
-            if ready_nodes == 2 && !announced {
-                announced = true;
-                println!("{} the workload cluster is ready: both Nodes are Ready", at());
-                if exit_after_ready {
-                    break;
-                }
+        tokio::select! {
+            formed = form => Outcome::Formed(formed),
+            never = narrate(stack, ns, at) => match never {},
+            _ = &mut ctrl_c => Outcome::Interrupted,
+            _ = term.recv() => Outcome::Interrupted,
+        }
+    };
+    let result = match outcome {
+        Outcome::Formed(Ok(grown)) => {
+            println!(
+                "{} the workload cluster is ready: both Nodes are Ready ({})",
+                at(),
+                node_names(&grown.nodes).join(", ")
+            );
+            println!("{} its kubeconfig: {}", at(), kubeconfig_path.display());
+            if !exit_after_ready {
                 println!("{} try: kubectl --kubeconfig {} get nodes -o wide", at(), kubeconfig_path.display());
                 println!(
                     "{}  or: kubectl --kubeconfig {} get clusters,machines,libvirtmachines -A",
@@ -255,33 +271,118 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool) -> Resul
                     stack.management.kubeconfig_path().display()
                 );
                 println!("{} press Ctrl-C to delete the cluster and stop everything", at());
-            }
-            if !announced {
-                for domain in crate::scenario_workload::domains(&stack, &ns)? {
-                    if let Some(failure) = crate::scenario_workload::kubeadm_failure(&stack.console_log(&domain)) {
-                        anyhow::bail!("kubeadm failed in {domain}:\n{failure}");
-                    }
+                tokio::select! {
+                    _ = &mut ctrl_c => {}
+                    _ = term.recv() => {}
                 }
+                println!();
             }
-            stack.provider.ensure_running()?;
-            tokio::select! {
-                _ = &mut ctrl_c => { println!(); break; }
-                _ = term.recv() => { println!(); break; }
-                _ = tokio::time::sleep(Duration::from_secs(3)) => {}
-            }
+            Ok(())
         }
-        anyhow::Ok(())
-    }
-    .await;
-    if let Err(err) = &result {
-        println!("{} the demo failed: {err:#}", at());
-        crate::scenario_workload::report_guests(&stack, &ns);
-    }
-    println!("{} deleting Cluster {WL}: KCP and CAPI delete the Machines, the provider their VMs", at());
+        Outcome::Formed(Err(err)) => {
+            println!("{} the demo failed: {err:#}", at());
+            if let Err(exited) = stack.provider.ensure_running() {
+                println!("{} {exited:#}", at());
+            }
+            report_guests(&stack, &ns);
+            Err(err)
+        }
+        Outcome::Interrupted => {
+            println!();
+            Ok(())
+        }
+    };
+    println!(
+        "{} deleting Cluster {}: KCP and CAPI delete the Machines, the provider their VMs",
+        at(),
+        crate::workload::CLUSTER
+    );
     let leftovers = stack.shutdown().await?;
     if !leftovers.is_empty() {
         println!("{} removed what the provider left behind: {}", at(), leftovers.join(", "));
     }
     println!("{} done: everything stopped and removed", at());
     result
+}
+
+/// Prints what changes in the namespace's workload cluster, every 3 seconds
+/// until dropped: each Machine's phase, address and Node; the
+/// KubeadmControlPlane's state; each guest's kubeadm phases from its serial
+/// console; each Node's readiness. A look-up that fails or takes longer than
+/// 10 seconds is tried again at the next turn.
+async fn narrate(stack: &Stack, ns: &str, at: impl Fn() -> String) -> std::convert::Infallible {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, ListParams};
+
+    use crate::workload::client::{node_ready, workload_client};
+    use crate::workload::diagnose::kubeadm_progress;
+    use crate::workload::{domains, kubeadm_control_plane};
+
+    const LOOKUP: Duration = Duration::from_secs(10);
+    let client = stack.client();
+    let kcps: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
+    let mut shown: BTreeMap<String, String> = BTreeMap::new();
+    let mut kubeadm_seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut workload: Option<kube::Client> = None;
+    loop {
+        let mut show = |key: String, line: String| {
+            if shown.get(&key) != Some(&line) {
+                println!("{} {line}", at());
+                shown.insert(key, line);
+            }
+        };
+        if let Ok(Ok(machines)) = tokio::time::timeout(LOOKUP, objects::list(&client, ns, Kind::Machine)).await {
+            for machine in machines {
+                let name = objects::name(&machine);
+                let phase = objects::str_at(&machine, &["status", "phase"]).unwrap_or("-").to_string();
+                let node = objects::str_at(&machine, &["status", "nodeRef", "name"]).unwrap_or("-").to_string();
+                let ip = objects::internal_ip(&machine).unwrap_or_else(|| "-".into());
+                show(format!("machine/{name}"), format!("machine {name}: phase={phase} ip={ip} node={node}"));
+            }
+        }
+        let mut initialized = false;
+        if let Ok(Ok(list)) = tokio::time::timeout(LOOKUP, kcps.list(&ListParams::default())).await {
+            for kcp in list.items {
+                initialized |= kcp.data["status"]["initialization"]["controlPlaneInitialized"] == true;
+                let available = objects::condition(&kcp, "Available").map(|c| c.0).unwrap_or("-").to_string();
+                show(
+                    format!("kcp/{}", objects::name(&kcp)),
+                    format!(
+                        "KubeadmControlPlane {}: initialized={initialized} Available={available}",
+                        objects::name(&kcp)
+                    ),
+                );
+            }
+        }
+        if let Ok(domains) = domains(stack, ns) {
+            for domain in domains {
+                let console = stack.console_log(&domain);
+                let seen = kubeadm_seen.entry(domain.clone()).or_default();
+                for (key, said) in console.lines().filter_map(kubeadm_progress) {
+                    if seen.insert(key.to_string()) {
+                        let guest = domain.strip_prefix(&format!("{ns}-")).unwrap_or(&domain);
+                        println!("{}   {guest}: kubeadm {said}", at());
+                    }
+                }
+            }
+        }
+        if initialized && workload.is_none() {
+            workload = tokio::time::timeout(LOOKUP, workload_client(&client, ns, Duration::ZERO))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        if let Some(workload) = &workload
+            && let Ok(Ok(nodes)) =
+                tokio::time::timeout(LOOKUP, Api::<Node>::all(workload.clone()).list(&ListParams::default())).await
+        {
+            for node in &nodes.items {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                show(format!("node/{name}"), format!("node {name}: Ready={}", node_ready(node)));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
 }

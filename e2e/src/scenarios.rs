@@ -1,6 +1,6 @@
-//! The e2e scenarios of issue 7. Each runs in a namespace of its own, on a
-//! running [`Stack`], and checks from the outside: API objects, `virsh`, and
-//! the guest's serial console log.
+//! The e2e scenarios: real CAPI Machines become real VMs. Each runs in a
+//! namespace of its own, on a running [`Stack`], and checks from the outside:
+//! API objects, `virsh`, and the guest's serial console log.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

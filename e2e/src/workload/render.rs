@@ -1,0 +1,182 @@
+//! A workload cluster's manifest as a user makes it: `clusterctl generate
+//! cluster` against the release of this checkout, with only the variables the
+//! flavors document, then `kubectl apply`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use testenv::control_plane_versions::KUBERNETES_VERSION;
+use testenv::test_host::{TLS_CA_CERT, TLS_PORT};
+
+use super::CLUSTER;
+use crate::clusterctl::LocalRepository;
+use crate::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
+
+/// The environment variable with the node image's path (`cargo xtask node-image` prints it).
+pub const NODE_IMAGE_ENV: &str = "CAPL_NODE_IMAGE";
+/// The release clusterctl renders the template from.
+const RELEASE_VERSION: &str = "v0.1.0";
+
+/// Which of the release's flavors a workload cluster is rendered from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Flavor {
+    /// `cluster-template.yaml`: a KubeadmControlPlane and a MachineDeployment.
+    Default,
+    /// `cluster-template-topology.yaml`: a Cluster of the `libvirt` ClusterClass
+    /// (`clusterclass-libvirt.yaml`).
+    Topology,
+    /// `cluster-template-allocated-endpoint.yaml`: the default flavor with the
+    /// endpoint allocated from the libvirt network by the provider.
+    AllocatedEndpoint,
+}
+
+impl Flavor {
+    /// The name `clusterctl generate cluster --flavor` takes, `None` for the default.
+    pub(crate) fn name(self) -> Option<&'static str> {
+        match self {
+            Flavor::Default => None,
+            Flavor::Topology => Some("topology"),
+            Flavor::AllocatedEndpoint => Some("allocated-endpoint"),
+        }
+    }
+}
+
+/// Uploads the node image (`$CAPL_NODE_IMAGE`) into the base pool, renders `flavor`
+/// with `clusterctl generate cluster` for cluster [`CLUSTER`] (one control-plane
+/// machine, no worker) in `ns`, and applies it with `kubectl apply`, as a user does.
+/// Returns the rendered manifest.
+pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: &dyn Fn(String)) -> Result<PathBuf> {
+    let image_path = std::env::var_os(NODE_IMAGE_ENV).map(PathBuf::from).with_context(|| {
+        format!(
+            "a workload cluster needs the Kubernetes node image: run `cargo xtask node-image` (as root) and set \
+             {NODE_IMAGE_ENV} to the path it prints (`cargo xtask e2e` and `cargo xtask demo` do both)"
+        )
+    })?;
+    let t = Instant::now();
+    let image = upload_base_image(stack.libvirt()?, &image_path, "node", "cargo xtask node-image")?;
+    say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
+    let manifest = generate_cluster(stack, ns, &image, flavor)?;
+    kubectl_apply(stack, None, &manifest)?;
+    let flavor_arg = flavor.name().map(|f| format!(" --flavor {f}")).unwrap_or_default();
+    let endpoint = match flavor {
+        Flavor::AllocatedEndpoint => "allocated by the provider".to_string(),
+        _ => stack.placement.endpoint_host.clone(),
+    };
+    say(format!(
+        "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, no worker yet, endpoint {endpoint})",
+        manifest.display(),
+    ));
+    Ok(manifest)
+}
+
+/// base64 of `bytes`, as Kubernetes writes Secret data.
+fn base64(bytes: &[u8]) -> Result<String> {
+    let value = serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec()))?;
+    value.as_str().map(str::to_string).context("ByteString did not serialize to a string")
+}
+
+/// Runs `clusterctl generate cluster` against the release of this checkout
+/// with the variables a user sets for the private libvirtd; checks that
+/// `--list-variables` lists every variable without a default it needed.
+fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Result<PathBuf> {
+    let dir = stack.work_dir.join(match flavor {
+        Flavor::Default => "workload",
+        Flavor::Topology => "workload-topology",
+        Flavor::AllocatedEndpoint => "workload-allocated-endpoint",
+    });
+    let repository = LocalRepository::release(&dir.join("repository"), RELEASE_VERSION)?;
+    let ca = std::fs::read(TLS_CA_CERT)
+        .with_context(|| format!("reading {TLS_CA_CERT}: start the private libvirtd with `cargo xtask host up`"))?;
+    let signer = testenv::remote_access::host_ca()?;
+    let (cert, key) = signer.client_cert("capl-e2e-workload", "capl-e2e")?;
+    let infrastructure = format!("libvirt:{RELEASE_VERSION}");
+    let kubeconfig = stack.management.kubeconfig_path().display().to_string();
+    let mut generate = vec![
+        "generate",
+        "cluster",
+        CLUSTER,
+        "--infrastructure",
+        &infrastructure,
+        "--target-namespace",
+        ns,
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    if let Some(name) = flavor.name() {
+        generate.extend(["--flavor", name]);
+    }
+    let listed = repository.clusterctl(&[&generate[..], &["--list-variables"]].concat())?;
+    let mut variables: Vec<(&str, String)> = vec![
+        ("CAPL_LIBVIRT_URI", format!("qemu+tls://127.0.0.1:{TLS_PORT}/system")),
+        ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
+        ("CAPL_TLS_CLIENT_CRT_B64", base64(cert.as_bytes())?),
+        ("CAPL_TLS_CLIENT_KEY_B64", base64(key.as_bytes())?),
+        ("CAPL_IMAGE", image.to_string()),
+        ("CAPL_NETWORK", TEST_NETWORK.to_string()),
+        ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
+        ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
+    ];
+    if flavor == Flavor::AllocatedEndpoint {
+        // The provider picks the address: the flavor asks for none.
+        ensure!(
+            !listed.contains("CAPL_CONTROL_PLANE_ENDPOINT_HOST"),
+            "the allocated-endpoint flavor must not need CAPL_CONTROL_PLANE_ENDPOINT_HOST:\n{listed}"
+        );
+    } else {
+        variables.push(("CAPL_CONTROL_PLANE_ENDPOINT_HOST", stack.placement.endpoint_host.clone()));
+    }
+    if flavor != Flavor::Topology {
+        // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one vCPU
+        // leaves the control plane (2 vCPUs) enough to keep answering.
+        variables.push(("CAPL_WORKER_VCPU", "1".to_string()));
+    }
+    for (name, _) in &variables {
+        ensure!(
+            listed.contains(name),
+            "`clusterctl generate cluster --list-variables` does not list {name}, which the template uses:\n{listed}"
+        );
+    }
+    let args = [
+        &generate[..],
+        &[
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+            "--control-plane-machine-count",
+            "1",
+            // Without workers: the control plane is checked Available while it is
+            // the only guest, then the workers are scaled up.
+            "--worker-machine-count",
+            "0",
+        ],
+    ]
+    .concat();
+    let env: Vec<(&str, &str)> = variables.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let rendered = repository.clusterctl_env(&args, &env)?;
+    if flavor == Flavor::Topology {
+        // clusterctl adds the ClusterClass the Cluster names (the release's
+        // clusterclass-libvirt.yaml) when the management cluster lacks it.
+        ensure!(
+            rendered.contains("kind: ClusterClass"),
+            "`clusterctl generate cluster --flavor topology` did not add the ClusterClass `libvirt`:\n{rendered}"
+        );
+    }
+    let path = dir.join("cluster.yaml");
+    std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// `kubectl apply -f manifest` to the management cluster, into `namespace` when given.
+pub(crate) fn kubectl_apply(stack: &Stack, namespace: Option<&str>, manifest: &Path) -> Result<()> {
+    let kubectl = testenv::Assets::locate()?.kubectl().context("kubectl is not in the control-plane directory")?;
+    let mut command = std::process::Command::new(&kubectl);
+    command.arg("--kubeconfig").arg(stack.management.kubeconfig_path()).args(["apply", "--request-timeout=60s"]);
+    if let Some(namespace) = namespace {
+        command.args(["-n", namespace]);
+    }
+    let output = command.arg("-f").arg(manifest).output().with_context(|| format!("running {}", kubectl.display()))?;
+    if !output.status.success() {
+        bail!("kubectl apply -f {} failed: {}", manifest.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(())
+}
