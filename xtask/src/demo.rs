@@ -1,20 +1,26 @@
-//! `cargo xtask demo`: the README's first command.
+//! `cargo xtask demo`: the README's main command.
 //!
 //! Prepares the host like `cargo xtask e2e` (packages, control plane, node
 //! image, private libvirtd, binaries), then hands the terminal to
 //! `capl-e2e demo`: it starts a local control plane, CAPI core, the kubeadm
-//! bootstrap and control plane providers and this provider, and makes a real
-//! Kubernetes cluster (the e2e `workload` scenario's: `clusterctl generate
-//! cluster` from the default template, a kubeadm control plane and a worker
-//! booting the node image of `cargo xtask node-image`). It narrates machine
-//! phases, kubeadm progress and node readiness, says how to reach the workload
-//! cluster, and on Ctrl-C deletes the cluster and stops everything. The private
-//! libvirtd is stopped too when this demo started it (a daemon that was
-//! already running, e.g. for tests, is left running).
+//! bootstrap and control plane providers and this provider, and forms a real
+//! Kubernetes cluster by the steps the e2e `workload` scenario uses
+//! (`e2e/src/workload/formation.rs`): `clusterctl generate cluster` from the
+//! default template with one control-plane machine and no worker, `kubectl
+//! apply`, the control plane Available, then the MachineDeployment scaled to
+//! one worker booting the node image of `cargo xtask node-image`. Each step has
+//! a bound; a step that passes it fails the demo naming the step, the
+//! machines' phases, the KubeadmControlPlane's conditions and the guests'
+//! kubeadm lines. It narrates machine phases, kubeadm progress and node
+//! readiness, says how to reach the workload cluster, and on Ctrl-C (or when
+//! it failed, or with `--exit-after-ready` once both Nodes are Ready) deletes
+//! the cluster and stops everything. The private libvirtd is stopped too when
+//! this demo started it (a daemon that was already running, e.g. for tests, is
+//! left running).
 //!
 //! `--quick` makes one Cluster with two plain Machines booting the tiny guest
 //! image instead, and prints the machine phases, domain states, IPs and the
-//! guests' console lines (about a minute).
+//! guests' console lines (about a minute; it gives up after 10).
 //!
 //! `--hypervisor sim` runs the quick demo on the provider's embedded simulated
 //! libvirt host: no libvirtd, no guest image, no root needed at run time.
@@ -38,6 +44,10 @@ pub struct Args {
     /// Kubernetes cluster; implied by `--hypervisor sim`.
     #[arg(long)]
     quick: bool,
+    /// Multiplies the bound of each step of the Kubernetes cluster: e.g. 2 on a
+    /// machine slower than 2 cores under software emulation.
+    #[arg(long, default_value_t = 1.0)]
+    timeout_factor: f64,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -75,7 +85,7 @@ pub fn run(args: Args) -> Result<()> {
         command.arg("--exit-after-ready");
     }
     if workload {
-        command.arg("--workload");
+        command.arg("--workload").arg("--timeout-factor").arg(args.timeout_factor.to_string());
     }
     let mut child = command.spawn().with_context(|| format!("starting {}", bins.e2e.display()))?;
     // Ctrl-C reaches the whole foreground process group: the demo cleans up on

@@ -2,7 +2,9 @@
 //!
 //! It sets up everything the tests need on a fresh Debian/Ubuntu machine and
 //! then runs them; nothing is skipped. In order:
-//! 1. host packages (libvirt, QEMU, dnsmasq, ISO tools) when missing;
+//! 1. host packages (libvirt, QEMU, dnsmasq, ISO tools) when missing, then
+//!    the docs book (`cargo xtask docs`: its internal links checked, mdBook
+//!    installed into the cache when missing, the book built);
 //! 2. the local control plane (kube-apiserver, etcd, kubectl, CAPI core),
 //!    built from Go modules into a cache outside the repository, or reused;
 //! 3. a private libvirtd with its own network and pools, and the test guest
@@ -25,9 +27,12 @@
 //!    libvirtd (both left out only when a test name filter was given);
 //! 7. the private libvirtd is stopped again, and a dockerd that step 4
 //!    started (unless `--keep-host`; also when a step fails on the way);
-//! 8. `cargo xtask demo --quick` is started and stopped with Ctrl-C once its
-//!    two machines run: it must delete everything and stop the private libvirtd
-//!    it started ([`crate::demo_check`]; not with `--keep-host` or a filter).
+//! 8. the README's main command as written, `cargo xtask demo
+//!    --exit-after-ready`: it must report both Nodes of its Kubernetes cluster
+//!    Ready, delete everything and stop the private libvirtd it started; then
+//!    `cargo xtask demo --quick`, stopped with Ctrl-C once its two machines
+//!    run, must do the same ([`crate::demo_check`]; neither with `--keep-host`
+//!    or a filter).
 
 use std::time::Instant;
 
@@ -75,6 +80,8 @@ impl Drop for Teardown {
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     step("host packages", libvirt_host::deps)?;
+    // The book first: a broken link fails in seconds, before the long steps.
+    step("docs book", crate::docs::build)?;
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let mut teardown = Teardown { armed: !args.keep_host, dockerd: false };
     let uri = step("private libvirtd", libvirt_host::up)?;
@@ -113,9 +120,12 @@ pub fn run(args: Args) -> Result<()> {
     if !args.keep_host {
         teardown.run()?;
     }
-    // The README's demo, stopped with Ctrl-C: it needs the daemon stopped first.
+    // The README's main command as written, then the quick demo stopped with
+    // Ctrl-C: each starts the private libvirtd itself, so it is stopped first.
     let result = if !args.keep_host && extra.is_empty() {
-        result.and(step("demo: Ctrl-C cleans up", crate::demo_check::ctrl_c_cleans_up))
+        let full = step("demo: cargo xtask demo --exit-after-ready", crate::demo_check::exit_after_ready);
+        let quick = step("demo: Ctrl-C cleans up", crate::demo_check::ctrl_c_cleans_up);
+        result.and(full).and(quick)
     } else {
         result
     };
