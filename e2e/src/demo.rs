@@ -317,7 +317,7 @@ async fn narrate(stack: &Stack, ns: &str, at: impl Fn() -> String) -> std::conve
     use kube::api::{Api, ListParams};
 
     use crate::workload::client::{node_ready, workload_client};
-    use crate::workload::diagnose::kubeadm_progress;
+    use crate::workload::diagnose::{kubeadm_progress, redact};
     use crate::workload::{domains, kubeadm_control_plane};
 
     const LOOKUP: Duration = Duration::from_secs(10);
@@ -363,7 +363,7 @@ async fn narrate(stack: &Stack, ns: &str, at: impl Fn() -> String) -> std::conve
                 for (key, said) in console.lines().filter_map(kubeadm_progress) {
                     if seen.insert(key.to_string()) {
                         let guest = domain.strip_prefix(&format!("{ns}-")).unwrap_or(&domain);
-                        println!("{}   {guest}: kubeadm {said}", at());
+                        println!("{}   {guest}: kubeadm {}", at(), redact(said));
                     }
                 }
             }

@@ -165,10 +165,31 @@ pub(crate) fn kubeadm_progress(line: &str) -> Option<(&str, &str)> {
     KUBEADM_CLOSING.iter().find(|w| line.contains(*w)).map(|w| (*w, said))
 }
 
-/// The last `count` kubeadm lines of a console ([`is_kubeadm_line`]), trimmed.
+/// The last `count` kubeadm lines of a console ([`is_kubeadm_line`]), trimmed,
+/// with their secrets hidden ([`redact`]).
 pub(crate) fn kubeadm_lines(console: &str, count: usize) -> Vec<String> {
     let lines: Vec<&str> = console.lines().filter(|l| is_kubeadm_line(l)).collect();
-    lines[lines.len().saturating_sub(count)..].iter().map(|l| l.trim_end().to_string()).collect()
+    lines[lines.len().saturating_sub(count)..].iter().map(|l| redact(l.trim_end())).collect()
+}
+
+/// What follows these words on a kubeadm line is a credential of the cluster.
+const SECRET_AFTER: [&str; 4] = ["--token ", "Using token: ", "--certificate-key ", "--discovery-token-ca-cert-hash "];
+
+/// `line` with the value after each of [`SECRET_AFTER`] replaced by `<hidden>`:
+/// kubeadm prints its bootstrap token and join command, and a report or the
+/// narration may end up in a CI log.
+pub(crate) fn redact(line: &str) -> String {
+    let mut out = line.to_string();
+    for marker in SECRET_AFTER {
+        let mut from = 0;
+        while let Some(at) = out[from..].find(marker) {
+            let start = from + at + marker.len();
+            let end = out[start..].find(char::is_whitespace).map_or(out.len(), |n| start + n);
+            out.replace_range(start..end, "<hidden>");
+            from = start + "<hidden>".len();
+        }
+    }
+    out
 }
 
 /// kubeadm's own error when a serial console shows that `kubeadm init` or `join`
@@ -178,7 +199,7 @@ pub(crate) fn kubeadm_failure(console: &str) -> Option<String> {
     let lines: Vec<&str> = console.lines().collect();
     let first = lines.iter().position(|l| l.contains("error execution phase"))?;
     let start = first.saturating_sub(3);
-    Some(lines[start..].iter().take(20).map(|l| l.trim_end()).collect::<Vec<_>>().join("\n"))
+    Some(lines[start..].iter().take(20).map(|l| redact(l.trim_end())).collect::<Vec<_>>().join("\n"))
 }
 
 /// On failure: what the workload cluster says about its Nodes and Pods, if it answers.
@@ -247,7 +268,7 @@ pub(crate) fn compact(value: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{kubeadm_failure, kubeadm_lines, kubeadm_phase, kubeadm_progress};
+    use super::{kubeadm_failure, kubeadm_lines, kubeadm_phase, kubeadm_progress, redact};
 
     const CONSOLE: &str = "[    3.1] Run /init as init process\n\
         [  101.0] cloud-init[538]: [preflight] Running pre-flight checks\n\
@@ -264,7 +285,7 @@ mod tests {
         let last = kubeadm_lines(CONSOLE, 2);
         assert_eq!(last.len(), 2);
         assert!(last[0].contains("initialized successfully"), "{last:?}");
-        assert!(last[1].contains("kubeadm join"), "{last:?}");
+        assert_eq!(last[1], "[  649.0] cloud-init[538]:   kubeadm join 10.251.0.254:6443 --token <hidden>");
         assert_eq!(kubeadm_lines(CONSOLE, 10).len(), 5, "the kubelet's systemd line is not kubeadm's");
         assert!(kubeadm_lines("[    3.1] Run /init as init process\n", 10).is_empty());
         let progress: Vec<(&str, &str)> = CONSOLE.lines().filter_map(kubeadm_progress).collect();
@@ -273,6 +294,17 @@ mod tests {
             ["preflight", "certs", "wait-control-plane", "has initialized successfully"]
         );
         assert_eq!(progress[0].1, "[preflight] Running pre-flight checks");
+    }
+
+    #[test]
+    fn credentials_on_kubeadm_lines_are_hidden() {
+        assert_eq!(
+            redact("kubeadm join 10.0.0.1:6443 --token abc.def --discovery-token-ca-cert-hash sha256:0f \\"),
+            "kubeadm join 10.0.0.1:6443 --token <hidden> --discovery-token-ca-cert-hash <hidden> \\"
+        );
+        assert_eq!(redact("[bootstrap-token] Using token: fy9562.ztwr"), "[bootstrap-token] Using token: <hidden>");
+        assert_eq!(redact("--certificate-key"), "--certificate-key", "no value, nothing to hide");
+        assert_eq!(redact("[certs] Generating \"ca\""), "[certs] Generating \"ca\"");
     }
 
     #[test]
