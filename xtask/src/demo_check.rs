@@ -59,8 +59,9 @@ pub fn exit_after_ready() -> Result<()> {
 
 /// `cargo xtask demo --quick`, stopped with Ctrl-C once both machines run.
 pub fn ctrl_c_cleans_up() -> Result<()> {
-    let xtask = std::env::current_exe().context("finding the xtask binary")?;
-    let mut demo = DemoRun::start(&xtask.display().to_string(), &["demo", "--quick"])?;
+    // Through cargo, as the README writes it: the full demo's `cargo xtask`
+    // may have rebuilt this very binary, so its path may name a deleted file.
+    let mut demo = DemoRun::start("cargo", &["xtask", "demo", "--quick"])?;
     demo.wait_for(MACHINES_READY_LINE, MACHINES_READY_WITHIN)?;
     demo.signal(libc::SIGINT);
     let cleaned = demo.wait_for(DONE_LINE, CLEANUP_WITHIN);
