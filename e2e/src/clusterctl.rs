@@ -62,7 +62,7 @@ pub const CERT_MANAGER_API_BOUND: &str = "30s";
 const FIELD_MANAGER: &str = "capl-e2e-clusterctl";
 
 /// The environment variable that names the `capl-manifests` binary.
-pub const MANIFESTS_BIN_ENV: &str = "CAPL_MANIFESTS_BIN";
+pub const MANIFESTS_BIN_ENV: &str = capl_testbed::env::MANIFESTS_BIN;
 
 /// A provider release written by `capl-manifests release` (the layout of
 /// `cargo xtask release`) and a clusterctl.yaml whose `providers:` entry

@@ -29,12 +29,12 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use testenv::control_plane_versions::CAPI_VERSION;
 
-pub const KIND_BIN_ENV: &str = "CAPL_KIND_BIN";
-pub const KIND_NODE_IMAGE_ENV: &str = "CAPL_KIND_NODE_IMAGE";
-pub const KIND_WRAPPER_DIR_ENV: &str = "CAPL_KIND_WRAPPER_DIR";
-pub const PROVIDER_IMAGE_ENV: &str = "CAPL_PROVIDER_IMAGE";
+pub const KIND_BIN_ENV: &str = capl_testbed::env::KIND_BIN;
+pub const KIND_NODE_IMAGE_ENV: &str = capl_testbed::env::KIND_NODE_IMAGE;
+pub const KIND_WRAPPER_DIR_ENV: &str = capl_testbed::env::KIND_WRAPPER_DIR;
+pub const PROVIDER_IMAGE_ENV: &str = capl_testbed::env::PROVIDER_IMAGE;
 /// CAPI's images made offline (`registry.k8s.io/cluster-api/...`), comma-separated.
-pub const CAPI_IMAGES_ENV: &str = "CAPL_CAPI_IMAGES";
+pub const CAPI_IMAGES_ENV: &str = capl_testbed::env::CAPI_IMAGES;
 /// The kind cluster (one per machine at a time: a leftover of an interrupted run is deleted first).
 pub const CLUSTER: &str = "capl-e2e";
 /// The docker network of its node; a containerized libvirtd joins it.

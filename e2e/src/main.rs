@@ -154,7 +154,7 @@ async fn main() -> ExitCode {
 }
 
 /// Where `run` also writes its summary table, if set.
-const SUMMARY_ENV: &str = "CAPL_E2E_SUMMARY";
+const SUMMARY_ENV: &str = capl_testbed::env::E2E_SUMMARY;
 
 async fn run(only: &[String], kind: bool, libvirt: &str) -> anyhow::Result<bool> {
     use e2e::management::ManagementKind;

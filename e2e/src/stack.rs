@@ -28,8 +28,8 @@ use crate::{blocking, repo_root};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
 pub use testenv::test_host::URI_ENV;
-pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
-pub const PROVIDER_BIN_ENV: &str = "CAPL_PROVIDER_BIN";
+pub const GUEST_IMAGE_ENV: &str = capl_testbed::env::GUEST_IMAGE;
+pub const PROVIDER_BIN_ENV: &str = capl_testbed::env::PROVIDER_BIN;
 
 /// The names `cargo xtask host up` gives the private host's network and pools
 /// (a containerized libvirtd gets the same).

@@ -32,7 +32,7 @@ use testcontainers::{Container, GenericImage, ImageExt};
 /// The environment variable that names the image (`name:tag`); without it the
 /// tests run `cargo xtask libvirtd-image`, which builds it when missing and
 /// prints its name.
-pub const IMAGE_ENV: &str = "CAPL_LIBVIRTD_IMAGE";
+pub const IMAGE_ENV: &str = capl_testbed::env::LIBVIRTD_IMAGE;
 /// The command that builds the image and prints its name.
 pub const IMAGE_COMMAND: &str = "cargo xtask libvirtd-image";
 /// The command that starts a docker engine when none answers.

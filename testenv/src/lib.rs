@@ -45,14 +45,11 @@
 //! (`PR_SET_PDEATHSIG`) and the next start removes the left-over directory.
 
 pub mod container_libvirtd;
-pub mod control_plane_versions;
 pub mod lab;
 pub mod remote_access;
-pub mod test_host;
 
 mod assets;
 mod capi_manager;
-mod certificates;
 mod crd_install;
 mod free_port;
 mod scratch_dir;
@@ -73,7 +70,9 @@ pub use assets::{Assets, BUILD_COMMAND};
 pub use capi_manager::{CapiManager, CapiOptions};
 pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 
-pub use certificates::Pki;
+pub use capl_testbed::certificates::Pki;
+/// The pinned versions and the private libvirtd's contract, shared with xtask.
+pub use capl_testbed::{control_plane_versions, test_host};
 use free_port::free_loopback_ports;
 pub use scratch_dir::ScratchDir;
 use supervised_process::SupervisedProcess;

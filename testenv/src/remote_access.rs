@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-pub use crate::certificates::Pki;
 use crate::free_port::free_loopback_ports;
 use crate::scratch_dir::ScratchDir;
 use crate::supervised_process::SupervisedProcess;
 use crate::test_host::{LIBVIRTD_PID_FILE, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, UP_COMMAND};
+pub use capl_testbed::certificates::Pki;
 
 /// The command that installs `sshd` (Debian's openssh-server) and `ssh-keygen`.
 pub const DEPS_COMMAND: &str = "cargo xtask host deps";

@@ -13,6 +13,7 @@
 //! <name>`, passing on the arguments after the name (see `capl-e2e bench
 //! <name> --help`: `--machines`, `--minutes`, `--concurrency`).
 
+use capl_testbed::env;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -88,13 +89,13 @@ pub fn run(args: Args) -> Result<()> {
         started_libvirtd = !libvirt_host::is_up();
         let uri = step("private libvirtd", libvirt_host::up)?;
         env.push((libvirt_host::URI_ENV, uri));
-        env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
+        env.push((env::GUEST_IMAGE, image.display().to_string()));
     }
     let (provider, runner) = step("release build of the manager and the benchmark runner", build)?;
     let out = crate::target_dir().join("bench");
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    sh.set_var("CAPL_PROVIDER_BIN", &provider);
+    sh.set_var(env::PROVIDER_BIN, &provider);
     for (key, value) in &env {
         sh.set_var(key, value);
     }

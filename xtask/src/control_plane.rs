@@ -6,7 +6,7 @@
 //! kubeadm bootstrap (CABPK) and control plane (KCP) managers, `clusterctl` and CAPI's
 //! in-cluster IPAM provider manager are built from their modules with the machine's Go
 //! toolchain, at the versions pinned in
-//! `testenv/src/control_plane_versions.rs` (shared with the `testenv` crate, which runs them).
+//! `testbed/src/control_plane_versions.rs` (shared with the `testenv` crate, which runs them).
 //!
 //! The result is a directory in envtest layout (what `KUBEBUILDER_ASSETS` points to):
 //!
@@ -35,9 +35,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-#[path = "../../testenv/src/control_plane_versions.rs"]
-#[allow(dead_code)]
-mod versions;
+use capl_testbed::control_plane_versions as versions;
 
 use versions::{
     CAPI_CRDS_DIR, CAPI_KUBEADM_BOOTSTRAP_MANAGER_BIN, CAPI_KUBEADM_CONTROL_PLANE_MANAGER_BIN, CAPI_MANAGER_BIN,
@@ -383,7 +381,7 @@ fn copy_cert_manager_crds(sh: &Shell, dir: &Path) -> Result<()> {
     if default != CERT_MANAGER_VERSION {
         bail!(
             "clusterctl {CAPI_VERSION} installs cert-manager {default} by default, CERT_MANAGER_VERSION is \
-             {CERT_MANAGER_VERSION}: update testenv/src/control_plane_versions.rs"
+             {CERT_MANAGER_VERSION}: update testbed/src/control_plane_versions.rs"
         );
     }
     let cert_manager = format!("github.com/cert-manager/cert-manager@{CERT_MANAGER_VERSION}");

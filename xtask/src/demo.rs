@@ -25,6 +25,7 @@
 //! `--hypervisor sim` runs the quick demo on the provider's embedded simulated
 //! libvirt host: no libvirtd, no guest image, no root needed at run time.
 
+use capl_testbed::env;
 use std::process::Command;
 use std::time::Instant;
 
@@ -67,10 +68,10 @@ pub fn run(args: Args) -> Result<()> {
         started_libvirtd = !libvirt_host::is_up();
         let uri = libvirt_host::up()?;
         runner_env.push((libvirt_host::URI_ENV, uri));
-        runner_env.push(("CAPL_GUEST_IMAGE", image.display().to_string()));
+        runner_env.push((env::GUEST_IMAGE, image.display().to_string()));
         if workload {
             let node_image = node_image::build(false)?;
-            runner_env.push(("CAPL_NODE_IMAGE", node_image.display().to_string()));
+            runner_env.push((env::NODE_IMAGE, node_image.display().to_string()));
         }
     }
     let bins = e2e::build_binaries()?;
@@ -79,7 +80,7 @@ pub fn run(args: Args) -> Result<()> {
     command
         .current_dir(repo_root())
         .args(["demo", "--hypervisor", &args.hypervisor])
-        .env("CAPL_PROVIDER_BIN", &bins.provider)
+        .env(env::PROVIDER_BIN, &bins.provider)
         .envs(runner_env);
     if args.exit_after_ready {
         command.arg("--exit-after-ready");

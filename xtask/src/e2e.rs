@@ -25,6 +25,7 @@
 //! The scenarios that need guests routable from this machine or a second
 //! manager process (workload, multihost, move) are the private run's.
 
+use capl_testbed::env;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -92,12 +93,12 @@ pub fn run(args: Args) -> Result<()> {
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
     sh.set_var(libvirt_host::URI_ENV, &uri);
-    sh.set_var("CAPL_GUEST_IMAGE", &image);
+    sh.set_var(env::GUEST_IMAGE, &image);
     if let Some(node_image) = &node_image {
-        sh.set_var("CAPL_NODE_IMAGE", node_image);
+        sh.set_var(env::NODE_IMAGE, node_image);
     }
-    sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
-    sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
+    sh.set_var(env::PROVIDER_BIN, &bins.provider);
+    sh.set_var(env::MANIFESTS_BIN, &bins.manifests);
     sh.set_var(SUMMARY_ENV, summary_path("private"));
     let runner = &bins.e2e;
     let runner_args: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
@@ -127,9 +128,9 @@ fn run_in_containers(args: &Args) -> Result<()> {
     let bins = step("build provider and e2e runner", build_binaries)?;
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    sh.set_var("CAPL_LIBVIRTD_IMAGE", &libvirtd_image);
-    sh.set_var("CAPL_GUEST_IMAGE", &guest);
-    sh.set_var("CAPL_MANIFESTS_BIN", &bins.manifests);
+    sh.set_var(env::LIBVIRTD_IMAGE, &libvirtd_image);
+    sh.set_var(env::GUEST_IMAGE, &guest);
+    sh.set_var(env::MANIFESTS_BIN, &bins.manifests);
     let mut mode = vec!["--libvirt".to_string(), "container".to_string()];
     if args.kind {
         let kind = step("kind and its node image", crate::kind::prepare)?;
@@ -137,15 +138,15 @@ fn run_in_containers(args: &Args) -> Result<()> {
         step("manager image, built offline", || crate::images::build_provider_offline(image))?;
         let capi_images =
             step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
-        sh.set_var("CAPL_KIND_BIN", &kind.binary);
-        sh.set_var("CAPL_KIND_NODE_IMAGE", &kind.node_image);
-        sh.set_var("CAPL_KIND_WRAPPER_DIR", &kind.wrapper_dir);
-        sh.set_var("CAPL_REAL_DOCKER", &kind.real_docker);
-        sh.set_var("CAPL_PROVIDER_IMAGE", image);
-        sh.set_var("CAPL_CAPI_IMAGES", capi_images.join(","));
+        sh.set_var(env::KIND_BIN, &kind.binary);
+        sh.set_var(env::KIND_NODE_IMAGE, &kind.node_image);
+        sh.set_var(env::KIND_WRAPPER_DIR, &kind.wrapper_dir);
+        sh.set_var(env::REAL_DOCKER, &kind.real_docker);
+        sh.set_var(env::PROVIDER_IMAGE, image);
+        sh.set_var(env::CAPI_IMAGES, capi_images.join(","));
         mode.push("--kind".into());
     } else {
-        sh.set_var("CAPL_PROVIDER_BIN", &bins.provider);
+        sh.set_var(env::PROVIDER_BIN, &bins.provider);
     }
     sh.set_var(SUMMARY_ENV, summary_path(if args.kind { "kind" } else { "container" }));
     let runner = &bins.e2e;
@@ -159,7 +160,7 @@ fn run_in_containers(args: &Args) -> Result<()> {
 }
 
 /// The variable that tells `capl-e2e run` where to write its summary table too.
-const SUMMARY_ENV: &str = "CAPL_E2E_SUMMARY";
+const SUMMARY_ENV: &str = env::E2E_SUMMARY;
 
 /// Where the summary table of the run on `stack` goes (`private`, `container`, `kind`).
 pub fn summary_path(stack: &str) -> PathBuf {

@@ -33,9 +33,7 @@ use xshell::{Shell, cmd};
 
 use crate::{docker_engine, repo_root, short_hash, target_dir};
 
-#[path = "../../testenv/src/control_plane_versions.rs"]
-#[allow(dead_code, clippy::duplicate_mod)]
-mod versions;
+use capl_testbed::control_plane_versions as versions;
 use versions::{CAPI_RELEASE_REGISTRY, CAPI_VERSION};
 
 /// The repository (name) of the containerized libvirtd image; its tag is the key of its inputs.

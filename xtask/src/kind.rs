@@ -33,9 +33,7 @@ use xshell::{Shell, cmd};
 use crate::node_image::{self, CONTAINERD_VERSION};
 use crate::{docker_engine, images, repo_root, short_hash, target_dir};
 
-#[path = "../../testenv/src/control_plane_versions.rs"]
-#[allow(dead_code, clippy::duplicate_mod)]
-mod versions;
+use capl_testbed::control_plane_versions as versions;
 use versions::KUBERNETES_VERSION;
 
 /// The kind release built from its Go module.

@@ -55,19 +55,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-#[path = "../../testenv/src/test_host.rs"]
-#[allow(dead_code)] // the tests' half of the contract (uri(), static_address()) is not used here
-mod test_host;
-pub use test_host::{
+pub use capl_testbed::test_host::{
     BASE_POOL, BRIDGE, DISK_POOL, LIBVIRTD_ARGS, LIBVIRTD_PID_FILE, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR,
     SUBNET_PREFIX, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, VIRTLOGD_PID_FILE, network_xml,
     pool_xml, tls_uri,
 };
 
-#[path = "../../testenv/src/certificates.rs"]
-#[allow(dead_code)] // the test control plane's half (Pki::generate, load_ca) is not used here
-mod certificates;
-use certificates::Pki;
+use capl_testbed::certificates::Pki;
 
 /// A domain define slower than this means the daemon re-probes QEMU on every
 /// call (the trap above): `up` fails instead of handing out a crawling host.
@@ -862,6 +856,7 @@ pub fn status() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capl_testbed::test_host;
 
     #[test]
     fn main_stanza_of_debian_sources() {

@@ -56,9 +56,7 @@ use crate::short_hash;
 
 // The versions file is also included by control_plane.rs (whose module is private);
 // including it here keeps that file untouched.
-#[path = "../../testenv/src/control_plane_versions.rs"]
-#[allow(dead_code, clippy::duplicate_mod)]
-mod versions;
+use capl_testbed::control_plane_versions as versions;
 
 use versions::{KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION, NODE_TEST_IMAGE};
 

@@ -34,6 +34,7 @@
 //!    run, must do the same ([`crate::demo_check`]; neither with `--keep-host`
 //!    or a filter).
 
+use capl_testbed::env;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -93,9 +94,9 @@ pub fn run(args: Args) -> Result<()> {
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    sh.set_var("CAPL_TEST_LIBVIRT_URI", &uri);
-    sh.set_var("CAPL_GUEST_IMAGE", &image);
-    sh.set_var("CAPL_LIBVIRTD_IMAGE", &libvirtd_image);
+    sh.set_var(env::TEST_LIBVIRT_URI, &uri);
+    sh.set_var(env::GUEST_IMAGE, &image);
+    sh.set_var(env::LIBVIRTD_IMAGE, &libvirtd_image);
     let extra = &args.cargo_test_args;
     let reports = crate::target_dir().join("tmp/reports");
     let _ = std::fs::remove_dir_all(&reports);

@@ -14,7 +14,7 @@ use crate::clusterctl::LocalRepository;
 use crate::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
 
 /// The environment variable with the node image's path (`cargo xtask node-image` prints it).
-pub const NODE_IMAGE_ENV: &str = "CAPL_NODE_IMAGE";
+pub const NODE_IMAGE_ENV: &str = capl_testbed::env::NODE_IMAGE;
 /// The release clusterctl renders the template from.
 const RELEASE_VERSION: &str = "v0.1.0";
 

@@ -19,7 +19,7 @@ use crate::host_support::{Fixture, IMAGE_BYTES, dhcp_hosts};
 
 /// The environment variable that names the guest image (what `cargo xtask
 /// guest-image` prints); without it the tests run the built xtask to get it.
-pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
+pub const GUEST_IMAGE_ENV: &str = capl_testbed::env::GUEST_IMAGE;
 
 /// A connection to the private libvirtd, whose network and pools are checked;
 /// fails naming `cargo xtask host up` when it is not there.

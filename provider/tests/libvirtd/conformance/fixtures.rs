@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use capl_host::hypervisor::{ErrorKind, HostAdmin, HypervisorError, UndefineFlags};
 
 /// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
-pub const GUEST_IMAGE_ENV: &str = "CAPL_GUEST_IMAGE";
+pub use crate::real_support::GUEST_IMAGE_ENV;
 
 /// The four backends the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

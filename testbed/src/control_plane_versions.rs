@@ -1,8 +1,7 @@
 //! The pinned versions of the local control plane and the directory it is cached in.
 //!
 //! This file is the single source of these facts for both sides: the `testenv` crate
-//! (which runs the binaries) and `cargo xtask control-plane` (which builds them; it
-//! includes this file with `#[path]`). It uses `std` only for that reason.
+//! (which runs the binaries) and `cargo xtask control-plane` (which builds them).
 
 use std::path::PathBuf;
 

@@ -3,8 +3,7 @@
 //! CA signs the serving certificates of the webhook servers (CAPI's managers) that the API
 //! server calls, as envtest does.
 //!
-//! `cargo xtask host up` includes this file (`#[path]`) for the test libvirtd's TLS
-//! listener: [`Pki::new_ca`] makes its CA once, and tests load that CA back with
+//! `cargo xtask host up` uses it for the test libvirtd's TLS listener: [`Pki::new_ca`] makes its CA once, and tests load that CA back with
 //! [`Pki::load_ca`] to sign client certificates (see `remote_access`).
 
 use std::path::{Path, PathBuf};
