@@ -5,9 +5,7 @@
 //! (`--hypervisor sim`). Without the control plane every test fails naming
 //! that command.
 
-#[path = "../support/clusterctl_template.rs"]
-mod clusterctl_template;
-mod support;
+use capl_test_support::{api_server as support, clusterctl_template};
 
 mod faults_at_scale;
 mod kcp_failure_domains;

@@ -34,10 +34,8 @@
 //! ([`own_real_daemon`]) while the others hold a share ([`share_real_daemon`]).
 
 /// The API-server side of the reconciler tests (objects, waits, the manager),
-/// for `controllers_real` and `hung_host_manager`; each uses part of it.
-#[allow(dead_code)]
-#[path = "../api_server/support.rs"]
-mod api_support;
+/// for `controllers_real` and `hung_host_manager`.
+use capl_test_support::api_server as api_support;
 mod conformance;
 mod controllers_real;
 mod credentials_controllers;

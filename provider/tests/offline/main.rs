@@ -11,8 +11,7 @@
 //! Each test that misses what it needs fails with a message naming the command
 //! that provides it. `cargo xtask test` provides everything.
 
-#[path = "../support/clusterctl_template.rs"]
-mod clusterctl_template;
+use capl_test_support::clusterctl_template;
 
 mod book;
 mod dockerfile;

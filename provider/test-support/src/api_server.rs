@@ -68,7 +68,7 @@ impl World {
             .unwrap_or_else(|e| panic!("the reconciler tests need the local kube-apiserver and etcd: {e:#}"));
         CRDS.get_or_init(|| async {
             env.install_capi_crds().await.unwrap_or_else(|e| panic!("installing CAPI's CRDs: {e:#}"));
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd/bases");
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd/bases");
             env.install_crds_from_dir(&dir).await.unwrap_or_else(|e| {
                 panic!("installing the project's CRDs from {}: {e:#} (run `cargo xtask manifests`)", dir.display())
             });
