@@ -28,6 +28,7 @@ pub mod infra;
 pub mod machine;
 pub mod naming;
 pub mod network_xml;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim_host;
 pub mod uri_policy;
 pub mod volume_xml;

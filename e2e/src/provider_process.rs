@@ -31,7 +31,7 @@ impl ProviderProcess {
         if !binary.is_file() {
             bail!(
                 "the provider binary {} does not exist: build it with \
-                 `cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt`",
+                 `cargo build -p cluster-api-provider-libvirt --features sim --bin cluster-api-provider-libvirt`",
                 binary.display()
             );
         }

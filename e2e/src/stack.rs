@@ -112,7 +112,7 @@ impl StackConfig {
             (ManagementKind::Kind, None) => PathBuf::new(),
             (ManagementKind::Local, None) => built_binary("cluster-api-provider-libvirt").with_context(|| {
                 format!(
-                    "the provider binary is not built: run `cargo build -p cluster-api-provider-libvirt \
+                    "the provider binary is not built: run `cargo build -p cluster-api-provider-libvirt --features sim \
                      --bin cluster-api-provider-libvirt` or set {PROVIDER_BIN_ENV}"
                 )
             })?,

@@ -129,7 +129,7 @@ impl Hypervisor for Counted {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sim"))]
 mod tests {
     use super::*;
 

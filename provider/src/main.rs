@@ -169,6 +169,12 @@ async fn run() -> Result<()> {
 
     let connector: Arc<dyn capl_host::hypervisor::connections::Connector> = match flags.hypervisor {
         Backend::Libvirt => Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
+        #[cfg(not(feature = "sim"))]
+        Backend::Sim => anyhow::bail!(
+            "--hypervisor sim: this build has no simulated host (it is built with the `sim` feature, e.g. \
+             `cargo build -p cluster-api-provider-libvirt --features sim`); use --hypervisor libvirt"
+        ),
+        #[cfg(feature = "sim")]
         Backend::Sim => {
             let host = if flags.sim_large_network {
                 capl_host::sim_host::register_large(&flags.sim_uri)
@@ -223,20 +229,23 @@ async fn run() -> Result<()> {
     tokio::spawn(mark_ready_when_api_answers(client.clone(), ready_tx));
     let probe = Probe { metrics: metrics.clone(), ready: ready_rx };
     if let Some(addr) = parse_addr(&flags.metrics_bind_address)? {
-        let mut router = Router::new()
+        let router = Router::new()
             .route("/metrics", get(|State(p): State<Probe>| async move { p.metrics.encode() }))
             .with_state(probe.clone());
-        if matches!(flags.hypervisor, Backend::Sim) {
-            // What the simulated host holds, for leak checks: it lives in this process only.
+        // What the simulated host holds, for leak checks: it lives in this process only.
+        #[cfg(feature = "sim")]
+        let router = if matches!(flags.hypervisor, Backend::Sim) {
             let uri = flags.sim_uri.clone();
-            router = router.route(
+            router.route(
                 "/sim/inventory",
                 get(move || {
                     let uri = uri.clone();
                     async move { tokio::task::spawn_blocking(move || sim_inventory(&uri)).await.unwrap_or_default() }
                 }),
-            );
-        }
+            )
+        } else {
+            router
+        };
         tokio::spawn(async move { serve(addr, router).await.map_err(|e| tracing::error!(%e, "metrics server")) });
     }
     if let Some(addr) = parse_addr(&flags.health_probe_bind_address)? {
@@ -384,6 +393,7 @@ async fn shutdown_signal() {
 
 /// The simulated host's domains, volumes of the domain pool and DHCP hosts
 /// of the network, one `<kind> <name>` a line (the `/sim/inventory` route).
+#[cfg(feature = "sim")]
 fn sim_inventory(uri: &str) -> String {
     use capl_host::hypervisor::{HostAdmin, Hypervisor};
     let Ok(host) = capl_host::hypervisor::sim::SimHypervisor::connect(uri) else {

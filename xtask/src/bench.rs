@@ -125,7 +125,7 @@ fn build() -> Result<(PathBuf, PathBuf)> {
     sh.change_dir(repo_root());
     cmd!(
         sh,
-        "cargo build --release -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt -p e2e --bin capl-e2e"
+        "cargo build --release -p cluster-api-provider-libvirt --features cluster-api-provider-libvirt/sim --bin cluster-api-provider-libvirt -p e2e --bin capl-e2e"
     )
     .run()
     .context("building the manager and the benchmark runner failed")?;

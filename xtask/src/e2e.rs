@@ -181,7 +181,7 @@ pub fn build_binaries() -> Result<Binaries> {
     sh.change_dir(repo_root());
     cmd!(
         sh,
-        "cargo build -p cluster-api-provider-libvirt --bin cluster-api-provider-libvirt --bin capl-manifests -p e2e --bin capl-e2e"
+        "cargo build -p cluster-api-provider-libvirt --features cluster-api-provider-libvirt/sim --bin cluster-api-provider-libvirt --bin capl-manifests -p e2e --bin capl-e2e"
     )
         .run()
         .context("building the provider and the e2e runner failed")?;

@@ -250,3 +250,32 @@ pub fn check_provider_image(image: &str) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use xshell::{Shell, cmd};
+
+    use crate::repo_root;
+
+    /// The packages the manager's normal dependencies pull in, with `features`.
+    fn manager_dependencies(features: &[&str]) -> String {
+        let sh = Shell::new().expect("a shell");
+        sh.change_dir(repo_root());
+        let features: Vec<String> = features.iter().map(|f| format!("--features={f}")).collect();
+        cmd!(sh, "cargo tree --offline --locked -p cluster-api-provider-libvirt -e normal --prefix none {features...}")
+            .quiet()
+            .read()
+            .expect("cargo tree of the manager")
+    }
+
+    /// The release build (the manager image: `cargo build --release` with no
+    /// features) links no simulated host; the `sim` feature of the demo, the
+    /// benchmarks and the tests does.
+    #[test]
+    fn the_release_manager_has_no_simulator() {
+        let release = manager_dependencies(&[]);
+        assert!(release.contains("capl-host"), "{release}");
+        assert!(!release.contains("libvirt-sim"), "the release manager depends on libvirt-sim:\n{release}");
+        assert!(manager_dependencies(&["sim"]).contains("libvirt-sim"), "the sim feature must add the simulator");
+    }
+}

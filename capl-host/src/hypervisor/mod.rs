@@ -18,6 +18,7 @@
 pub mod connections;
 pub mod error;
 pub mod libvirt;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
 pub use error::{ErrorKind, HypervisorError, Result, kind_of};
