@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use capl_host::hypervisor::connections::Connector;
+use capl_host::hypervisor::Connector;
 use capl_host::hypervisor::{
     DhcpLease, DomainEventCallback, DomainState, EventSubscription, Hypervisor, NetworkUpdateCommand, NodeMemory,
     Result, UndefineFlags,

@@ -167,8 +167,8 @@ async fn run() -> Result<()> {
     init_logging(flags.log_format);
     let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
 
-    let connector: Arc<dyn capl_host::hypervisor::connections::Connector> = match flags.hypervisor {
-        Backend::Libvirt => Arc::new(capl_host::hypervisor::connections::LibvirtConnector::default()),
+    let connector: Arc<dyn capl_host::hypervisor::Connector> = match flags.hypervisor {
+        Backend::Libvirt => Arc::new(capl_host::hypervisor::libvirt::LibvirtConnector::default()),
         #[cfg(not(feature = "sim"))]
         Backend::Sim => anyhow::bail!(
             "--hypervisor sim: this build has no simulated host (it is built with the `sim` feature, e.g. \

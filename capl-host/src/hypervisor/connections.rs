@@ -48,15 +48,6 @@
 //!   and threads and are not held up. The manager sets both timeouts with
 //!   `--libvirt-call-timeout` and `--libvirt-connect-timeout`.
 //!
-//! # Keepalive
-//!
-//! [`LibvirtConnector`] registers libvirt's default event loop once, before
-//! its first connection, runs it on its own thread, and turns on keepalive
-//! (default: a probe every 5 s, the connection is closed after 3 missed
-//! probes), so a host that vanished is noticed within ~15-20 s even when no
-//! call is in flight. Keepalive starts only once a connection is open; the
-//! connect timeout covers the time before.
-//!
 //! # Domain events
 //!
 //! With an event sink set ([`Connections::set_event_sink`]), every connection
@@ -83,64 +74,16 @@
 //! decides it) or have no subscription, and reconnects them, and reconnects
 //! hosts that lost their connection, backing off while they refuse.
 //!
-//! # Remote URIs
-//!
-//! Connections are opened non-interactively (`virConnectOpen`, no auth
-//! callback), so every credential must be found without a prompt.
-//!
-//! - `qemu+tls://host/system` (port 16514): the client needs the CA
-//!   certificate and a client certificate/key signed by that CA. As root they
-//!   are read from `/etc/pki/CA/cacert.pem`, `/etc/pki/libvirt/clientcert.pem`
-//!   and `/etc/pki/libvirt/private/clientkey.pem`; as another user from
-//!   `$HOME/.pki/libvirt/{cacert,clientcert,clientkey}.pem`. The URI parameter
-//!   `?pkipath=/dir` points at one directory holding all three files (the
-//!   natural choice in a container: mount a Secret there). The server
-//!   certificate must name `host` (CN or subjectAltName); `?no_verify=1`
-//!   turns that check off (tests only).
-//! - `qemu+tcp://host/system` (port 16509): plain TCP, no encryption. The
-//!   daemon must listen on TCP (`listen_tcp = 1`, or `virtproxyd-tcp.socket`)
-//!   with `auth_tcp = "none"`, since SASL would need an interactive callback.
-//!   For isolated lab networks only.
-//! - `qemu+libssh://user@host/system` (libvirt's built-in libssh transport)
-//!   and `qemu+libssh2://user@host/system` (libssh2): the private key comes
-//!   from `?keyfile=/path/to/id_ed25519` (or an ssh-agent through
-//!   `SSH_AUTH_SOCK`; choose with `?sshauth=privkey` / `agent`); the key must
-//!   not have a passphrase. The server's host key must already be in
-//!   `?known_hosts=/path` (default `$HOME/.ssh/known_hosts`), because
-//!   `known_hosts_verify=normal` (the default) refuses unknown hosts without a
-//!   prompt; `known_hosts_verify=ignore` disables the check (tests only). The
-//!   remote user needs access to the libvirt socket (root, or the `libvirt`
-//!   group), and the remote host needs `virt-ssh-helper` (libvirt >= 9.5) or
-//!   `nc`; pick with `?proxy=auto|native|netcat`. libssh2 only reads some key
-//!   formats: if it rejects an OpenSSH-format key, convert it with
-//!   `ssh-keygen -p -m PEM -f key`.
-//!
-//! Examples: `qemu+tls://kvm1.lab/system?pkipath=/etc/capl/pki/kvm1`,
-//! `qemu+libssh://root@kvm1.lab/system?keyfile=/etc/capl/ssh/id_ed25519&known_hosts=/etc/capl/ssh/known_hosts`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, watch};
 
-use super::libvirt::{LibvirtHypervisor, from_virt};
-use super::{DomainEvent, ErrorKind, EventSubscription, Hypervisor, HypervisorError, Result};
-
-/// What a [`Connections`] cache tells its event sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostEvent {
-    /// A lifecycle event of a domain on the host opened with `uri`.
-    Domain { uri: String, event: DomainEvent },
-    /// The host opened with `uri` has a new, subscribed connection after it
-    /// had another: events in between were lost.
-    Reconnected { uri: String },
-}
-
-/// Receives the cache's [`HostEvent`]s. It runs on the backend's event thread
-/// (or a connect's blocking thread): it must be quick and must not block.
-pub type HostEventSink = Arc<dyn Fn(HostEvent) + Send + Sync + 'static>;
+use super::events::{EventFanOut, HostEvent, HostEventSink, Subscription};
+use super::{Connector, ErrorKind, Hypervisor, HypervisorError, Result};
 
 /// The longest wait between two reconnects of a host that refuses them in
 /// [`Connections::check_connections`].
@@ -184,98 +127,6 @@ impl CallError for HypervisorError {
     }
 }
 
-/// Opens a new connection to a host. One implementation per backend (real
-/// libvirt here; the simulator's lives with `sim`).
-pub trait Connector: Send + Sync {
-    fn connect(&self, uri: &str) -> Result<Arc<dyn Hypervisor>>;
-}
-
-/// Keepalive settings for [`LibvirtConnector`] (`virConnectSetKeepAlive`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeepAlive {
-    /// Seconds between probes; 0 or less turns keepalive off.
-    pub interval_secs: i32,
-    /// Unanswered probes after which libvirt closes the connection.
-    pub count: u32,
-}
-
-impl Default for KeepAlive {
-    fn default() -> Self {
-        Self { interval_secs: 5, count: 3 }
-    }
-}
-
-/// [`Connector`] over the `virt` crate, counting the connections it opens.
-#[derive(Debug, Default)]
-pub struct LibvirtConnector {
-    keepalive: KeepAlive,
-    opened: AtomicU64,
-}
-
-impl LibvirtConnector {
-    pub fn new(keepalive: KeepAlive) -> Self {
-        Self { keepalive, opened: AtomicU64::new(0) }
-    }
-
-    /// How many connections this connector has opened successfully.
-    pub fn connections_opened(&self) -> u64 {
-        self.opened.load(Ordering::SeqCst)
-    }
-}
-
-impl Connector for LibvirtConnector {
-    fn connect(&self, uri: &str) -> Result<Arc<dyn Hypervisor>> {
-        ensure_event_loop()?;
-        let hv = LibvirtHypervisor::connect(uri)?;
-        if self.keepalive.interval_secs > 0 {
-            // Ok(false): a local driver (test:///) has no keepalive; fine.
-            hv.set_keepalive(self.keepalive.interval_secs, self.keepalive.count).map_err(|mut e| {
-                e.message = format!("cannot enable keepalive on {uri}: {}", e.message);
-                e
-            })?;
-        }
-        self.opened.fetch_add(1, Ordering::SeqCst);
-        Ok(Arc::new(hv))
-    }
-}
-
-/// Registers libvirt's default event loop implementation (once per process)
-/// and runs it on a dedicated thread, `libvirt-events`.
-///
-/// Keepalive and stream/close callbacks only fire while an event loop runs;
-/// libvirt requires the registration before the connections that use it are
-/// opened, so [`LibvirtConnector`] calls this before every connect.
-pub fn ensure_event_loop() -> Result<()> {
-    static EVENT_LOOP: OnceLock<Result<()>> = OnceLock::new();
-    EVENT_LOOP
-        .get_or_init(|| {
-            virt::event::event_register_default_impl().map_err(|e| {
-                let mut err = from_virt(e);
-                err.message = format!("cannot register libvirt's default event loop: {}", err.message);
-                err
-            })?;
-            std::thread::Builder::new()
-                .name("libvirt-events".into())
-                .spawn(|| {
-                    loop {
-                        if let Err(e) = virt::event::event_run_default_impl() {
-                            tracing::error!(error = %e, "libvirt event loop iteration failed");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                })
-                .map_err(|e| {
-                    HypervisorError::new(
-                        ErrorKind::Other,
-                        0,
-                        format!("cannot spawn the libvirt event loop thread: {e}"),
-                    )
-                })?;
-            Ok(())
-        })
-        .clone()
-}
-
 /// libvirtd's default `max_client_requests`: concurrent calls one client
 /// connection may have in flight before the daemon queues them.
 pub const DEFAULT_MAX_CALLS_PER_HOST: usize = 5;
@@ -298,10 +149,8 @@ pub struct Connections {
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
     opened: AtomicU64,
     attempts: AtomicU64,
-    /// Where domain events go; shared with the subscriptions' callbacks
-    /// (which must not hold the cache itself).
-    sink: Arc<RwLock<Option<HostEventSink>>>,
-    subscriptions: AtomicU64,
+    /// Where domain events go.
+    events: EventFanOut,
 }
 
 impl Connections {
@@ -317,8 +166,7 @@ impl Connections {
             hosts: Mutex::new(HashMap::new()),
             opened: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
-            sink: Arc::new(RwLock::new(None)),
-            subscriptions: AtomicU64::new(0),
+            events: EventFanOut::default(),
         }
     }
 
@@ -327,48 +175,16 @@ impl Connections {
     /// connection opened before has no subscription and is replaced by the
     /// next [`Connections::check_connections`].
     pub fn set_event_sink(&self, sink: HostEventSink) {
-        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+        self.events.set_sink(sink);
     }
 
     fn has_sink(&self) -> bool {
-        self.sink.read().unwrap_or_else(|e| e.into_inner()).is_some()
-    }
-
-    fn emit(sink: &RwLock<Option<HostEventSink>>, event: HostEvent) {
-        let sink = sink.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(sink) = sink {
-            sink(event);
-        }
-    }
-
-    /// Subscribes `conn` (just opened for `uri`) to domain events for the
-    /// sink; `None` without a sink or when subscribing failed (logged).
-    fn subscribe(&self, uri: &str, conn: &dyn Hypervisor) -> Option<EventSubscription> {
-        if !self.has_sink() {
-            return None;
-        }
-        let sink = Arc::downgrade(&self.sink);
-        let from = uri.to_string();
-        let subscribed = conn.subscribe_domain_events(Box::new(move |event| {
-            if let Some(sink) = sink.upgrade() {
-                Self::emit(&sink, HostEvent::Domain { uri: from.clone(), event });
-            }
-        }));
-        match subscribed {
-            Ok(subscription) => {
-                self.subscriptions.fetch_add(1, Ordering::SeqCst);
-                Some(subscription)
-            }
-            Err(e) => {
-                tracing::warn!(%uri, error = %e, "cannot subscribe to domain lifecycle events; the connection is replaced at the next check");
-                None
-            }
-        }
+        self.events.has_sink()
     }
 
     /// Event subscriptions made so far, over all hosts (for tests and metrics).
     pub fn subscriptions_made(&self) -> u64 {
-        self.subscriptions.load(Ordering::SeqCst)
+        self.events.subscriptions_made()
     }
 
     /// One look at every host's connection, for the domain events: a cached
@@ -403,11 +219,6 @@ impl Connections {
         self.call_timeout = call;
         self.connect_timeout = connect;
         self
-    }
-
-    /// A cache over real libvirt with default keepalive, call bound and timeouts.
-    pub fn libvirt() -> Self {
-        Self::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST)
     }
 
     pub fn call_timeout(&self) -> Duration {
@@ -482,25 +293,6 @@ struct SlotState {
     /// Connects that failed in a row, and when the last one ended.
     failed_connects: u32,
     last_failure: Option<Instant>,
-}
-
-/// A connection's event subscription. Dropping it deregisters on a thread of
-/// its own: deregistering is a call to the host, which may not answer, and
-/// it is dropped where no call may block (under the slot's lock, on a
-/// runtime worker).
-struct Subscription(Option<EventSubscription>);
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        if let Some(subscription) = self.0.take() {
-            let spawned =
-                std::thread::Builder::new().name("libvirt-event-deregister".into()).spawn(move || drop(subscription));
-            if let Err(e) = spawned {
-                // Never block here; the subscription's callback then lives on until the process ends.
-                tracing::warn!(error = %e, "cannot spawn a thread to deregister domain events");
-            }
-        }
-    }
 }
 
 /// A connect running on the blocking pool; every caller that needs the
@@ -704,7 +496,7 @@ impl HostHandle {
                 });
             // Subscribed before anyone can use the connection, so that whatever
             // is observed through it is observed after its subscription.
-            let subscription = result.as_ref().ok().and_then(|conn| cache.subscribe(&slot.uri, conn.as_ref()));
+            let subscription = result.as_ref().ok().and_then(|conn| cache.events.subscribe(&slot.uri, conn.as_ref()));
             let reconnected = {
                 let mut state = slot.state();
                 if state.connecting.as_ref().is_some_and(|a| a.id == id) {
@@ -741,7 +533,7 @@ impl HostHandle {
             };
             if reconnected {
                 tracing::info!(uri = %slot.uri, "reconnected to libvirt and subscribed to domain events again");
-                Connections::emit(&cache.sink, HostEvent::Reconnected { uri: slot.uri.clone() });
+                cache.events.emit(HostEvent::Reconnected { uri: slot.uri.clone() });
             }
             tx.send_replace(Some(result));
         }));

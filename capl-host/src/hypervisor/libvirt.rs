@@ -2,18 +2,64 @@
 //! in-process `test:///default` driver.
 //!
 //! One [`LibvirtHypervisor`] wraps one `virConnectPtr`. libvirt connections
-//! are thread-safe, so one value is shared by every caller (see
-//! `connections`, which caches one per URI and adds keepalive). Every method
-//! blocks; async callers go through `connections::HostHandle::call`.
+//! are thread-safe, so one value is shared by every caller (`connections`
+//! caches one per URI; [`LibvirtConnector`] opens it with keepalive on).
+//! Every method blocks; async callers go through `connections::HostHandle::call`.
 //!
 //! Errors keep libvirt's `virErrorNumber` and message; the
 //! [`ErrorKind`] is derived from the number (and, for transport failures,
 //! from the error domain) by the shared table, [`kind_of`].
+//!
+//! # Keepalive and the event loop
+//!
+//! [`LibvirtConnector`] registers libvirt's default event loop once, before
+//! its first connection, runs it on its own thread, and turns on keepalive
+//! (default: a probe every 5 s, the connection is closed after 3 missed
+//! probes), so a host that vanished is noticed within ~15-20 s even when no
+//! call is in flight. Keepalive starts only once a connection is open; the
+//! connect timeout covers the time before.
+//!
+//!
+//! # Remote URIs
+//!
+//! Connections are opened non-interactively (`virConnectOpen`, no auth
+//! callback), so every credential must be found without a prompt.
+//!
+//! - `qemu+tls://host/system` (port 16514): the client needs the CA
+//!   certificate and a client certificate/key signed by that CA. As root they
+//!   are read from `/etc/pki/CA/cacert.pem`, `/etc/pki/libvirt/clientcert.pem`
+//!   and `/etc/pki/libvirt/private/clientkey.pem`; as another user from
+//!   `$HOME/.pki/libvirt/{cacert,clientcert,clientkey}.pem`. The URI parameter
+//!   `?pkipath=/dir` points at one directory holding all three files (the
+//!   natural choice in a container: mount a Secret there). The server
+//!   certificate must name `host` (CN or subjectAltName); `?no_verify=1`
+//!   turns that check off (tests only).
+//! - `qemu+tcp://host/system` (port 16509): plain TCP, no encryption. The
+//!   daemon must listen on TCP (`listen_tcp = 1`, or `virtproxyd-tcp.socket`)
+//!   with `auth_tcp = "none"`, since SASL would need an interactive callback.
+//!   For isolated lab networks only.
+//! - `qemu+libssh://user@host/system` (libvirt's built-in libssh transport)
+//!   and `qemu+libssh2://user@host/system` (libssh2): the private key comes
+//!   from `?keyfile=/path/to/id_ed25519` (or an ssh-agent through
+//!   `SSH_AUTH_SOCK`; choose with `?sshauth=privkey` / `agent`); the key must
+//!   not have a passphrase. The server's host key must already be in
+//!   `?known_hosts=/path` (default `$HOME/.ssh/known_hosts`), because
+//!   `known_hosts_verify=normal` (the default) refuses unknown hosts without a
+//!   prompt; `known_hosts_verify=ignore` disables the check (tests only). The
+//!   remote user needs access to the libvirt socket (root, or the `libvirt`
+//!   group), and the remote host needs `virt-ssh-helper` (libvirt >= 9.5) or
+//!   `nc`; pick with `?proxy=auto|native|netcat`. libssh2 only reads some key
+//!   formats: if it rejects an OpenSSH-format key, convert it with
+//!   `ssh-keygen -p -m PEM -f key`.
+//!
+//! Examples: `qemu+tls://kvm1.lab/system?pkipath=/etc/capl/pki/kvm1`,
+//! `qemu+libssh://root@kvm1.lab/system?keyfile=/etc/capl/ssh/id_ed25519&known_hosts=/etc/capl/ssh/known_hosts`.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::time::Duration;
 
 use virt::connect::Connect;
 use virt::domain::Domain;
@@ -23,9 +69,10 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 use virt::sys;
 
+use super::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
 use super::{
-    DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription, HostAdmin,
-    Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
+    Connector, DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription,
+    HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
 };
 
 /// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
@@ -42,7 +89,7 @@ impl LibvirtHypervisor {
     /// `virConnectOpen(uri)`: opens a read-write connection.
     ///
     /// Remote URIs authenticate non-interactively (TLS certificates, SSH
-    /// keys); see the `connections` module docs for what each transport needs.
+    /// keys); see "Remote URIs" in this module's docs for what each transport needs.
     pub fn connect(uri: &str) -> Result<Self> {
         silence_default_error_printer();
         let conn = Connect::open(Some(uri)).map_err(|e| {
@@ -55,7 +102,7 @@ impl LibvirtHypervisor {
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
     /// close the connection after `count` unanswered probes. Needs a
-    /// registered event loop (see `connections::ensure_event_loop`).
+    /// registered event loop (see [`ensure_event_loop`]).
     ///
     /// Returns `Ok(false)` when the driver has no keepalive (local drivers
     /// such as `test:///` or a peer that does not support it).
@@ -455,7 +502,7 @@ impl EventHub {
 /// the opaque pointer to [`lifecycle_trampoline`] on its event loop thread, and hands
 /// it to [`free_hub`] (which drops it) once the registration is gone, whether
 /// deregistered or freed with the connection. Events are dispatched only while an
-/// event loop runs (`connections::ensure_event_loop`, which must run before a remote
+/// event loop runs ([`ensure_event_loop`], which must run before a remote
 /// connection is opened for its socket to be watched).
 fn subscribe_lifecycle(
     conn: &Connect,
@@ -464,7 +511,7 @@ fn subscribe_lifecycle(
 ) -> Result<EventSubscription> {
     // Local drivers (test:///) add their dispatch timer to the loop on the first
     // registration; remote connections need it since they were opened.
-    super::connections::ensure_event_loop()?;
+    ensure_event_loop()?;
     let mut registration = hub.registration.lock().unwrap_or_else(|e| e.into_inner());
     if registration.is_none() {
         *registration = Some(register_hub(conn, hub)?);
@@ -586,6 +633,99 @@ pub fn from_virt(err: virt::error::Error) -> HypervisorError {
     HypervisorError::new(kind_of(code, transport), code, err.message().to_string())
 }
 
+/// Keepalive settings for [`LibvirtConnector`] (`virConnectSetKeepAlive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Seconds between probes; 0 or less turns keepalive off.
+    pub interval_secs: i32,
+    /// Unanswered probes after which libvirt closes the connection.
+    pub count: u32,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        Self { interval_secs: 5, count: 3 }
+    }
+}
+
+/// [`Connector`] over the `virt` crate, counting the connections it opens.
+#[derive(Debug, Default)]
+pub struct LibvirtConnector {
+    keepalive: KeepAlive,
+    opened: AtomicU64,
+}
+
+impl LibvirtConnector {
+    pub fn new(keepalive: KeepAlive) -> Self {
+        Self { keepalive, opened: AtomicU64::new(0) }
+    }
+
+    /// How many connections this connector has opened successfully.
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::SeqCst)
+    }
+}
+
+impl Connector for LibvirtConnector {
+    fn connect(&self, uri: &str) -> Result<Arc<dyn Hypervisor>> {
+        ensure_event_loop()?;
+        let hv = LibvirtHypervisor::connect(uri)?;
+        if self.keepalive.interval_secs > 0 {
+            // Ok(false): a local driver (test:///) has no keepalive; fine.
+            hv.set_keepalive(self.keepalive.interval_secs, self.keepalive.count).map_err(|mut e| {
+                e.message = format!("cannot enable keepalive on {uri}: {}", e.message);
+                e
+            })?;
+        }
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(hv))
+    }
+}
+
+/// Registers libvirt's default event loop implementation (once per process)
+/// and runs it on a dedicated thread, `libvirt-events`.
+///
+/// Keepalive and stream/close callbacks only fire while an event loop runs;
+/// libvirt requires the registration before the connections that use it are
+/// opened, so [`LibvirtConnector`] calls this before every connect.
+pub fn ensure_event_loop() -> Result<()> {
+    static EVENT_LOOP: OnceLock<Result<()>> = OnceLock::new();
+    EVENT_LOOP
+        .get_or_init(|| {
+            virt::event::event_register_default_impl().map_err(|e| {
+                let mut err = from_virt(e);
+                err.message = format!("cannot register libvirt's default event loop: {}", err.message);
+                err
+            })?;
+            std::thread::Builder::new()
+                .name("libvirt-events".into())
+                .spawn(|| {
+                    loop {
+                        if let Err(e) = virt::event::event_run_default_impl() {
+                            tracing::error!(error = %e, "libvirt event loop iteration failed");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                })
+                .map_err(|e| {
+                    HypervisorError::new(
+                        ErrorKind::Other,
+                        0,
+                        format!("cannot spawn the libvirt event loop thread: {e}"),
+                    )
+                })?;
+            Ok(())
+        })
+        .clone()
+}
+
+impl Connections {
+    /// A cache over real libvirt with default keepalive, call bound and timeouts.
+    pub fn libvirt() -> Self {
+        Self::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,7 +734,7 @@ mod tests {
 
     #[test]
     fn the_test_driver_delivers_lifecycle_events_and_a_panicking_callback_harms_no_other() {
-        crate::hypervisor::connections::ensure_event_loop().unwrap();
+        super::ensure_event_loop().unwrap();
         let hv = LibvirtHypervisor::connect("test:///default").unwrap();
         let name = format!("capl-events-unit-{}", std::process::id());
         let _panics = hv.subscribe_domain_events(Box::new(|_| panic!("a callback that panics"))).unwrap();

@@ -17,6 +17,7 @@
 
 pub mod connections;
 pub mod error;
+pub mod events;
 pub mod libvirt;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
@@ -308,6 +309,12 @@ pub trait Hypervisor: Send + Sync {
     /// such as [`domain_start`](Self::domain_start) may return before its event is
     /// delivered.
     fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription>;
+}
+
+/// Opens a new connection to a host: one implementation per backend
+/// ([`libvirt::LibvirtConnector`], and the simulator's `sim::SimConnector`).
+pub trait Connector: Send + Sync {
+    fn connect(&self, uri: &str) -> Result<std::sync::Arc<dyn Hypervisor>>;
 }
 
 /// The calls the provider never makes but tests, benchmarks and host set-up

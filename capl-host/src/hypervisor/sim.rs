@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use libvirt_sim::{Connection, UpdateCommand, UpdateSection, update_flags};
 
-use super::connections::Connector;
+use super::Connector;
 use super::{
     DhcpLease, DomainEvent, DomainEventCallback, DomainEventKind, DomainState, ErrorKind, EventSubscription, HostAdmin,
     Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,

@@ -34,7 +34,7 @@ use super::machine::machine_identity;
 use super::metrics::Metrics;
 use super::own_changes::ExpectedEvents;
 use crate::api::LibvirtMachine;
-use capl_host::hypervisor::connections::{HostEvent, HostEventSink};
+use capl_host::hypervisor::events::{HostEvent, HostEventSink};
 
 /// Events queued between libvirt's event thread and the controller.
 const QUEUE: usize = 4096;

@@ -49,14 +49,14 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Keep) {
         Backend::TestDriver => {
             // Lifecycle events are dispatched by libvirt's event loop, which must be
             // registered before a connection is opened.
-            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
+            capl_host::hypervisor::libvirt::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect("test:///default").expect("open libvirt's test:///default driver");
             (Box::new(hv), Keep::Nothing)
         }
         Backend::RealLibvirtd => {
             let uri = testenv::test_host::uri()
                 .unwrap_or_else(|message| panic!("the real-libvirtd conformance run: {message}"));
-            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
+            capl_host::hypervisor::libvirt::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect(&uri)
                 .unwrap_or_else(|e| panic!("connect to {uri}: {e}; is `{}` running?", testenv::test_host::UP_COMMAND));
             (Box::new(hv), Keep::Nothing)
@@ -64,7 +64,7 @@ fn open(backend: Backend) -> (Box<dyn HostAdmin>, Keep) {
         Backend::ContainerLibvirtd => {
             let daemon = testenv::container_libvirtd::ContainerLibvirtd::start()
                 .unwrap_or_else(|message| panic!("the containerized-libvirtd conformance run: {message}"));
-            capl_host::hypervisor::connections::ensure_event_loop().expect("libvirt's event loop");
+            capl_host::hypervisor::libvirt::ensure_event_loop().expect("libvirt's event loop");
             let hv = LibvirtHypervisor::connect(daemon.uri())
                 .unwrap_or_else(|e| panic!("connect to {} (container {}): {e}", daemon.uri(), daemon.id()));
             (Box::new(hv), Keep::Container(Box::new(daemon)))

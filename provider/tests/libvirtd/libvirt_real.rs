@@ -9,8 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
+use capl_host::hypervisor::connections::Connections;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::libvirt::{KeepAlive, LibvirtConnector};
 use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 
 use testenv::test_host::{BASE_POOL, DISK_POOL, NETWORK, UP_COMMAND, uri_or_panic as uri};
@@ -62,7 +63,7 @@ async fn keepalive_is_supported_by_the_daemon() {
     host.call(|h| h.capabilities_xml()).await.unwrap();
     // The connector enabled keepalive; doing it again on a fresh connection
     // must report support (Ok(true)), unlike test:///.
-    capl_host::hypervisor::connections::ensure_event_loop().unwrap();
+    capl_host::hypervisor::libvirt::ensure_event_loop().unwrap();
     assert!(hv().set_keepalive(5, 3).unwrap());
     assert_eq!(cache.connections_opened(), 1);
 }

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use capl_host::hypervisor::HypervisorError;
-use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
+use capl_host::hypervisor::connections::Connections;
+use capl_host::hypervisor::libvirt::{KeepAlive, LibvirtConnector};
 use testenv::ScratchDir;
 use testenv::remote_access::{Pki, TestSshd, host_ca, ssh_keygen, write_client_pki, write_private};
 use testenv::test_host::{DISK_POOL, NETWORK, libssh_uri, tls_uri};

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use capl_host::hypervisor::connections::{Connections, KeepAlive, LibvirtConnector};
+use capl_host::hypervisor::connections::Connections;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::libvirt::{KeepAlive, LibvirtConnector};
 use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, Hypervisor, NetworkUpdateCommand, UndefineFlags};
 
 const URI: &str = "test:///default";
