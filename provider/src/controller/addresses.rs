@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::{Api, Resource, ResourceExt};
 
-use super::{Context, Error};
+use super::context::Context;
+use super::error::Error;
 use crate::api::capi::CLUSTER_NAME_LABEL;
 use crate::api::conditions::reasons;
 use crate::api::ipam::{IPAddress, IPAddressClaim, IPAddressClaimSpec};

@@ -12,7 +12,9 @@ use kube::{Api, Resource, ResourceExt};
 use super::addresses::{self, ClaimOwner, Claimed};
 use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, InfraCheck, decide};
 use super::condition_list::{self, Status};
-use super::{Context, Error, credentials, object_patch};
+use super::context::Context;
+use super::error::Error;
+use super::{credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
 use crate::api::{

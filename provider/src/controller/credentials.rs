@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
-use super::{Context, Error};
+use super::context::Context;
+use super::error::Error;
 use crate::api::conditions::reasons;
 
 /// Why a host cannot be opened with its credentials: a condition to report.

@@ -7,7 +7,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::{CONTROLLER_NAME, Error};
+use super::context::CONTROLLER_NAME;
+use super::error::Error;
 
 /// Every write names the manager, so `managedFields` says who set the
 /// finalizer and `spec.providerID` (instead of "unknown").

@@ -37,7 +37,7 @@ pub const CREATE_EVENTS: &[DomainEventKind] =
 pub const START_EVENTS: &[DomainEventKind] = &[DomainEventKind::Resumed, DomainEventKind::Started];
 
 /// What the object watch last passed on per object (by UID): the hash of what
-/// a reconcile depends on ([`super::not_status`]), or the hash of the object
+/// a reconcile depends on ([`not_status`]), or the hash of the object
 /// a reconcile's own write made.
 #[derive(Default)]
 pub struct SeenObjects {
@@ -48,7 +48,7 @@ impl SeenObjects {
     /// Whether the watch passes `object` on: what a reconcile depends on
     /// changed since the last object passed or written.
     pub fn pass<K: Resource>(&self, object: &K) -> bool {
-        let Some(hash) = super::not_status(object) else { return true };
+        let Some(hash) = not_status(object) else { return true };
         let key = object.meta().uid.clone().unwrap_or_default();
         self.seen.lock().expect("seen objects lock").insert(key, hash) != Some(hash)
     }
@@ -61,7 +61,7 @@ impl SeenObjects {
     /// watch event can arrive before the write's response. Returns what was
     /// noted before, for [`Self::write_failed`].
     pub fn will_write<K: Resource>(&self, expected: &K) -> Option<u64> {
-        let hash = super::not_status(expected)?;
+        let hash = not_status(expected)?;
         let key = expected.meta().uid.clone().unwrap_or_default();
         self.seen.lock().expect("seen objects lock").insert(key, hash)
     }
@@ -127,6 +127,28 @@ impl ExpectedEvents {
             !list.is_empty()
         });
     }
+}
+
+/// What a reconcile of one of our objects depends on, hashed: everything but
+/// its status (and resourceVersion and managedFields, which every write
+/// changes). The controllers' own status writes therefore do not bring the
+/// object back for another reconcile (and another look at the host);
+/// changes to the spec (generation), labels, annotations (paused, skip host
+/// cleanup), finalizers, owners and deletion do.
+pub(crate) fn not_status<K: kube::Resource>(object: &K) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = object.meta();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.uid.hash(&mut hasher);
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()).hash(&mut hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        (&owner.api_version, &owner.kind, &owner.name, &owner.uid, owner.controller).hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 #[cfg(test)]

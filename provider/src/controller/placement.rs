@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use capl_host::hypervisor::NodeMemory;
 use kube::ResourceExt;
 
-use super::{Context, Error, credentials};
+use super::context::Context;
+use super::credentials;
+use super::error::Error;
 use crate::api::capi::Machine;
 use crate::api::conditions::reasons;
 use crate::api::{ClusterHost, LibvirtCluster, LibvirtMachine};

@@ -23,7 +23,9 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
 use super::cluster::{get_optional, owner_name, paused_reason};
-use super::{Context, Error, credentials, object_patch};
+use super::context::Context;
+use super::error::Error;
+use super::{credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster};
 use crate::api::{LibvirtCluster, LibvirtMachineSpec, LibvirtMachineTemplate, LibvirtMachineTemplateStatus, NodeInfo};
 
