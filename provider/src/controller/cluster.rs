@@ -12,45 +12,17 @@ use kube::{Api, Resource, ResourceExt};
 use super::addresses::{self, ClaimOwner, Claimed};
 use super::cluster_decision::{ClusterAction, ClusterPlan, ClusterSnapshot, InfraCheck, decide};
 use super::condition_list::{self, Status};
-use super::context::Context;
+use super::context::{Context, get_optional};
 use super::error::Error;
+use super::owners::{cluster_name_of, owner_name, paused_reason};
 use super::{credentials, object_patch};
-use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
+use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, MANAGED_BY_ANNOTATION};
 use crate::api::conditions::{INFRASTRUCTURE_READY, reasons};
 use crate::api::{
     CLUSTER_FINALIZER, ClusterHost, ENDPOINT_DNS_HOST_ANNOTATION, FailureDomain, Initialization, LibvirtCluster,
     LibvirtClusterStatus, LibvirtMachine, SKIP_HOST_CLEANUP_ANNOTATION,
 };
 use capl_host::infra::{InfraSpec, check_infrastructure};
-
-/// The owner Cluster named in the object's ownerReferences, if any.
-pub(crate) fn owner_name(object: &impl ResourceExt, kind: &str) -> Option<String> {
-    object
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == kind && o.api_version.starts_with("cluster.x-k8s.io/"))
-        .map(|o| o.name.clone())
-}
-
-/// Why reconciliation is paused, if it is.
-pub(crate) fn paused_reason(object: &impl ResourceExt, cluster: Option<&Cluster>) -> Option<String> {
-    if let Some(cluster) = cluster
-        && cluster.spec.paused == Some(true)
-    {
-        return Some(format!("Cluster {} has spec.paused set", cluster.name_any()));
-    }
-    object
-        .annotations()
-        .contains_key(PAUSED_ANNOTATION)
-        .then(|| format!("the object has the {PAUSED_ANNOTATION} annotation"))
-}
-
-pub(crate) async fn get_optional<K>(api: &Api<K>, name: &str) -> Result<Option<K>, Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api.get_opt(name).await?)
-}
 
 pub async fn reconcile(object: Arc<LibvirtCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
@@ -296,11 +268,6 @@ async fn release_network_endpoint(ctx: &Context, object: &LibvirtCluster, ns: &s
 /// The IPAddressClaim of an allocated control-plane endpoint.
 pub fn endpoint_claim_name(libvirt_cluster: &str) -> String {
     format!("{libvirt_cluster}-endpoint")
-}
-
-/// The name of the Cluster this LibvirtCluster belongs to: CAPI's label, else the owner reference.
-pub(crate) fn cluster_name_of(object: &LibvirtCluster) -> Option<String> {
-    object.labels().get(CLUSTER_NAME_LABEL).cloned().or_else(|| owner_name(object, "Cluster"))
 }
 
 /// The LibvirtMachines of the same Cluster (by CAPI's cluster-name label) that still exist.

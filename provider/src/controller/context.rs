@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
 use super::error::Error;
-use super::{cluster, machine_decision, metrics, own_changes, placement};
+use super::{machine_decision, metrics, own_changes, placement};
 use crate::api::LibvirtCluster;
 use crate::api::capi::{Cluster, Machine};
 
@@ -116,6 +116,14 @@ pub struct InputCaches {
     pub libvirt_clusters: Store<LibvirtCluster>,
 }
 
+/// `name` from `api`; `None` when it does not exist.
+pub(crate) async fn get_optional<K>(api: &Api<K>, name: &str) -> Result<Option<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.get_opt(name).await?)
+}
+
 /// `name` in `ns` from `store` when it is there, else from the API server.
 pub(crate) async fn cached_or_get<K>(
     store: Option<&Store<K>>,
@@ -129,7 +137,7 @@ where
     if let Some(found) = store.and_then(|store| store.get(&ObjectRef::new(name).within(ns))) {
         return Ok(Some((*found).clone()));
     }
-    cluster::get_optional(api, name).await
+    get_optional(api, name).await
 }
 
 impl Context {

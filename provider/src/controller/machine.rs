@@ -10,13 +10,13 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
 use super::addresses::{self, Claimed};
-use super::cluster::{get_optional, owner_name, paused_reason};
 use super::condition_list::{self, Status};
-use super::context::{Context, cached_or_get};
+use super::context::{Context, cached_or_get, get_optional};
 use super::error::Error;
 use super::machine_decision::{
     Bootstrap, Host, LEASE_REFRESH_AFTER, MachineAction, MachinePlan, MachineSnapshot, Requeue, decide,
 };
+use super::owners::{owner_name, paused_reason};
 use super::{credentials, object_patch, own_changes, placement};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};

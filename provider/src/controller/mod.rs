@@ -27,6 +27,7 @@ pub mod machine_decision;
 pub mod metrics;
 mod object_patch;
 pub mod own_changes;
+mod owners;
 pub mod placement;
 pub mod template;
 mod watch_mapping;

@@ -22,9 +22,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
-use super::cluster::{get_optional, owner_name, paused_reason};
-use super::context::Context;
+use super::context::{Context, get_optional};
 use super::error::Error;
+use super::owners::{owner_name, paused_reason};
 use super::{credentials, object_patch};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster};
 use crate::api::{LibvirtCluster, LibvirtMachineSpec, LibvirtMachineTemplate, LibvirtMachineTemplateStatus, NodeInfo};

@@ -76,7 +76,7 @@ pub fn deleting_libvirt_clusters_of_machine(
         .state()
         .iter()
         .filter(|lc| lc.meta().deletion_timestamp.is_some() && lc.namespace() == namespace)
-        .filter(|lc| super::cluster::cluster_name_of(lc).as_ref() == Some(cluster))
+        .filter(|lc| super::owners::cluster_name_of(lc).as_ref() == Some(cluster))
         .map(|lc| ObjectRef::from_obj(lc.as_ref()))
         .collect()
 }
