@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::objects::{self, Kind};
-use crate::stack::{Stack, StackConfig};
+use crate::harness::objects::{self, Kind};
+use crate::harness::stack::{Stack, StackConfig};
 
 const MACHINES: [&str; 2] = ["demo-0", "demo-1"];
 const CLUSTER: &str = "demo";
@@ -23,9 +23,9 @@ pub async fn run(config: &StackConfig, exit_after_ready: bool) -> Result<()> {
         "{} starting: local kube-apiserver + etcd, CAPI core, the provider ({})",
         at(),
         match &config.backend {
-            crate::stack::Backend::Libvirt { uri } => format!("libvirt at {uri}"),
-            crate::stack::Backend::Container => "a containerized libvirtd over TLS".into(),
-            crate::stack::Backend::Sim => "embedded simulated libvirt host".into(),
+            crate::harness::stack::Backend::Libvirt { uri } => format!("libvirt at {uri}"),
+            crate::harness::stack::Backend::Container => "a containerized libvirtd over TLS".into(),
+            crate::harness::stack::Backend::Sim => "embedded simulated libvirt host".into(),
         }
     );
     let mut stack = Stack::start(config).await?;

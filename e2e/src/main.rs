@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use e2e::stack::StackConfig;
+use e2e::harness::stack::StackConfig;
 
 #[derive(Parser)]
 #[command(name = "capl-e2e", about = "End-to-end tests and demo of cluster-api-provider-libvirt")]
@@ -115,7 +115,7 @@ async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
         }
         Bench::Overhead { machines } => {
             let config = StackConfig::from_env(false)?;
-            let e2e::stack::Backend::Libvirt { uri } = config.backend else { unreachable!("from_env(false)") };
+            let e2e::harness::stack::Backend::Libvirt { uri } = config.backend else { unreachable!("from_env(false)") };
             let guest_image = config.guest_image.ok_or_else(|| anyhow::anyhow!("no guest image"))?;
             let args = e2e::bench::overhead::Args { uri, guest_image, provider_binary, machines, out };
             e2e::bench::overhead::run(&args).await
@@ -157,15 +157,15 @@ async fn main() -> ExitCode {
 const SUMMARY_ENV: &str = capl_testbed::env::E2E_SUMMARY;
 
 async fn run(only: &[String], kind: bool, libvirt: &str) -> anyhow::Result<bool> {
-    use e2e::management::ManagementKind;
-    use e2e::stack::Backend;
+    use e2e::harness::management::ManagementKind;
+    use e2e::harness::stack::Backend;
     let config = match (kind, libvirt) {
         (false, "private") => StackConfig::private_libvirtd()?,
         (false, _) => StackConfig::with(Backend::Container, ManagementKind::Local)?,
         (true, _) => StackConfig::with(Backend::Container, ManagementKind::Kind)?,
     };
-    let outcomes = e2e::suite::run(&config, only).await?;
-    let table = e2e::suite::table(&outcomes);
+    let outcomes = e2e::scenarios::suite::run(&config, only).await?;
+    let table = e2e::scenarios::suite::table(&outcomes);
     println!("\n{table}");
     // For whoever started us to repeat at the end of a long log (`cargo xtask test`).
     if let Some(path) = std::env::var_os(SUMMARY_ENV) {

@@ -29,7 +29,7 @@ use super::{
     ControlPlane, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, print_table,
     provisioned_ip, ready_json, ready_rows, wait_each, write_json,
 };
-use crate::objects::{self, Kind};
+use crate::harness::objects::{self, Kind};
 
 const CLUSTER: &str = "floor";
 

@@ -32,8 +32,8 @@ use serde_json::Value;
 use testenv::{CapiManager, CapiOptions, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::objects::{self, Kind, Placement};
-use crate::provider_process::ProviderProcess;
+use crate::harness::objects::{self, Kind, Placement};
+use crate::harness::provider_process::ProviderProcess;
 use crate::repo_root;
 
 /// Namespaces the benchmarks create start with this (and so do their
@@ -335,12 +335,16 @@ pub async fn create_all(client: &Client, ns: &str, objects: Vec<(Kind, Value)>) 
 /// infrastructure object is left in `ns`.
 pub async fn delete_cluster(client: &Client, ns: &str, cluster: &str) -> Result<()> {
     objects::delete(client, ns, Kind::Cluster, cluster).await?;
-    crate::wait::until("every object of the benchmark to be deleted", Duration::from_secs(1800), || async {
+    crate::harness::wait::until("every object of the benchmark to be deleted", Duration::from_secs(1800), || async {
         let mut left = 0;
         for kind in [Kind::Cluster, Kind::LibvirtCluster, Kind::Machine, Kind::LibvirtMachine] {
             left += objects::list(client, ns, kind).await?.len();
         }
-        Ok(if left == 0 { crate::wait::Check::Done(()) } else { crate::wait::Check::Pending(format!("{left} left")) })
+        Ok(if left == 0 {
+            crate::harness::wait::Check::Done(())
+        } else {
+            crate::harness::wait::Check::Pending(format!("{left} left"))
+        })
     })
     .await
 }

@@ -22,9 +22,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::{BenchStack, NAME_PREFIX, fmt, print_table, write_json};
-use crate::host_view::HostView;
-use crate::objects::{self, Kind, Placement};
-use crate::stack::{TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK};
+use crate::harness::host_view::HostView;
+use crate::harness::objects::{self, Kind, Placement};
+use crate::harness::stack::{TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK};
 
 const CLUSTER: &str = "bench";
 /// The floor's DHCP hosts use addresses from here up, outside the test network's DHCP range.
@@ -43,7 +43,7 @@ pub struct Args {
 pub async fn run(args: &Args) -> Result<bool> {
     let host = HostView::new(&args.uri);
     host.virsh(&["version"]).context("the private libvirtd does not answer: run `cargo xtask host up`")?;
-    let image = crate::stack::upload_base_image(&host, &args.guest_image, "guest", "cargo xtask guest-image")?;
+    let image = crate::harness::stack::upload_base_image(&host, &args.guest_image, "guest", "cargo xtask guest-image")?;
     let mut provider_args = vec!["--domain-type=qemu".to_string()];
     if capl_host::uri_policy::UriPolicy::default().check(&args.uri).is_err() {
         provider_args.push("--allow-unsafe-uris".into());
@@ -51,7 +51,7 @@ pub async fn run(args: &Args) -> Result<bool> {
     let stack = BenchStack::start(&args.provider_binary, provider_args).await?;
     let result = measure(&stack, &host, &image, args).await;
     drop(stack);
-    let swept = crate::stack::sweep_prefix(&host, NAME_PREFIX);
+    let swept = crate::harness::stack::sweep_prefix(&host, NAME_PREFIX);
     if !swept.is_empty() {
         eprintln!("removed from the host after the run: {}", swept.join(", "));
     }
@@ -168,11 +168,13 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         credentials: None,
     };
     super::create_all(&client, &ns, super::cluster_objects(&ns, CLUSTER, &placement)).await?;
-    crate::wait::until("the LibvirtCluster to be provisioned", Duration::from_secs(120), || async {
+    crate::harness::wait::until("the LibvirtCluster to be provisioned", Duration::from_secs(120), || async {
         let lc = objects::get(&client, &ns, Kind::LibvirtCluster, CLUSTER).await?;
         Ok(match lc {
-            Some(lc) if lc.data["status"]["initialization"]["provisioned"] == true => crate::wait::Check::Done(()),
-            _ => crate::wait::Check::Pending("not provisioned".into()),
+            Some(lc) if lc.data["status"]["initialization"]["provisioned"] == true => {
+                crate::harness::wait::Check::Done(())
+            }
+            _ => crate::harness::wait::Check::Pending("not provisioned".into()),
         })
     })
     .await?;
@@ -192,13 +194,13 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
             .await?;
         objects::create(&client, &ns, Kind::Machine, objects::machine(&ns, &name, CLUSTER, &secret)).await?;
         // CAPI has linked them (owner reference) and the manager waits for the bootstrap data.
-        crate::wait::until("CAPI to own the LibvirtMachine", Duration::from_secs(60), || async {
+        crate::harness::wait::until("CAPI to own the LibvirtMachine", Duration::from_secs(60), || async {
             let lm = objects::get(&client, &ns, Kind::LibvirtMachine, &name).await?;
             Ok(match lm {
                 Some(lm) if lm.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty()) => {
-                    crate::wait::Check::Done(())
+                    crate::harness::wait::Check::Done(())
                 }
-                _ => crate::wait::Check::Pending("no owner".into()),
+                _ => crate::harness::wait::Check::Pending("no owner".into()),
             })
         })
         .await?;
@@ -247,10 +249,10 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
             *floor_steps.entry(step).or_default() += t;
         }
         objects::delete(&client, &ns, Kind::Machine, &name).await?;
-        crate::wait::until("the machine to be deleted", Duration::from_secs(120), || async {
+        crate::harness::wait::until("the machine to be deleted", Duration::from_secs(120), || async {
             Ok(match objects::get(&client, &ns, Kind::LibvirtMachine, &name).await? {
-                None => crate::wait::Check::Done(()),
-                Some(_) => crate::wait::Check::Pending("still there".into()),
+                None => crate::harness::wait::Check::Done(()),
+                Some(_) => crate::harness::wait::Check::Pending("still there".into()),
             })
         })
         .await?;

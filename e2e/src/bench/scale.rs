@@ -19,7 +19,7 @@ use super::{
     BenchStack, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, percentile, print_table,
     provisioned_ip, ready_json, ready_rows, wait_each, write_json,
 };
-use crate::objects::{self, Kind, Placement};
+use crate::harness::objects::{self, Kind, Placement};
 
 const CLUSTER: &str = "bench";
 

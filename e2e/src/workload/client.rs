@@ -11,8 +11,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use super::CLUSTER;
-use crate::objects::{self, Kind};
-use crate::wait::{Answered, Check, until};
+use crate::harness::objects::{self, Kind};
+use crate::harness::wait::{Answered, Check, until};
 
 /// A client of the workload cluster from the `<cluster>-kubeconfig` Secret CAPI
 /// writes, waiting up to `within` for the Secret.

@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use super::client::{pod_state, workload_client};
 use super::{domains, kubeadm_control_plane};
-use crate::objects::{self, Kind};
-use crate::stack::Stack;
+use crate::harness::objects::{self, Kind};
+use crate::harness::stack::Stack;
 
 /// How long one look-up of a report may take: a report of a stuck cluster must
 /// not get stuck itself.

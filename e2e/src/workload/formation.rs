@@ -33,10 +33,10 @@ use super::client::{check_provider_ids, node_ready, wait_machines_running, wait_
 use super::diagnose::{compact, condition_text, diagnose, kubeadm_failure};
 use super::render::{Flavor, apply_flavor};
 use super::{CLUSTER, domains, kubeadm_control_plane};
-use crate::objects::{self, Kind};
+use crate::harness::objects::{self, Kind};
+use crate::harness::stack::Stack;
+use crate::harness::wait::{Answered, Check, until};
 use crate::scenarios::{Running, check_on_host, running_facts};
-use crate::stack::Stack;
-use crate::wait::{Answered, Check, until};
 
 /// How long each step may take. Ceilings, not expectations: QEMU emulates
 /// every instruction of the guests on a 2-core machine, and the guests get

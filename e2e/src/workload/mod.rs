@@ -20,7 +20,7 @@ pub(crate) mod render;
 use anyhow::Result;
 use kube::api::{ApiResource, GroupVersionKind};
 
-use crate::stack::Stack;
+use crate::harness::stack::Stack;
 
 /// The workload cluster's name.
 pub(crate) const CLUSTER: &str = "wl";

@@ -10,8 +10,8 @@ use testenv::control_plane_versions::KUBERNETES_VERSION;
 use testenv::test_host::{TLS_CA_CERT, TLS_PORT};
 
 use super::CLUSTER;
-use crate::clusterctl::LocalRepository;
-use crate::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
+use crate::harness::clusterctl::LocalRepository;
+use crate::harness::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
 
 /// The environment variable with the node image's path (`cargo xtask node-image` prints it).
 pub const NODE_IMAGE_ENV: &str = capl_testbed::env::NODE_IMAGE;

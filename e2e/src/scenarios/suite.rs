@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 
+use crate::harness::stack::{Stack, StackConfig, delete_all_clusters};
 use crate::scenarios::{self, Scenario};
-use crate::stack::{Stack, StackConfig, delete_all_clusters};
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone)]
@@ -157,8 +157,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::management::ManagementKind;
-    use crate::stack::Backend;
+    use crate::harness::management::ManagementKind;
+    use crate::harness::stack::Backend;
 
     fn config(backend: Backend, management: ManagementKind) -> StackConfig {
         StackConfig { backend, provider_binary: PathBuf::new(), guest_image: None, management }

@@ -21,11 +21,11 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use testenv::lab::{ExtraLibvirtd, LabBridge};
 
-use crate::host_view::HostView;
-use crate::objects::{self, Kind};
+use crate::harness::host_view::HostView;
+use crate::harness::objects::{self, Kind};
+use crate::harness::stack::{Stack, upload_base_image_to};
+use crate::harness::wait::{Check, until};
 use crate::scenarios::{MACHINE_READY, say};
-use crate::stack::{Stack, upload_base_image_to};
-use crate::wait::{Check, until};
 
 const ID: &str = "multihost";
 /// The lab subnet; the machines' pool is `.10-.13`, the endpoint `.250`.
@@ -262,7 +262,7 @@ async fn check(client: &Client, ns: &str, views: &[HostView], console_dir: &Path
 
 /// Deletes the Cluster, then checks both hosts hold nothing of it and every address is free.
 async fn clean_up(client: &Client, ns: &str, views: &[HostView]) -> Result<()> {
-    crate::stack::delete_all_clusters(client, ns).await?;
+    crate::harness::stack::delete_all_clusters(client, ns).await?;
     for (view, host) in views.iter().zip(HOSTS) {
         let domains = view.domains()?;
         let volumes = view.volumes(DOMAIN_POOL)?;

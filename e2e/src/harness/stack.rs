@@ -18,12 +18,12 @@ use kube::Client;
 use serde_json::json;
 use testenv::container_libvirtd::{ContainerLibvirtd, TlsClient};
 
-use crate::host_view::HostView;
-use crate::management::{Management, ManagementKind};
-use crate::objects::{self, Kind, Placement};
-use crate::provider::Provider;
-use crate::provider_process::ProviderProcess;
-use crate::wait::{Check, until};
+use crate::harness::host_view::HostView;
+use crate::harness::management::{Management, ManagementKind};
+use crate::harness::objects::{self, Kind, Placement};
+use crate::harness::provider::Provider;
+use crate::harness::provider_process::ProviderProcess;
+use crate::harness::wait::{Check, until};
 use crate::{blocking, repo_root};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
@@ -205,7 +205,7 @@ impl Stack {
                 let image = config.guest_image.as_deref().context("a guest image is needed for the libvirt backend")?;
                 let console_dir = work_dir.join("console");
                 let network = matches!(management, Management::Kind { .. })
-                    .then(|| crate::kind_cluster::DOCKER_NETWORK.to_string());
+                    .then(|| crate::harness::kind_cluster::DOCKER_NETWORK.to_string());
                 let options =
                     testenv::container_libvirtd::Options { network, tls: true, console_dir: Some(console_dir.clone()) };
                 let daemon = blocking(|| ContainerLibvirtd::start_with(options)).map_err(anyhow::Error::msg)?;

@@ -1,6 +1,6 @@
 //! The provider as users deploy it, checked as an operator would (`capl-e2e
 //! run --kind`, on the stack of a kind management cluster made by
-//! [`crate::kind_cluster`]: the manager image as the Deployment `clusterctl
+//! [`crate::harness::kind_cluster`]: the manager image as the Deployment `clusterctl
 //! init` installed, under a real kubelet and kube-controller-manager).
 //!
 //! `deployed`, the first scenario on that stack:
@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
-use crate::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
-use crate::management::Management;
+use crate::harness::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
+use crate::harness::management::Management;
+use crate::harness::stack::Stack;
+use crate::harness::wait::{self, Check};
 use crate::scenarios::say;
-use crate::stack::Stack;
-use crate::wait::{self, Check};
 
 const LEASE_LIMIT: Duration = Duration::from_secs(120);
 const GONE_LIMIT: Duration = Duration::from_secs(120);

@@ -1,6 +1,18 @@
 //! The e2e scenarios: real CAPI Machines become real VMs. Each runs in a
 //! namespace of its own, on a running [`Stack`], and checks from the outside:
-//! API objects, `virsh`, and the guest's serial console log.
+//! API objects, `virsh`, and the guest's serial console log. The machine
+//! scenarios are in this file; the others have files of their own:
+//! [`init`] (the offline `clusterctl init`), [`deployed`] (the provider's Pod
+//! as an operator checks it), [`workload`] (real Kubernetes clusters),
+//! [`multihost`] (one cluster over two hosts with IPAM), [`clusterctl_move`]
+//! (`clusterctl move` of a running cluster). [`suite`] runs them.
+
+pub mod clusterctl_move;
+pub mod deployed;
+pub mod init;
+pub mod multihost;
+pub mod suite;
+pub mod workload;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -10,10 +22,10 @@ use kube::api::DynamicObject;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::management::ManagementKind;
-use crate::objects::{self, CLUSTER_NAME_LABEL, Kind};
-use crate::stack::{Backend, Stack, StackConfig, TEST_DISK_POOL, TEST_NETWORK, delete_all_clusters};
-use crate::wait::{Check, until};
+use crate::harness::management::ManagementKind;
+use crate::harness::objects::{self, CLUSTER_NAME_LABEL, Kind};
+use crate::harness::stack::{Backend, Stack, StackConfig, TEST_DISK_POOL, TEST_NETWORK, delete_all_clusters};
+use crate::harness::wait::{Check, until};
 
 /// How long a machine may take from creation to a running guest with an
 /// address (TCG on a loaded 2-core machine is slow; this is a ceiling, not
@@ -84,13 +96,13 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "clusterctl init into a fresh management cluster",
             id: "init",
-            run: |s| Box::pin(crate::scenario_init::clusterctl_init(s)),
+            run: |s| Box::pin(crate::scenarios::init::clusterctl_init(s)),
             needs: Needs::NotKind,
         },
         Scenario {
             name: "the provider's Pod: Ready, leading, nonroot, read-only; rollout restart",
             id: "deployed",
-            run: |s| Box::pin(crate::scenario_deployed::deployed(s)),
+            run: |s| Box::pin(crate::scenarios::deployed::deployed(s)),
             needs: Needs::Kind,
         },
         Scenario {
@@ -132,26 +144,26 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "workload cluster: kubeadm control plane and workers from the template",
             id: "workload",
-            run: |s| Box::pin(crate::scenario_workload::workload(s)),
+            run: |s| Box::pin(crate::scenarios::workload::workload(s)),
             needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
             name: "workload cluster from the ClusterClass flavor",
             id: "workload-topology",
-            run: |s| Box::pin(crate::scenario_workload::workload_topology(s)),
+            run: |s| Box::pin(crate::scenarios::workload::workload_topology(s)),
             needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
             name: "one Cluster over two hosts on one bridge, addresses and endpoint from IPAM",
             id: "multihost",
-            run: |s| Box::pin(crate::scenario_multihost::multihost(s)),
+            run: |s| Box::pin(crate::scenarios::multihost::multihost(s)),
             needs: Needs::PrivateLibvirtd("a second libvirtd shares its bridge"),
         },
         // Last: it adds clusterctl's inventory to the stack's management cluster.
         Scenario {
             name: "clusterctl move to a second management cluster",
             id: "move",
-            run: |s| Box::pin(crate::scenario_move::clusterctl_move(s)),
+            run: |s| Box::pin(crate::scenarios::clusterctl_move::clusterctl_move(s)),
             // Also the private libvirtd: it reads the volumes' inodes on this machine's disk.
             needs: Needs::LocalProcessesAndPrivateLibvirtd,
         },
@@ -159,7 +171,7 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "the provider Pods' logs after every scenario",
             id: "pod-logs",
-            run: |s| Box::pin(crate::scenario_deployed::pod_logs(s)),
+            run: |s| Box::pin(crate::scenarios::deployed::pod_logs(s)),
             needs: Needs::Kind,
         },
     ]

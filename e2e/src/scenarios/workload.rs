@@ -39,10 +39,10 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use testenv::control_plane_versions::NODE_TEST_IMAGE;
 
-use crate::objects::{self, Kind};
+use crate::harness::objects::{self, Kind};
+use crate::harness::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
+use crate::harness::wait::{Answered, Check, until};
 use crate::scenarios::say;
-use crate::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
-use crate::wait::{Answered, Check, until};
 use crate::workload::client::{is_control_plane, node_names, pod_state, wait_nodes_ready};
 use crate::workload::diagnose::{compact, keep_capi_logs, report_guests, report_workload};
 use crate::workload::formation::{Bounds, Formation};

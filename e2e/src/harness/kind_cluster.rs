@@ -250,7 +250,7 @@ impl Drop for KindCluster {
 /// `clusterctl init` of CAPI core, the kubeadm providers and this provider
 /// (release `v0.1.0` with the manager image `image`) from local repositories,
 /// with cert-manager's CRDs applied first and cert-manager declared externally
-/// provisioned ([`crate::clusterctl::LocalRepository::with_capi_release`]);
+/// provisioned ([`crate::harness::clusterctl::LocalRepository::with_capi_release`]);
 /// then [`stand_in_for_cert_manager`].
 fn clusterctl_init(kubectl: &Kubectl, work_dir: &Path, image: &str) -> Result<()> {
     let assets = testenv::Assets::locate()?;
@@ -259,7 +259,7 @@ fn clusterctl_init(kubectl: &Kubectl, work_dir: &Path, image: &str) -> Result<()
         kubectl.command(&["apply", "--server-side", "-f"]).arg(assets.cert_manager_crds_dir()?),
     )?;
     let repository =
-        crate::clusterctl::LocalRepository::release_with_image(&work_dir.join("repository"), "v0.1.0", image)?
+        crate::harness::clusterctl::LocalRepository::release_with_image(&work_dir.join("repository"), "v0.1.0", image)?
             .with_capi_release(&assets)?;
     let kubeconfig = kubectl.kubeconfig.display().to_string();
     let core = format!("cluster-api:{CAPI_VERSION}");

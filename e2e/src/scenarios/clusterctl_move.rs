@@ -34,13 +34,13 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use testenv::TestEnv;
 
-use crate::clusterctl::{self, LocalRepository};
-use crate::host_view::DhcpHost;
-use crate::management::{Management, ManagementKind};
-use crate::objects::{self, CLUSTER_NAME_LABEL, Kind};
+use crate::harness::clusterctl::{self, LocalRepository};
+use crate::harness::host_view::DhcpHost;
+use crate::harness::management::{Management, ManagementKind};
+use crate::harness::objects::{self, CLUSTER_NAME_LABEL, Kind};
+use crate::harness::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
+use crate::harness::wait::{Check, until};
 use crate::scenarios::{MACHINE_READY, create_cluster, describe, host_objects, say, wait_host_objects};
-use crate::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
-use crate::wait::{Check, until};
 
 /// How long the target's provider may take to report the moved machines
 /// Ready after `clusterctl move` returns: adoption is a few libvirt reads.
@@ -409,7 +409,7 @@ async fn wait_node_refs(client: &Client, ns: &str, machines: &[&str]) -> Result<
 /// What the host holds for the machines: per domain its UUID, id and state,
 /// its two volumes' keys, paths and inodes, and its DHCP entries.
 fn record_host(
-    host: &crate::host_view::HostView,
+    host: &crate::harness::host_view::HostView,
     machines: &BTreeMap<String, MachineFacts>,
 ) -> Result<BTreeMap<String, OnHost>> {
     let dhcp = host.dhcp_hosts(TEST_NETWORK)?;

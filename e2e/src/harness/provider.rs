@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
-use crate::provider_process::ProviderProcess;
-use crate::wait::Check;
+use crate::harness::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
+use crate::harness::provider_process::ProviderProcess;
+use crate::harness::wait::Check;
 
 /// How long a new manager Pod may take to be Ready after the old one was killed.
 const POD_READY: Duration = Duration::from_secs(180);
@@ -55,7 +55,7 @@ impl Provider {
         match self {
             Provider::Process(p) => p.kill(),
             Provider::Pod(kubectl) => {
-                let selector = crate::kind_cluster::POD_SELECTOR;
+                let selector = crate::harness::kind_cluster::POD_SELECTOR;
                 let _ = kubectl.out(&[
                     "delete",
                     "pods",
@@ -77,7 +77,7 @@ impl Provider {
         match self {
             Provider::Process(p) => p.restart().await,
             Provider::Pod(kubectl) => {
-                crate::wait::until("a manager Pod Ready after the kill", POD_READY, || async {
+                crate::harness::wait::until("a manager Pod Ready after the kill", POD_READY, || async {
                     let pods = crate::blocking(|| kubectl.manager_pod_names())?;
                     if !pods.ready.is_empty() {
                         return Ok(Check::Done(()));

@@ -4,7 +4,7 @@
 //!
 //! [`LocalRepository::with_capi_release`] adds what the real `clusterctl
 //! init` needs offline (CAPI's local repositories and cert-manager as
-//! externally provisioned; see [`crate::scenario_init`]).
+//! externally provisioned; see [`crate::scenarios::init`]).
 //!
 //! `clusterctl move` finds the kinds to move through the clusterctl
 //! inventory: it lists only CRDs labelled `clusterctl.cluster.x-k8s.io`, and
@@ -41,7 +41,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_VERSION};
 
-use crate::management::Management;
+use crate::harness::management::Management;
 use crate::repo_root;
 
 /// clusterctl's labels (cmd/clusterctl/api/v1alpha3/labels.go and CAPI's provider label).
@@ -96,7 +96,7 @@ impl LocalRepository {
     pub fn release_with_image(root: &Path, version: &str, image: &str) -> Result<Self> {
         let manifests = match std::env::var_os(MANIFESTS_BIN_ENV) {
             Some(path) => PathBuf::from(path),
-            None => crate::stack::built_binary("capl-manifests").with_context(|| {
+            None => crate::harness::stack::built_binary("capl-manifests").with_context(|| {
                 format!(
                     "capl-manifests is not built: run `cargo build -p cluster-api-provider-libvirt --bin \
                      capl-manifests` or set {MANIFESTS_BIN_ENV}"

@@ -1,7 +1,7 @@
 //! The management cluster an e2e run uses: the local control plane built from
 //! Go modules with the CAPI managers as local processes, or a kind cluster
 //! made offline with every provider installed by `clusterctl init`
-//! ([`crate::kind_cluster`]).
+//! ([`crate::harness::kind_cluster`]).
 
 use std::path::Path;
 
@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use testenv::{CapiManager, CapiOptions, TestEnv};
 
-use crate::kind_cluster::KindCluster;
+use crate::harness::kind_cluster::KindCluster;
 use crate::repo_root;
 
 /// Which management cluster to start.
@@ -93,7 +93,7 @@ impl Management {
     pub fn describe(&self) -> String {
         match self {
             Management::Local { env, .. } => format!("control plane at {}", env.server_url()),
-            Management::Kind { .. } => format!("kind cluster {}", crate::kind_cluster::CLUSTER),
+            Management::Kind { .. } => format!("kind cluster {}", crate::harness::kind_cluster::CLUSTER),
         }
     }
 

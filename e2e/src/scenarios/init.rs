@@ -49,9 +49,9 @@ use serde_json::Value;
 use testenv::TestEnv;
 use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_RELEASE_REGISTRY, CAPI_VERSION};
 
-use crate::clusterctl::{CLUSTERCTL_LABEL, INFRA_PROVIDER, LocalRepository, PROVIDER_LABEL};
+use crate::harness::clusterctl::{CLUSTERCTL_LABEL, INFRA_PROVIDER, LocalRepository, PROVIDER_LABEL};
+use crate::harness::stack::Stack;
 use crate::scenarios::say;
-use crate::stack::Stack;
 
 /// The release `clusterctl init` installs.
 const RELEASE_VERSION: &str = "v0.1.0";
