@@ -619,11 +619,33 @@ const ALLOCATED_ENDPOINT: &str = "  # No address named: the provider allocates t
     port: ${CAPL_CONTROL_PLANE_ENDPOINT_PORT:=6443}
 ";
 
+/// The address kube-vip holds in the default flavor's static Pod.
+const KUBE_VIP_NAMED_ADDRESS: &str = "            - name: address
+              value: ${CAPL_CONTROL_PLANE_ENDPOINT_HOST}
+";
+
+/// The same, filled in on the node: see [`KUBE_VIP_ADDRESS_FROM_KUBEADM`].
+const KUBE_VIP_ALLOCATED_ADDRESS: &str = "            - name: address
+              value: CONTROL_PLANE_ENDPOINT_HOST
+";
+
+/// The first of the default flavor's KubeadmControlPlane `preKubeadmCommands`.
+const PRE_KUBEADM_COMMANDS: &str = "    preKubeadmCommands:\n";
+
+/// A command run before kubeadm that writes the endpoint's address into
+/// kube-vip's static Pod, read from the kubeadm configuration the bootstrap
+/// provider wrote (`controlPlaneEndpoint` on the node that runs kubeadm init,
+/// the discovery `apiServerEndpoint` on a node that joins).
+const KUBE_VIP_ADDRESS_FROM_KUBEADM: &str = "    preKubeadmCommands:
+    # The address the provider allocated, from the kubeadm configuration.
+    - 'sed -i \"s/CONTROL_PLANE_ENDPOINT_HOST/$(sed -n -e ''s/^ *controlPlaneEndpoint: *//p'' -e ''s/^ *apiServerEndpoint: *//p'' /run/kubeadm/kubeadm.yaml /run/kubeadm/kubeadm-join-config.yaml 2>/dev/null | head -n 1 | tr -d ''\"'' | cut -d: -f1)/\" /etc/kubernetes/manifests/kube-vip.yaml'
+";
+
 /// The flavor `allocated-endpoint` from the text of the default flavor: the
 /// same cluster, with the control-plane endpoint allocated by the provider
 /// from the libvirt network instead of named by `CAPL_CONTROL_PLANE_ENDPOINT_HOST`.
-/// Everything else (the KubeadmControlPlane's `capl-control-plane-vip`, which
-/// reads the endpoint from the kubeadm configuration) is the default flavor's.
+/// kube-vip's static Pod gets the address on the node, from the kubeadm
+/// configuration; everything else is the default flavor's.
 pub fn allocated_endpoint_flavor(default_flavor: &str) -> Result<String, String> {
     let header_end = default_flavor
         .find("\napiVersion:")
@@ -634,10 +656,18 @@ pub fn allocated_endpoint_flavor(default_flavor: &str) -> Result<String, String>
              (the allocated-endpoint flavor replaces it); update provider/src/manifests.rs with the template"
         ));
     }
-    if default_flavor.matches("${CAPL_CONTROL_PLANE_ENDPOINT_HOST}").count() != 1 {
+    if default_flavor.matches(KUBE_VIP_NAMED_ADDRESS).count() != 1
+        || default_flavor.matches(PRE_KUBEADM_COMMANDS).count() != 1
+    {
         return Err(format!(
-            "{DEFAULT_FLAVOR} uses CAPL_CONTROL_PLANE_ENDPOINT_HOST outside the LibvirtCluster's endpoint; \
-             the allocated-endpoint flavor cannot know that address"
+            "{DEFAULT_FLAVOR} must hold kube-vip's address exactly once, as\n{KUBE_VIP_NAMED_ADDRESS}\
+             and the KubeadmControlPlane's preKubeadmCommands once; update provider/src/manifests.rs with the template"
+        ));
+    }
+    if default_flavor.matches("${CAPL_CONTROL_PLANE_ENDPOINT_HOST}").count() != 2 {
+        return Err(format!(
+            "{DEFAULT_FLAVOR} uses CAPL_CONTROL_PLANE_ENDPOINT_HOST outside the LibvirtCluster's endpoint and \
+             kube-vip's address; the allocated-endpoint flavor cannot know that address"
         ));
     }
     let header = format!(
@@ -649,5 +679,9 @@ pub fn allocated_endpoint_flavor(default_flavor: &str) -> Result<String, String>
          # Variables are documented in docs/src/flavors.md.\n"
     );
     let body = &default_flavor[header_end + 1..];
-    Ok(format!("{header}{}", body.replace(NAMED_ENDPOINT, ALLOCATED_ENDPOINT)))
+    let body = body
+        .replace(NAMED_ENDPOINT, ALLOCATED_ENDPOINT)
+        .replace(KUBE_VIP_NAMED_ADDRESS, KUBE_VIP_ALLOCATED_ADDRESS)
+        .replace(PRE_KUBEADM_COMMANDS, KUBE_VIP_ADDRESS_FROM_KUBEADM);
+    Ok(format!("{header}{body}"))
 }

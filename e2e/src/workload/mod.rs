@@ -14,6 +14,7 @@
 
 pub(crate) mod client;
 pub(crate) mod diagnose;
+pub(crate) mod emulation;
 pub(crate) mod formation;
 pub(crate) mod render;
 

@@ -161,6 +161,8 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
             "`clusterctl generate cluster --flavor topology` did not add the ClusterClass `libvirt`:\n{rendered}"
         );
     }
+    // What only this rig's emulated machines need (not in templates/).
+    let rendered = super::emulation::patch_manifest(&rendered)?;
     let path = dir.join("cluster.yaml");
     std::fs::write(&path, rendered).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)

@@ -462,8 +462,8 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
 /// The topology flavor as a user applies it (the ClusterClass, then the generated Cluster),
 /// with CAPI core and the kubeadm providers running with their webhooks: CAPI's topology
 /// controller renders the KubeadmControlPlane and the workers' KubeadmConfigTemplate
-/// through the ClusterClass patches, with the endpoint's keepalived and the pod network
-/// (the node image's programs) wired to the Cluster's values.
+/// through the ClusterClass patches, with kube-vip's static Pod holding the Cluster's
+/// endpoint, and nothing of the pod network (a ClusterResourceSet installs the CNI).
 #[tokio::test]
 async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     let env = testenv::TestEnv::start().await.expect("local control plane (run `cargo xtask control-plane build`)");
@@ -542,38 +542,24 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
     let spec = &kcp.data["spec"]["kubeadmConfigSpec"];
-    assert_eq!(
-        spec["preKubeadmCommands"],
-        serde_json::json!([
-            "systemctl set-property --runtime system.slice CPUWeight=20",
-            "systemd-run --unit capl-control-plane-stagger --collect /usr/local/sbin/capl-control-plane-stagger 6443 900",
-            "capl-control-plane-vip",
-            "systemctl enable --now capl-pod-network"
-        ]),
-        "{spec}"
-    );
-    let pod_network = serde_json::json!({
-        "path": "/etc/capl/pod-network.env", "permissions": "0644", "content": "CLUSTER_CIDR=10.77.0.0/16\n"
-    });
-    let file = |spec: &serde_json::Value, path: &str| {
-        spec["files"].as_array().and_then(|files| files.iter().find(|f| f["path"] == path).cloned())
-    };
-    assert_eq!(file(spec, "/etc/capl/pod-network.env"), Some(pod_network.clone()), "{spec}");
-    assert_eq!(file(spec, "/etc/capl/pod-network-rbac.yaml"), None, "static routes need no RBAC: {spec}");
-    let post: Vec<&str> = spec["postKubeadmCommands"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-    assert_eq!(post[0], "systemctl set-property --runtime system.slice CPUWeight=100", "{spec}");
-    assert_eq!(post.len(), 1, "{spec}");
-    let manager_args = &spec["clusterConfiguration"]["controllerManager"]["extraArgs"];
-    assert!(
-        manager_args.as_array().unwrap().iter().any(|a| a["name"] == "allocate-node-cidrs" && a["value"] == "false"),
-        "{spec}"
-    );
-    assert_eq!(spec["initConfiguration"]["timeouts"]["controlPlaneComponentHealthCheckSeconds"], 900, "{spec}");
+    let super_admin = "if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/admin.conf#path: \
+                       /etc/kubernetes/super-admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi";
+    assert_eq!(spec["preKubeadmCommands"], serde_json::json!([super_admin]), "{spec}");
+    let admin = "if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/super-admin.conf#path: \
+                 /etc/kubernetes/admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi";
+    assert_eq!(spec["postKubeadmCommands"], serde_json::json!([admin]), "{spec}");
+    let files = spec["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{spec}");
+    assert_eq!(files[0]["path"], "/etc/kubernetes/manifests/kube-vip.yaml", "{spec}");
+    let pod: serde_json::Value = serde_yaml::from_str(files[0]["content"].as_str().unwrap()).unwrap();
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["image"], "ghcr.io/kube-vip/kube-vip:v1.0.0", "{pod}");
+    let env = |name: &str| container["env"].as_array().unwrap().iter().find(|e| e["name"] == name).cloned();
+    assert_eq!(env("address").unwrap()["value"], "192.168.122.10", "kube-vip holds the endpoint: {pod}");
+    assert_eq!(env("vip_arp").unwrap()["value"], "true", "{pod}");
+    // The controller manager allocates the nodes' pod subnets (the CNI uses them).
+    assert!(spec["clusterConfiguration"]["controllerManager"]["extraArgs"].is_null(), "{spec}");
     let worker = &worker_config.data["spec"]["template"]["spec"];
-    assert_eq!(worker["files"], serde_json::json!([pod_network]), "{worker}");
-    assert_eq!(
-        worker["preKubeadmCommands"],
-        serde_json::json!(["systemctl enable --now capl-pod-network"]),
-        "{worker}"
-    );
+    assert!(worker["files"].is_null(), "{worker}");
+    assert!(worker["preKubeadmCommands"].is_null(), "{worker}");
 }

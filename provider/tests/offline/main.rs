@@ -21,4 +21,5 @@ mod host_naming;
 mod host_xml_snapshots;
 mod libvirt_test_driver;
 mod manifests;
+mod stock_image;
 mod templates;

@@ -21,6 +21,7 @@ const CAPI_KINDS: &[&str] = &[
     "KubeadmControlPlaneTemplate",
     "KubeadmConfig",
     "KubeadmConfigTemplate",
+    "ClusterResourceSet",
 ];
 
 /// Parse a document of one of our kinds into its Rust type.
@@ -125,9 +126,13 @@ fn clusterclass_files_carry_no_variables_and_flavors_use_the_standard_ones() {
                     "CONTROL_PLANE_MACHINE_COUNT",
                     "WORKER_MACHINE_COUNT",
                 ];
+                // The add-ons' versions, named as their projects' own manifests do.
+                let add_on_versions = ["KUBE_VIP_VERSION", "KUBE_ROUTER_VERSION"];
                 assert!(
-                    standard.contains(&name.as_str()) || name.starts_with("CAPL_"),
-                    "{origin}: ${{{name}}} is neither standard nor CAPL_-prefixed"
+                    standard.contains(&name.as_str())
+                        || add_on_versions.contains(&name.as_str())
+                        || name.starts_with("CAPL_"),
+                    "{origin}: ${{{name}}} is neither standard, an add-on's version nor CAPL_-prefixed"
                 );
             }
         }
