@@ -20,6 +20,7 @@ mod images;
 mod kind;
 mod libvirt_host;
 mod manifests;
+mod node_addons;
 mod node_image;
 mod test;
 

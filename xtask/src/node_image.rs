@@ -52,7 +52,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::short_hash;
+use crate::{node_addons, short_hash};
 
 // The versions file is also included by control_plane.rs (whose module is private);
 // including it here keeps that file untouched.
@@ -70,6 +70,8 @@ pub const CACHE_ENV: &str = "CAPL_NODE_IMAGE_CACHE_DIR";
 /// This file: part of the cache key, so that a change to how the image is built
 /// never reuses an image built the old way.
 const SELF_SOURCE: &str = include_str!("node_image.rs");
+/// The add-on images' build: part of the cache key as well.
+const ADDONS_SOURCE: &str = include_str!("node_addons.rs");
 
 /// Commands of `k8s.io/kubernetes` built for the node (first three) and its images.
 const KUBERNETES_COMMANDS: &[&str] =
@@ -200,8 +202,10 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let hack = repo.join("hack/node-image");
     let cache = cache_root()?;
     // 1. Go binaries, cached per version.
-    let GoBinaries { bin, list, images } = go_binaries()?;
+    let GoBinaries { bin, list, mut images } = go_binaries()?;
     let sh = go_shell()?;
+    let addons = node_addons::build(&sh, &cache.join("go"))?;
+    images.extend(parse_image_list(&node_addons::image_names())?);
 
     // 2. The cache key: versions, image list, every file of hack/node-image, this file.
     let mut inputs = vec![
@@ -211,6 +215,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
         CONTAINERD_VERSION.to_string(),
         list.clone(),
         SELF_SOURCE.to_string(),
+        ADDONS_SOURCE.to_string(),
     ];
     for (path, bytes) in files_under(&hack)? {
         inputs.push(path);
@@ -282,7 +287,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let mut archives = Vec::new();
     for image in &images {
         let layer = layers.join(&image.name);
-        let entrypoint = image_layer(&sh, &root, &bin, image, &layer)?;
+        let entrypoint = image_layer(&sh, &root, &bin, &addons, image, &layer)?;
         let archive = archives_dir.join(format!("{}.tar", image.name));
         write_docker_archive(&sh, &layer, &image.full, &entrypoint, &archive, &work.join("archive"))?;
         archives.push(archive);
@@ -362,7 +367,7 @@ fn files_under(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     Ok(out)
 }
 
-fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
+pub(crate) fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = to.parent() {
         fs::create_dir_all(parent)?;
@@ -377,7 +382,7 @@ fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
 /// Writes `<go_dir>/src/<name>/{go.mod,tools.go}` (plus `extra` files) and runs
 /// `go mod tidy` when go.mod changed. Same scheme as `control_plane.rs` (duplicated
 /// there on purpose: that file belongs to the control-plane build).
-fn prepare_module(
+pub(crate) fn prepare_module(
     sh: &Shell,
     go_dir: &Path,
     name: &str,
@@ -414,7 +419,7 @@ fn prepare_module(
 }
 
 /// `go build` into `<bin>/<binary>` through a temporary name; `static_build` sets CGO_ENABLED=0.
-fn go_build(
+pub(crate) fn go_build(
     sh: &Shell,
     module: &Path,
     bin: &Path,
@@ -432,7 +437,7 @@ fn go_build(
     let _cgo = static_build.then(|| sh.push_env("CGO_ENABLED", "0"));
     let t = Instant::now();
     eprintln!("node-image: building {binary} from {package} ...");
-    cmd!(sh, "go build -ldflags {ldflags} -o {partial} {package}")
+    cmd!(sh, "nice -n 10 go build -ldflags {ldflags} -o {partial} {package}")
         .run()
         .with_context(|| format!("`go build {package}` failed in {}", module.display()))?;
     fs::rename(&partial, &target)?;
@@ -558,7 +563,14 @@ fn build_pause(sh: &Shell, go_dir: &Path, bin: &Path, main_go: &Path) -> Result<
 
 /// Fills `layer` with the image's files; returns its entrypoint (empty: the pod's
 /// `command` names the binary, as kubeadm's manifests do).
-fn image_layer(sh: &Shell, root: &Path, bin: &Path, image: &ImageRef, layer: &Path) -> Result<Vec<String>> {
+fn image_layer(
+    sh: &Shell,
+    root: &Path,
+    bin: &Path,
+    addons: &node_addons::Binaries,
+    image: &ImageRef,
+    layer: &Path,
+) -> Result<Vec<String>> {
     if layer.exists() {
         fs::remove_dir_all(layer)?;
     }
@@ -575,6 +587,20 @@ fn image_layer(sh: &Shell, root: &Path, bin: &Path, image: &ImageRef, layer: &Pa
     fs::write(layer.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
     fs::write(layer.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
     let name = image.name.as_str();
+    let tools = |files: &[String]| copy_shared_libraries(sh, root, layer, files);
+    let iptables = || -> Result<Vec<String>> {
+        kube_proxy_layer(root, layer)?;
+        let mut files: Vec<String> = KUBE_PROXY_TOOLS.iter().map(|s| s.to_string()).collect();
+        for entry in fs::read_dir(root.join(XTABLES_DIR.trim_start_matches('/')))? {
+            let path = entry?.path();
+            let rel = path.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            files.push(format!("/{rel}"));
+        }
+        Ok(files)
+    };
+    if let Some(entrypoint) = node_addons::layer(name, addons, root, layer, &tools, &iptables)? {
+        return Ok(entrypoint);
+    }
     match name {
         "pause" => {
             install_file(&bin.join("pause"), &layer.join("pause"), 0o755)?;
@@ -599,13 +625,7 @@ fn image_layer(sh: &Shell, root: &Path, bin: &Path, image: &ImageRef, layer: &Pa
             install_file(&bin.join(name), &target, 0o755)?;
             let mut needs_libs = vec![format!("/usr/local/bin/{name}")];
             if name == "kube-proxy" {
-                kube_proxy_layer(root, layer)?;
-                needs_libs.extend(KUBE_PROXY_TOOLS.iter().map(|s| s.to_string()));
-                for entry in fs::read_dir(root.join(XTABLES_DIR.trim_start_matches('/')))? {
-                    let path = entry?.path();
-                    let rel = path.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
-                    needs_libs.push(format!("/{rel}"));
-                }
+                needs_libs.extend(iptables()?);
             }
             copy_shared_libraries(sh, root, layer, &needs_libs)?;
             Ok(vec![format!("/usr/local/bin/{name}")])
