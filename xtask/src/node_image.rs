@@ -1,45 +1,47 @@
 //! `cargo xtask node-image`: the Kubernetes node image (qcow2) that workload
-//! cluster machines boot, built from Debian packages and Go modules only.
+//! cluster machines boot, built from Debian packages and Go modules only, from
+//! the definition in `images/node` (its README says what the image holds and
+//! how it matches an image-builder image).
 //!
 //! What goes into it and where it comes from:
 //! - Debian bookworm with systemd, cloud-init (NoCloud), the cloud kernel and the
-//!   tools kubeadm and the kubelet call: `hack/node-image/packages`, installed by
-//!   `mmdebstrap` into a directory (`hack/node-image/rootfs.sh`).
+//!   tools kubeadm and the kubelet call: `images/node/packages`, installed by
+//!   `mmdebstrap` into a directory (`images/node/rootfs.sh`).
 //! - `kubeadm`, `kubelet`, `kubectl` from `k8s.io/kubernetes` at the control plane's
 //!   pinned [`versions::KUBERNETES_VERSION`].
 //! - `containerd`, its runc shim and `ctr` from `github.com/containerd/containerd/v2`
 //!   at [`CONTAINERD_VERSION`]: bookworm's containerd is 1.6, and Kubernetes 1.36 needs
 //!   containerd 2.x (1.35 was the last release supporting containerd 1.x).
-//!   `runc` (1.1.5, cgroup v2 capable, with seccomp) and the CNI reference plugins
-//!   (1.1.1) are Debian's packages.
+//!   `runc` (1.1.5, cgroup v2 capable, with seccomp) is Debian's package.
 //! - The container images `kubeadm config images list` names, each a docker archive
 //!   written here (one layer: the binary, the shared libraries it loads taken from the
 //!   Debian root, a passwd and nsswitch.conf): kube-apiserver, kube-controller-manager,
 //!   kube-scheduler and kube-proxy from `k8s.io/kubernetes` (kube-proxy's layer adds
 //!   iptables, nft and conntrack from Debian), etcd from `go.etcd.io/etcd/server/v3` at
 //!   the version kubeadm asks for, coredns from `github.com/coredns/coredns` with the
-//!   plugins kubeadm's Corefile uses (`hack/node-image/coredns`), and a pause written
-//!   here (`hack/node-image/pause`). They are imported, unpacked, into the node's
+//!   plugins kubeadm's Corefile uses (`images/node/coredns`), and a pause written
+//!   here (`images/node/pause`). They are imported, unpacked, into the node's
 //!   `/var/lib/containerd` (namespace `k8s.io`, overlayfs snapshotter) at build time by
 //!   the same containerd running on the build host ([`preload_images`]), so nothing is
 //!   pulled and a guest does not spend minutes of emulated CPU importing them at boot:
 //!   containerd's CRI plugin finds them when it starts.
+//! - The add-on images the flavors name, kube-vip and kube-router (with the CNI
+//!   reference plugins), under their upstream names ([`node_addons`]), preloaded
+//!   as the offline stand-in for their registries.
 //! - A test image [`NODE_TEST_IMAGE`], one layer with Debian's static busybox, for
 //!   checks that need a shell, `wget` or `httpd` in a pod (the workload e2e's
-//!   pod-to-pod check); imported like the others.
-//! - The files of `hack/node-image/overlay` (systemd units, containerd and kernel
-//!   settings, cloud-init's datasource list, the endpoint's and the pod network's
-//!   scripts, `capl-control-plane-stagger`, which the templates run to start the
-//!   controller manager and scheduler only once the API server is live, and
-//!   `capl-node-report`, which prints container restarts and the API server's
-//!   liveness to the serial console so a failed run's console log shows them).
+//!   pod-to-pod check); imported like the others. No template names it.
+//! - The files of `images/node/overlay` (systemd units, containerd and kernel
+//!   settings, cloud-init's datasource list, and `capl-node-report`, which prints
+//!   container restarts and the API server's liveness to the serial console so a
+//!   failed run's console log shows them).
 //!
-//! The disk (`hack/node-image/disk.sh`): an MBR, a FAT partition with syslinux, the
+//! The disk (`images/node/disk.sh`): an MBR, a FAT partition with syslinux, the
 //! kernel and its initramfs, and an ext4 root written by `mkfs.ext4 -d`: no loop
 //! devices, no mounts. It is cached at
 //! `~/.cache/cluster-api-provider-libvirt/node-image/<kubernetes>-<key>/node.qcow2`,
 //! where the key hashes every input: the pinned versions, every file of
-//! `hack/node-image` and this source file. Go binaries are cached per version under
+//! `images/node` and this source file. Go binaries are cached per version under
 //! `.../node-image/go/`, and the Debian root as a tarball under `.../node-image/debian-root/`
 //! (keyed by `packages` and `rootfs.sh`; only the newest is kept). Needs root (mmdebstrap, chroot), Go, `mmdebstrap`,
 //! `syslinux`, `syslinux-common`, `mtools`, `dosfstools`, `e2fsprogs`, `fdisk`, `qemu-utils`.
@@ -157,7 +159,7 @@ pub struct GoBinaries {
 
 /// Builds (or finds) the Go binaries the node image and the kind node image are made of.
 pub fn go_binaries() -> Result<GoBinaries> {
-    let hack = crate::repo_root().join("hack/node-image");
+    let hack = crate::repo_root().join("images/node");
     let cache = cache_root()?;
     let sh = go_shell()?;
     let go_dir = cache.join("go").join(format!("k8s-{KUBERNETES_VERSION}_containerd-{CONTAINERD_VERSION}"));
@@ -199,7 +201,7 @@ fn go_shell() -> Result<Shell> {
 pub fn build(force: bool) -> Result<PathBuf> {
     let started = Instant::now();
     let repo = crate::repo_root();
-    let hack = repo.join("hack/node-image");
+    let hack = repo.join("images/node");
     let cache = cache_root()?;
     // 1. Go binaries, cached per version.
     let GoBinaries { bin, list, mut images } = go_binaries()?;
@@ -207,7 +209,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let addons = node_addons::build(&sh, &cache.join("go"))?;
     images.extend(parse_image_list(&node_addons::image_names())?);
 
-    // 2. The cache key: versions, image list, every file of hack/node-image, this file.
+    // 2. The cache key: versions, image list, every file of images/node, this file.
     let mut inputs = vec![
         NODE_TEST_IMAGE.to_string(),
         KUBERNETES_VERSION.to_string(),
@@ -254,7 +256,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
             .context("unpacking the cached Debian root")?;
         eprintln!("node-image: Debian root unpacked from {} in {:.0?}", root_tar.display(), t.elapsed());
     } else {
-        cmd!(sh, "{rootfs_sh} {packages} {root}").run().context("mmdebstrap (hack/node-image/rootfs.sh) failed")?;
+        cmd!(sh, "{rootfs_sh} {packages} {root}").run().context("mmdebstrap (images/node/rootfs.sh) failed")?;
         eprintln!("node-image: Debian root in {:.0?}", t.elapsed());
         let dir = root_tar.parent().expect("has a parent");
         if dir.exists() {
@@ -269,7 +271,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
     // 4. Our files, the node binaries and the container images.
     let t = Instant::now();
     let overlay = hack.join("overlay");
-    cmd!(sh, "cp -a {overlay}/. {root}/").run().context("copying hack/node-image/overlay")?;
+    cmd!(sh, "cp -a {overlay}/. {root}/").run().context("copying images/node/overlay")?;
     let pause = images.iter().find(|i| i.name == "pause").context("kubeadm names no pause image")?;
     let containerd_config = root.join("etc/containerd/config.toml");
     let text = fs::read_to_string(&containerd_config)?;
@@ -303,7 +305,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let t = Instant::now();
     let disk_sh = hack.join("disk.sh");
     let qcow2 = work.join(IMAGE_FILE);
-    cmd!(sh, "{disk_sh} {root} {qcow2}").run().context("hack/node-image/disk.sh failed")?;
+    cmd!(sh, "{disk_sh} {root} {qcow2}").run().context("images/node/disk.sh failed")?;
     eprintln!("node-image: disk in {:.0?}", t.elapsed());
     fs::write(work.join("images.txt"), &list)?;
     cmd!(sh, "rm -rf {root}").quiet().run()?;
