@@ -14,7 +14,7 @@
 //!   `host-local`, `loopback`, `portmap` of `github.com/containernetworking/plugins`)
 //!   in `/usr/libexec/cni`, which `cni-install` copies to the host's `/opt/cni/bin`,
 //!   and the tools it runs taken from the node's Debian root: iptables (nft
-//!   backend), ipset, ip, conntrack, a busybox shell and bash.
+//!   backend), ipset, ip, conntrack, coreutils' install, a busybox shell and bash.
 //!
 //! The binaries are built once per version under
 //! `~/.cache/cluster-api-provider-libvirt/node-image/go/<name>-<version>/bin`.
@@ -51,11 +51,12 @@ const CNI_PLUGINS: &[(&str, &str)] = &[
 
 /// Busybox applets the image's shell scripts call (kube-router's `install-cni` init
 /// container and `cni-install`).
-const BUSYBOX_APPLETS: &[&str] = &["sh", "cp", "mv", "rm", "mkdir", "install", "cat", "ls", "[", "test", "printf"];
+/// Debian's static busybox has no `install`: coreutils' is among [`KUBE_ROUTER_TOOLS`].
+const BUSYBOX_APPLETS: &[&str] = &["sh", "cp", "mv", "rm", "mkdir", "cat", "ls", "[", "test", "printf"];
 
 /// Files of the Debian root that kube-router runs besides iptables (which comes as
 /// kube-proxy's does).
-const KUBE_ROUTER_TOOLS: &[&str] = &["/usr/sbin/ipset", "/usr/sbin/ip", "/usr/bin/bash"];
+const KUBE_ROUTER_TOOLS: &[&str] = &["/usr/sbin/ipset", "/usr/sbin/ip", "/usr/bin/bash", "/usr/bin/install"];
 
 /// Where the add-on binaries are: one directory per program and version.
 pub struct Binaries {
