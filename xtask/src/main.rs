@@ -15,6 +15,7 @@ mod docker;
 mod docker_engine;
 mod docs;
 mod e2e;
+mod go_modules;
 mod guest_image;
 mod images;
 mod kind;

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use xshell::{Shell, cmd};
 
-use crate::node_image::{go_build, install_file, prepare_module};
+use crate::go_modules::{go_build, install_file, prepare_module};
 
 /// Release of `github.com/kube-vip/kube-vip` (the templates' `KUBE_VIP_VERSION` default).
 pub const KUBE_VIP_VERSION: &str = "v1.0.0";

@@ -54,6 +54,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
+use crate::go_modules::{go_build, install_file, prepare_module};
 use crate::{node_addons, short_hash};
 
 // The versions file is also included by control_plane.rs (whose module is private);
@@ -72,8 +73,9 @@ pub const CACHE_ENV: &str = "CAPL_NODE_IMAGE_CACHE_DIR";
 /// This file: part of the cache key, so that a change to how the image is built
 /// never reuses an image built the old way.
 const SELF_SOURCE: &str = include_str!("node_image.rs");
-/// The add-on images' build: part of the cache key as well.
+/// The add-on images' build and the Go build helpers: part of the cache key as well.
 const ADDONS_SOURCE: &str = include_str!("node_addons.rs");
+const GO_MODULES_SOURCE: &str = include_str!("go_modules.rs");
 
 /// Commands of `k8s.io/kubernetes` built for the node (first three) and its images.
 const KUBERNETES_COMMANDS: &[&str] =
@@ -218,6 +220,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
         list.clone(),
         SELF_SOURCE.to_string(),
         ADDONS_SOURCE.to_string(),
+        GO_MODULES_SOURCE.to_string(),
     ];
     for (path, bytes) in files_under(&hack)? {
         inputs.push(path);
@@ -369,83 +372,7 @@ fn files_under(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
     Ok(out)
 }
 
-pub(crate) fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(parent) = to.parent() {
-        fs::create_dir_all(parent)?;
-    }
-    fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
-
 // ---------------------------------------------------------------- Go builds
-
-/// Writes `<go_dir>/src/<name>/{go.mod,tools.go}` (plus `extra` files) and runs
-/// `go mod tidy` when go.mod changed. Same scheme as `control_plane.rs` (duplicated
-/// there on purpose: that file belongs to the control-plane build).
-pub(crate) fn prepare_module(
-    sh: &Shell,
-    go_dir: &Path,
-    name: &str,
-    go_mod: &str,
-    commands: &[&str],
-    extra: &[(&str, String)],
-) -> Result<PathBuf> {
-    let module = go_dir.join("src").join(name);
-    fs::create_dir_all(&module)?;
-    if !commands.is_empty() {
-        let imports: String = commands.iter().map(|c| format!("\t_ \"{c}\"\n")).collect();
-        sh.write_file(
-            module.join("tools.go"),
-            format!("//go:build tools\n\n// Package tools pins the commands built from this module.\npackage tools\n\nimport (\n{imports})\n"),
-        )?;
-    }
-    for (file, text) in extra {
-        sh.write_file(module.join(file), text)?;
-    }
-    let template = module.join("go.mod.template");
-    let fingerprint = format!("{go_mod}\n{}", extra.iter().map(|(_, t)| t.as_str()).collect::<String>());
-    let unchanged =
-        fs::read_to_string(&template).is_ok_and(|old| old == fingerprint) && module.join("go.sum").is_file();
-    if !unchanged {
-        sh.write_file(module.join("go.mod"), go_mod)?;
-        let _ = fs::remove_file(module.join("go.sum"));
-        let _d = sh.push_dir(&module);
-        let t = Instant::now();
-        cmd!(sh, "go mod tidy").run().with_context(|| format!("`go mod tidy` failed in {}", module.display()))?;
-        eprintln!("node-image: go mod tidy ({name}) took {:.0?}", t.elapsed());
-        sh.write_file(&template, fingerprint)?;
-    }
-    Ok(module)
-}
-
-/// `go build` into `<bin>/<binary>` through a temporary name; `static_build` sets CGO_ENABLED=0.
-pub(crate) fn go_build(
-    sh: &Shell,
-    module: &Path,
-    bin: &Path,
-    binary: &str,
-    package: &str,
-    ldflags: &str,
-    static_build: bool,
-) -> Result<()> {
-    let target = bin.join(binary);
-    if target.is_file() {
-        return Ok(());
-    }
-    let partial = bin.join(format!(".partial-{binary}"));
-    let _d = sh.push_dir(module);
-    let _cgo = static_build.then(|| sh.push_env("CGO_ENABLED", "0"));
-    let t = Instant::now();
-    eprintln!("node-image: building {binary} from {package} ...");
-    cmd!(sh, "nice -n 10 go build -ldflags {ldflags} -o {partial} {package}")
-        .run()
-        .with_context(|| format!("`go build {package}` failed in {}", module.display()))?;
-    fs::rename(&partial, &target)?;
-    eprintln!("node-image: built {binary} in {:.0?}", t.elapsed());
-    Ok(())
-}
 
 /// kubeadm, kubelet, kubectl and the control-plane commands from `k8s.io/kubernetes`.
 ///
