@@ -68,8 +68,8 @@ impl Transport {
     /// The transport of `uri` when it takes credentials from a Secret;
     /// otherwise what is wrong and the fix.
     pub fn of(uri: &str) -> Result<Self, String> {
-        let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or_default();
-        match scheme.split_once('+').map(|(_, t)| t) {
+        let transport = crate::uri_policy::transport(uri);
+        match transport.as_deref() {
             Some("tls") => Ok(Transport::Tls),
             Some("libssh" | "libssh2") => Ok(Transport::Ssh),
             other => Err(format!(
@@ -275,11 +275,11 @@ fn content_hash(files: &[(&str, &[u8])]) -> String {
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Refuses a URI that sets a file parameter the manager sets from the Secret,
+/// in any case or encoding libvirt would read (`PKIPATH=`, `%70kipath=`).
 fn check_no_managed_parameters(uri: &str) -> Result<(), String> {
-    let query = uri.split_once('?').map(|(_, q)| q).unwrap_or_default();
-    for param in query.split(['&', ';']) {
-        let name = param.split_once('=').map(|(n, _)| n).unwrap_or(param);
-        if MANAGED_PARAMETERS.contains(&name) {
+    for crate::uri_policy::Parameter { name, .. } in crate::uri_policy::parameters(uri) {
+        if MANAGED_PARAMETERS.contains(&name.as_str()) {
             return Err(format!(
                 "{uri} sets {name}= itself, and with credentialsRef the manager sets it from the Secret: \
                  use a URI without {name}= (a new LibvirtCluster, since uri cannot be changed) or remove credentialsRef"
@@ -294,7 +294,11 @@ fn uri_with_files(uri: &str, transport: Transport, dir: &Path) -> String {
     let params = match transport {
         Transport::Tls => format!("pkipath={dir}"),
         Transport::Ssh => {
-            let auth = if uri.contains("sshauth=") { "" } else { "&sshauth=privkey" };
+            let auth = if crate::uri_policy::parameters(uri).iter().any(|p| p.name == "sshauth") {
+                ""
+            } else {
+                "&sshauth=privkey"
+            };
             format!("keyfile={dir}/id&known_hosts={dir}/known_hosts{auth}")
         }
     };
@@ -384,6 +388,8 @@ mod tests {
         assert_eq!(fs::read_to_string(format!("{dir}/id")).unwrap(), "K");
         let chosen = store.apply("qemu+libssh2://root@h/system?sshauth=agent,privkey", "ns", "ssh", &data).unwrap();
         assert!(chosen.ends_with("/known_hosts") && chosen.contains("?sshauth=agent,privkey&keyfile="), "{chosen}");
+        let upper = store.apply("qemu+LIBSSH://root@h/system?SSHAuth=agent", "ns", "ssh", &data).unwrap();
+        assert!(upper.ends_with("/known_hosts") && !upper.contains("sshauth=privkey"), "the URI chose: {upper}");
         fs::remove_dir_all(root).unwrap();
     }
 
@@ -393,6 +399,11 @@ mod tests {
     #[case("qemu:///system", "uses no network transport")]
     #[case("qemu+tls://h/system?pkipath=/etc/capl/pki", "sets pkipath= itself")]
     #[case("qemu+libssh://h/system?known_hosts=/etc/capl/kh", "sets known_hosts= itself")]
+    #[case("qemu+tls://h/system?PKIPATH=/etc/capl/pki", "sets pkipath= itself")]
+    #[case("qemu+tls://h/system?%70kiPath=/etc/capl/pki", "sets pkipath= itself")]
+    #[case("qemu+libssh://h/system?a=b;KeyFile=/etc/capl/id", "sets keyfile= itself")]
+    #[case("qemu+libssh2://h/system?Known_Hosts=/etc/capl/kh", "sets known_hosts= itself")]
+    #[case("qemu+TCP://h/system", "uses the tcp transport")]
     fn uris_that_cannot_take_a_secret_are_refused(#[case] uri: &str, #[case] why: &str) {
         let store = CredentialStore::new(scratch());
         let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err();
