@@ -109,6 +109,18 @@ pub enum HostError {
     ImageUnusable { image: String, pool: String, why: String },
 
     #[error(
+        "spec.nameservers has \"{value}\", which is not an IP address: the guest's network-config takes IPv4 or IPv6 addresses only; since spec.nameservers cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that lists addresses"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    NameserverNotAnAddress { value: String },
+
+    #[error(
+        "the guest hostname \"{hostname}\" (the LibvirtMachine's name) has {length} characters, more than the {max} a Linux hostname may have: give the Machine a shorter name (for a MachineDeployment or KubeadmControlPlane, a shorter name of it or of the Cluster, since machine names are made from them)"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    HostnameTooLong { hostname: String, length: usize, max: usize },
+
+    #[error(
         "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
@@ -234,7 +246,10 @@ impl HostError {
             | HostError::AdditionalNicUnattachable { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
-            HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,
+            HostError::DiskTooSmall { .. }
+            | HostError::ImageUnusable { .. }
+            | HostError::NameserverNotAnAddress { .. }
+            | HostError::HostnameTooLong { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } | HostError::NoAnswer { .. } => FailureKind::HostUnreachable,
