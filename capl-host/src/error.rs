@@ -150,6 +150,11 @@ pub enum HostError {
     #[error("libvirt at {uri} refused the credentials: {}: {}", without_uri(source, uri), credentials_fix(uri))]
     AuthenticationFailed { uri: String, source: HypervisorError },
 
+    #[error("{}", crate::hypervisor::connections::threads_used_up_message(uri, what, *max))]
+    /// Every thread the manager may hold in connects or calls, over all
+    /// hosts, is taken (by hosts that do not answer): nothing was sent.
+    ThreadsUsedUp { uri: String, what: &'static str, max: usize },
+
     #[error(
         "no answer from {uri} within {within}{note}: libvirtd there accepts connections but does not answer (hung or overloaded); check it with virsh version and restart it if it hangs; the provider keeps retrying and clears this once the host answers"
     )]
@@ -252,7 +257,9 @@ impl HostError {
             | HostError::HostnameTooLong { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
-            HostError::Unreachable { .. } | HostError::NoAnswer { .. } => FailureKind::HostUnreachable,
+            HostError::Unreachable { .. } | HostError::NoAnswer { .. } | HostError::ThreadsUsedUp { .. } => {
+                FailureKind::HostUnreachable
+            }
             HostError::AuthenticationFailed { .. } => FailureKind::AuthenticationFailed,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
@@ -291,8 +298,13 @@ impl CallError for HostError {
         }
     }
 
+    fn threads_used_up(uri: &str, what: &'static str, max: usize) -> Self {
+        HostError::ThreadsUsedUp { uri: uri.to_string(), what, max }
+    }
+
     fn connection_lost(&self) -> bool {
-        self.kind() == FailureKind::HostUnreachable
+        // Nothing was sent: the connection, if any, is not in question.
+        self.kind() == FailureKind::HostUnreachable && !matches!(self, HostError::ThreadsUsedUp { .. })
     }
 }
 
