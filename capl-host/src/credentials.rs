@@ -92,10 +92,22 @@ impl Transport {
     }
 }
 
-/// What the store remembers of one Secret: the directory holding its files now.
+/// The most the files of one Secret may hold, by default: a CA, a client
+/// certificate and key, or a private key and a `known_hosts` of a few
+/// hundred hosts fit many times over.
+pub const DEFAULT_MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// The most the files of all Secrets together may hold, by default: three
+/// quarters of the shipped Deployment's 16 MiB memory-backed scratch
+/// directory, leaving room for a Secret being replaced.
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 12 * 1024 * 1024;
+
+/// What the store remembers of one Secret: the directory holding its files
+/// now, and how many bytes they hold.
 #[derive(Debug, Clone)]
 struct Written {
     dir: PathBuf,
+    bytes: u64,
 }
 
 /// Credentials written as files for libvirt, per Secret; see the module docs.
@@ -104,12 +116,60 @@ pub struct CredentialStore {
     root: PathBuf,
     current: Mutex<HashMap<(String, String), Written>>,
     writes: AtomicU64,
+    max_secret_bytes: u64,
+    max_total_bytes: u64,
 }
 
 impl CredentialStore {
-    /// A store under `root` (created on first use, mode 0700).
+    /// A store under `root` (created on first use, mode 0700), with the
+    /// default bounds ([`DEFAULT_MAX_SECRET_BYTES`], [`DEFAULT_MAX_TOTAL_BYTES`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), current: Mutex::new(HashMap::new()), writes: AtomicU64::new(0) }
+        Self {
+            root: root.into(),
+            current: Mutex::new(HashMap::new()),
+            writes: AtomicU64::new(0),
+            max_secret_bytes: DEFAULT_MAX_SECRET_BYTES,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
+        }
+    }
+
+    /// Sets how many bytes the files of one Secret, and of all Secrets
+    /// together, may hold.
+    pub fn with_limits(mut self, per_secret: u64, total: u64) -> Self {
+        self.max_secret_bytes = per_secret;
+        self.max_total_bytes = total;
+        self
+    }
+
+    /// Removes what an earlier process left under `root`: the directories
+    /// of Secrets it wrote (`<namespace>/<secret>.<hash>`) and unfinished
+    /// ones (`.staging-*`), then namespace directories left empty. Nothing
+    /// else is touched. The manager calls it once at start, before any
+    /// reconcile: a container restarted in the same Pod finds the files of
+    /// its predecessor in the memory-backed directory, which would otherwise
+    /// count against the Pod's memory for ever. Returns how many
+    /// directories of Secrets were removed.
+    pub fn remove_previous(root: &Path) -> std::io::Result<usize> {
+        let mut removed = 0;
+        let Ok(namespaces) = fs::read_dir(root) else { return Ok(0) };
+        for namespace in namespaces.flatten() {
+            if !namespace.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            for entry in fs::read_dir(namespace.path())?.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let ours = name.starts_with(".staging-")
+                    || name
+                        .rsplit_once('.')
+                        .is_some_and(|(_, hash)| hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()));
+                if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    fs::remove_dir_all(entry.path())?;
+                    removed += 1;
+                }
+            }
+            let _ = fs::remove_dir(namespace.path()); // only when empty
+        }
+        Ok(removed)
     }
 
     pub fn root(&self) -> &Path {
@@ -145,7 +205,30 @@ impl CredentialStore {
         }
         let files: Vec<(&str, &[u8])> =
             transport.keys().iter().map(|(key, file)| (*file, data[*key].as_slice())).collect();
-        let dir = self.write(namespace, secret, &files).map_err(|e| {
+        let bytes: u64 = files.iter().map(|(_, content)| content.len() as u64).sum();
+        if bytes > self.max_secret_bytes {
+            return Err(format!(
+                "Secret {namespace}/{secret} holds {bytes} bytes in {}, more than the {} the manager writes for one \
+                 Secret: keep only the credentials of this host in it (a CA, a client certificate and key, or a key \
+                 and the host's known_hosts lines)",
+                transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect::<Vec<_>>().join(", "),
+                self.max_secret_bytes
+            ));
+        }
+        let others: u64 = {
+            let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            current.iter().filter(|((ns, name), _)| !(ns == namespace && name == secret)).map(|(_, w)| w.bytes).sum()
+        };
+        if others + bytes > self.max_total_bytes {
+            return Err(format!(
+                "the credentials of Secret {namespace}/{secret} ({bytes} bytes) do not fit: the Secrets the manager \
+                 has written hold {others} bytes, and all together may hold {} (its memory-backed \
+                 --credentials-scratch-dir); remove the LibvirtClusters no longer used, or ask the operator to \
+                 raise the limit",
+                self.max_total_bytes
+            ));
+        }
+        let dir = self.write(namespace, secret, &files, bytes).map_err(|e| {
             format!(
                 "cannot write the credentials of Secret {namespace}/{secret} under {}: {e}; the manager needs a writable --credentials-scratch-dir",
                 self.root.display()
@@ -204,7 +287,7 @@ impl CredentialStore {
 
     /// `<root>/<namespace>/<secret>.<hash>/` holding `files`; written only
     /// when not there yet. The previous directory of the Secret is removed.
-    fn write(&self, namespace: &str, secret: &str, files: &[(&str, &[u8])]) -> std::io::Result<PathBuf> {
+    fn write(&self, namespace: &str, secret: &str, files: &[(&str, &[u8])], bytes: u64) -> std::io::Result<PathBuf> {
         let parent = self.root.join(namespace);
         let dir = parent.join(format!("{secret}.{}", content_hash(files)));
         let key = (namespace.to_string(), secret.to_string());
@@ -236,7 +319,7 @@ impl CredentialStore {
             }
         }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = current.insert(key, Written { dir: dir.clone() })
+        if let Some(old) = current.insert(key, Written { dir: dir.clone(), bytes })
             && old.dir != dir
         {
             let _ = fs::remove_dir_all(&old.dir);
@@ -425,5 +508,61 @@ mod tests {
              \"tls.crt\", \"tls.key\" in it; add them to the Secret"
         );
         assert!(!err.contains("CA"), "no content in messages");
+    }
+
+    /// One Secret cannot hold more than its bound, and all Secrets together
+    /// not more than theirs; each refusal names the Secret, the sizes and the
+    /// fix, and writes nothing. Replacing a Secret's content does not count
+    /// its old files.
+    #[test]
+    fn the_scratch_directory_is_bounded_per_secret_and_in_total() {
+        let root = scratch();
+        let store = CredentialStore::new(&root).with_limits(100, 250);
+        let sized = |n: usize| -> BTreeMap<String, Vec<u8>> {
+            [("ca.crt", n), ("tls.crt", 10), ("tls.key", 10)]
+                .into_iter()
+                .map(|(k, len)| (k.to_string(), vec![b'x'; len]))
+                .collect()
+        };
+        let uri = "qemu+tls://h/system";
+        let err = store.apply(uri, "ns", "big", &sized(81)).unwrap_err();
+        assert!(
+            err.starts_with("Secret ns/big holds 101 bytes in \"ca.crt\", \"tls.crt\", \"tls.key\", more than the 100"),
+            "{err}"
+        );
+        assert!(!root.join("ns").exists(), "nothing written");
+
+        store.apply(uri, "ns", "a", &sized(80)).unwrap();
+        store.apply(uri, "ns", "b", &sized(80)).unwrap();
+        let err = store.apply(uri, "other", "c", &sized(80)).unwrap_err();
+        assert!(
+            err.starts_with("the credentials of Secret other/c (100 bytes) do not fit: the Secrets the manager has written hold 200 bytes, and all together may hold 250"),
+            "{err}"
+        );
+        assert!(!root.join("other").exists(), "nothing written");
+        // A new content of a Secret replaces its old one in the count.
+        store.apply(uri, "ns", "b", &sized(79)).unwrap();
+        assert_eq!(store.forget(|_, name| name != "b"), 1);
+        store.apply(uri, "other", "c", &sized(80)).expect("fits once b is forgotten");
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    /// What an earlier process wrote is removed at start; anything else in
+    /// the directory is left alone.
+    #[test]
+    fn files_of_a_previous_process_are_removed_and_nothing_else() {
+        let root = scratch();
+        let store = CredentialStore::new(&root);
+        store.apply("qemu+tls://h/system", "ns", "s", &tls_data()).unwrap();
+        fs::create_dir_all(root.join("ns/.staging-s-1-0")).unwrap();
+        fs::create_dir_all(root.join("keep/not-ours")).unwrap();
+        fs::write(root.join("keep/file.0123456789abcdef"), "a file, not a directory").unwrap();
+        drop(store);
+
+        assert_eq!(CredentialStore::remove_previous(&root).unwrap(), 2);
+        assert!(!root.join("ns").exists(), "the emptied namespace directory is removed");
+        assert!(root.join("keep/not-ours").is_dir() && root.join("keep/file.0123456789abcdef").is_file());
+        assert_eq!(CredentialStore::remove_previous(&root.join("missing")).unwrap(), 0);
+        fs::remove_dir_all(root).unwrap();
     }
 }

@@ -262,6 +262,15 @@ async fn run(flags: Flags) -> Result<()> {
             dir.display()
         );
     }
+    match capl_host::credentials::CredentialStore::remove_previous(&flags.credentials_scratch_dir) {
+        Ok(0) => {}
+        Ok(removed) => {
+            tracing::info!(removed, dir = %flags.credentials_scratch_dir.display(), "removed credentials an earlier process wrote")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %flags.credentials_scratch_dir.display(), "cannot remove credentials an earlier process wrote")
+        }
+    }
     let settings = Settings {
         namespace: watched_namespace(&flags.namespace),
         domain_type,

@@ -89,7 +89,7 @@
 //!
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -556,7 +556,8 @@ impl HostHandle {
                 if let Some(attempt) = &state.connecting {
                     break attempt.clone();
                 }
-                let taken = thread.take().or_else(|| self.cache.connect_threads.permits.clone().try_acquire_owned().ok());
+                let taken =
+                    thread.take().or_else(|| self.cache.connect_threads.permits.clone().try_acquire_owned().ok());
                 if let Some(permit) = taken {
                     let attempt = self.start_connect(permit);
                     state.connecting = Some(attempt.clone());
