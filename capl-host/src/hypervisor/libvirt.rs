@@ -79,10 +79,32 @@ use super::{
 const STREAM_CHUNK: usize = 256 * 1024;
 
 /// A connection to one libvirt host through the `virt` crate.
+///
+/// Dropping it closes the connection on a thread of its own:
+/// `virConnectClose` on a remote connection asks the daemon and waits for its
+/// answer, which a host that stopped answering never sends, and the last
+/// reference may be dropped anywhere (a runtime worker, under a lock).
 pub struct LibvirtHypervisor {
     uri: String,
-    conn: Connect,
+    conn: std::mem::ManuallyDrop<Connect>,
     events: Arc<EventHub>,
+}
+
+impl Drop for LibvirtHypervisor {
+    fn drop(&mut self) {
+        // SAFETY: `conn` is taken once, here, and not used after.
+        let conn = unsafe { std::mem::ManuallyDrop::take(&mut self.conn) };
+        let uri = self.uri.clone();
+        let closing = std::thread::Builder::new().name("virConnectClose".into()).spawn(move || {
+            // virt's Connect closes on drop and panics when the close fails.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(conn))).is_err() {
+                tracing::warn!(%uri, "closing the libvirt connection failed");
+            }
+        });
+        if let Err(e) = closing {
+            tracing::warn!(uri = %self.uri, error = %e, "no thread to close the libvirt connection on; closed here");
+        }
+    }
 }
 
 impl LibvirtHypervisor {
@@ -97,7 +119,7 @@ impl LibvirtHypervisor {
             err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
             err
         })?;
-        Ok(Self { uri: uri.to_string(), conn, events: Arc::default() })
+        Ok(Self { uri: uri.to_string(), conn: std::mem::ManuallyDrop::new(conn), events: Arc::default() })
     }
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
