@@ -523,21 +523,21 @@ enum Step {
 }
 
 /// Performs the plan's step. Each `act_*` function below performs the steps
-/// of the `decide_*` function of the same name in `machine_decision`; this
-/// one performs those [`decide`] returns itself: the finalizer, the host
-/// recorded, the host looked at. (`decide_lost` returns no step: a lost
-/// domain is only reported.)
+/// of the `decide_*` function of the same name in `machine_decision`, in the
+/// same order; this one performs those [`decide`] returns itself: the
+/// finalizer, the host recorded, the host looked at. (`decide_lost` returns
+/// no step: a lost domain is only reported.)
 async fn act(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Error> {
     match plan.action {
         MachineAction::Nothing => Ok(Step::Report(plan)),
         MachineAction::AddFinalizer => add_finalizer(a).await,
         MachineAction::RecordHost => record_host(a).await,
         MachineAction::ObserveHost => observe_host(a).await,
+        MachineAction::Create => act_creation(a).await,
+        MachineAction::Start | MachineAction::RefreshReservation => act_running(a, plan.action).await,
         MachineAction::Delete | MachineAction::RemoveFinalizer | MachineAction::SkipHostCleanup => {
             act_deletion(a, plan).await
         }
-        MachineAction::Create => act_creation(a).await,
-        MachineAction::Start | MachineAction::RefreshReservation => act_running(a, plan.action).await,
     }
 }
 
@@ -595,68 +595,6 @@ async fn observe_host(a: &mut Acting<'_>) -> Result<Step, Error> {
         a.user_data = data;
     }
     Ok(Step::Again)
-}
-
-/// The steps of `decide_deletion`: remove the machine from the host, or drop
-/// the finalizer without touching it.
-async fn act_deletion(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Error> {
-    let (object, ctx) = (a.object, a.ctx);
-    match plan.action {
-        MachineAction::RemoveFinalizer => {
-            ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
-        }
-        MachineAction::SkipHostCleanup => {
-            let note = match &a.location {
-                Some(l) => format!(
-                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
-                    what_may_remain(
-                        &a.host_spec(),
-                        &l.uri,
-                        object.status.as_ref().and_then(|s| s.mac_address.as_deref())
-                    )
-                ),
-                None => format!(
-                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
-                ),
-            };
-            ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
-            ctx.lease_found(&a.uid);
-        }
-        _ => {
-            let l = a.at();
-            let spec = a.host_spec();
-            let result = timed(
-                ctx,
-                "delete",
-                ctx.connections.host(&a.opened).call(move |h| host_machine::delete_machine(h, &spec)),
-            )
-            .await;
-            match result {
-                Ok(left) => {
-                    if left.is_empty() {
-                        let note = format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
-                        ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
-                    } else {
-                        let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
-                        let note = format!(
-                            "removed what was this LibvirtMachine's from {}; left what is not: {}",
-                            l.uri,
-                            left.join("; ")
-                        );
-                        ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
-                    }
-                    ctx.lease_found(&a.uid);
-                }
-                Err(err) => {
-                    a.snapshot.host = a.host_view(&Err(err));
-                    return Ok(Step::Report(decide(&a.snapshot)));
-                }
-            }
-        }
-    }
-    addresses::release(ctx, object, &a.ns).await?;
-    object_patch::remove_finalizer(&a.api, object, MACHINE_FINALIZER).await?;
-    Ok(Step::Finished(Action::await_change()))
 }
 
 /// The step of `decide_creation`: create the domain and start it.
@@ -753,6 +691,68 @@ async fn created_or_started(
         return Ok(Step::Report(decide(&a.snapshot)));
     }
     Ok(Step::Again)
+}
+
+/// The steps of `decide_deletion`: remove the machine from the host, or drop
+/// the finalizer without touching it.
+async fn act_deletion(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Error> {
+    let (object, ctx) = (a.object, a.ctx);
+    match plan.action {
+        MachineAction::RemoveFinalizer => {
+            ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
+        }
+        MachineAction::SkipHostCleanup => {
+            let note = match &a.location {
+                Some(l) => format!(
+                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
+                    what_may_remain(
+                        &a.host_spec(),
+                        &l.uri,
+                        object.status.as_ref().and_then(|s| s.mac_address.as_deref())
+                    )
+                ),
+                None => format!(
+                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
+                ),
+            };
+            ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
+            ctx.lease_found(&a.uid);
+        }
+        _ => {
+            let l = a.at();
+            let spec = a.host_spec();
+            let result = timed(
+                ctx,
+                "delete",
+                ctx.connections.host(&a.opened).call(move |h| host_machine::delete_machine(h, &spec)),
+            )
+            .await;
+            match result {
+                Ok(left) => {
+                    if left.is_empty() {
+                        let note = format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
+                        ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
+                    } else {
+                        let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
+                        let note = format!(
+                            "removed what was this LibvirtMachine's from {}; left what is not: {}",
+                            l.uri,
+                            left.join("; ")
+                        );
+                        ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
+                    }
+                    ctx.lease_found(&a.uid);
+                }
+                Err(err) => {
+                    a.snapshot.host = a.host_view(&Err(err));
+                    return Ok(Step::Report(decide(&a.snapshot)));
+                }
+            }
+        }
+    }
+    addresses::release(ctx, object, &a.ns).await?;
+    object_patch::remove_finalizer(&a.api, object, MACHINE_FINALIZER).await?;
+    Ok(Step::Finished(Action::await_change()))
 }
 
 /// Conditions, status and events of the plan; then when to look again.
