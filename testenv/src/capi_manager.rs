@@ -32,6 +32,33 @@ use crate::supervised_process::SupervisedProcess;
 use crate::webhooks::Registration;
 use crate::{Assets, TestEnv};
 
+impl TestEnv {
+    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs),
+    /// with its webhooks registered. The same as `start_capi(CapiOptions::new())`.
+    pub async fn start_capi_manager(&self) -> Result<CapiManager> {
+        self.start_capi(CapiOptions::new()).await
+    }
+
+    /// Installs CAPI's CRDs (core and kubeadm providers) and starts the managers `options`
+    /// asks for, each with its webhooks served and registered with this API server; returns
+    /// once every manager is ready and the API server calls its webhooks. See [`CapiManager`].
+    ///
+    /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
+    /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
+    /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
+    /// With [`CapiOptions::with_ipam_in_cluster`] the in-cluster IPAM provider's CRDs are
+    /// installed too and its manager runs beside them (without webhooks), so IPAddressClaims
+    /// on its pools get IPAddresses.
+    pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
+        self.install_capi_crds().await?;
+        if options.ipam_in_cluster() {
+            // Before the manager starts: it watches the pools from the start.
+            self.install_ipam_crds().await?;
+        }
+        CapiManager::start(self, &options).await
+    }
+}
+
 /// How long a manager may take to answer its readiness probe.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 

@@ -390,31 +390,6 @@ impl TestEnv {
         Ok(name)
     }
 
-    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs),
-    /// with its webhooks registered. The same as `start_capi(CapiOptions::new())`.
-    pub async fn start_capi_manager(&self) -> Result<CapiManager> {
-        self.start_capi(CapiOptions::new()).await
-    }
-
-    /// Installs CAPI's CRDs (core and kubeadm providers) and starts the managers `options`
-    /// asks for, each with its webhooks served and registered with this API server; returns
-    /// once every manager is ready and the API server calls its webhooks. See [`CapiManager`].
-    ///
-    /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
-    /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
-    /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
-    /// With [`CapiOptions::with_ipam_in_cluster`] the in-cluster IPAM provider's CRDs are
-    /// installed too and its manager runs beside them (without webhooks), so IPAddressClaims
-    /// on its pools get IPAddresses.
-    pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
-        self.install_capi_crds().await?;
-        if options.ipam_in_cluster() {
-            // Before the manager starts: it watches the pools from the start.
-            self.install_ipam_crds().await?;
-        }
-        CapiManager::start(self, &options).await
-    }
-
     /// Kills kube-apiserver and etcd and removes the temporary directory. Idempotent.
     fn stop(&self) {
         self.apiserver.kill();

@@ -16,7 +16,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
 use super::error::Error;
-use super::{machine_decision, metrics, own_changes, placement};
+use super::reservations::Reservations;
+use super::{machine_decision, metrics, own_changes};
 use crate::api::LibvirtCluster;
 use crate::api::capi::{Cluster, Machine};
 
@@ -100,7 +101,7 @@ pub struct Context {
     /// The lifecycle events the LibvirtMachine reconciler's own host actions bring.
     pub(crate) expected_events: Arc<own_changes::ExpectedEvents>,
     /// Memory of machines placed on a host and not yet counted by it.
-    pub placements: placement::Reservations,
+    pub placements: Reservations,
 }
 
 /// Reflector stores of the objects a LibvirtMachine's reconcile reads: its
@@ -158,7 +159,7 @@ impl Context {
             inputs: OnceLock::new(),
             seen_machines: Arc::default(),
             expected_events: Arc::default(),
-            placements: placement::Reservations::default(),
+            placements: Reservations::default(),
         }
     }
 
