@@ -102,6 +102,27 @@ pub const DEFAULT_MAX_SECRET_BYTES: u64 = 64 * 1024;
 /// directory, leaving room for a Secret being replaced.
 pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 12 * 1024 * 1024;
 
+/// Why a Secret's credentials were not written: the message names the
+/// Secret and the fix; `retry_later` when the same Secret may fit later
+/// without anyone changing it (the directory is full of other Secrets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub message: String,
+    pub retry_later: bool,
+}
+
+impl From<String> for Refused {
+    fn from(message: String) -> Self {
+        Self { message, retry_later: false }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// What the store remembers of one Secret: the directory holding its files
 /// now, and how many bytes they hold.
 #[derive(Debug, Clone)]
@@ -186,14 +207,14 @@ impl CredentialStore {
         namespace: &str,
         secret: &str,
         data: &BTreeMap<String, Vec<u8>>,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refused> {
         let transport = Transport::of(uri)?;
         check_no_managed_parameters(uri)?;
         let missing: Vec<&str> =
             transport.keys().iter().map(|(k, _)| *k).filter(|k| data.get(*k).is_none_or(|v| v.is_empty())).collect();
         if !missing.is_empty() {
             let all: Vec<String> = transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect();
-            return Err(format!(
+            return Err(Refused::from(format!(
                 "Secret {namespace}/{secret} has no non-empty {}: a {} URI needs the keys {} in it; add them to the Secret",
                 missing.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", "),
                 match transport {
@@ -201,32 +222,35 @@ impl CredentialStore {
                     Transport::Ssh => "libssh",
                 },
                 all.join(", ")
-            ));
+            )));
         }
         let files: Vec<(&str, &[u8])> =
             transport.keys().iter().map(|(key, file)| (*file, data[*key].as_slice())).collect();
         let bytes: u64 = files.iter().map(|(_, content)| content.len() as u64).sum();
         if bytes > self.max_secret_bytes {
-            return Err(format!(
+            return Err(Refused::from(format!(
                 "Secret {namespace}/{secret} holds {bytes} bytes in {}, more than the {} the manager writes for one \
                  Secret: keep only the credentials of this host in it (a CA, a client certificate and key, or a key \
                  and the host's known_hosts lines)",
                 transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect::<Vec<_>>().join(", "),
                 self.max_secret_bytes
-            ));
+            )));
         }
         let others: u64 = {
             let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
             current.iter().filter(|((ns, name), _)| !(ns == namespace && name == secret)).map(|(_, w)| w.bytes).sum()
         };
         if others + bytes > self.max_total_bytes {
-            return Err(format!(
+            return Err(Refused {
+                message: format!(
                 "the credentials of Secret {namespace}/{secret} ({bytes} bytes) do not fit: the Secrets the manager \
                  has written hold {others} bytes, and all together may hold {} (its memory-backed \
                  --credentials-scratch-dir); remove the LibvirtClusters no longer used, or ask the operator to \
                  raise the limit",
                 self.max_total_bytes
-            ));
+            ),
+                retry_later: true,
+            });
         }
         let dir = self.write(namespace, secret, &files, bytes).map_err(|e| {
             format!(
@@ -489,7 +513,7 @@ mod tests {
     #[case("qemu+TCP://h/system", "uses the tcp transport")]
     fn uris_that_cannot_take_a_secret_are_refused(#[case] uri: &str, #[case] why: &str) {
         let store = CredentialStore::new(scratch());
-        let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err();
+        let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err().message;
         assert!(err.contains(why) && err.contains(uri), "{err}");
         assert!(err.contains("remove credentialsRef"), "{err}");
         assert!(!store.root().exists(), "nothing written");
@@ -501,7 +525,7 @@ mod tests {
         let mut data = tls_data();
         data.remove("tls.key");
         data.insert("tls.crt".into(), Vec::new());
-        let err = store.apply("qemu+tls://h/system", "ns", "s", &data).unwrap_err();
+        let err = store.apply("qemu+tls://h/system", "ns", "s", &data).unwrap_err().message;
         assert_eq!(
             err,
             "Secret ns/s has no non-empty \"tls.crt\", \"tls.key\": a qemu+tls URI needs the keys \"ca.crt\", \
@@ -525,7 +549,9 @@ mod tests {
                 .collect()
         };
         let uri = "qemu+tls://h/system";
-        let err = store.apply(uri, "ns", "big", &sized(81)).unwrap_err();
+        let refused = store.apply(uri, "ns", "big", &sized(81)).unwrap_err();
+        assert!(!refused.retry_later, "only a change of the Secret helps");
+        let err = refused.message;
         assert!(
             err.starts_with("Secret ns/big holds 101 bytes in \"ca.crt\", \"tls.crt\", \"tls.key\", more than the 100"),
             "{err}"
@@ -534,7 +560,9 @@ mod tests {
 
         store.apply(uri, "ns", "a", &sized(80)).unwrap();
         store.apply(uri, "ns", "b", &sized(80)).unwrap();
-        let err = store.apply(uri, "other", "c", &sized(80)).unwrap_err();
+        let refused = store.apply(uri, "other", "c", &sized(80)).unwrap_err();
+        assert!(refused.retry_later, "fits once other Secrets are gone");
+        let err = refused.message;
         assert!(
             err.starts_with("the credentials of Secret other/c (100 bytes) do not fit: the Secrets the manager has written hold 200 bytes, and all together may hold 250"),
             "{err}"

@@ -83,7 +83,7 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: metrics::Metrics,
     /// The credentials of `credentialsRef` Secrets, written as files for libvirt.
-    pub credentials: CredentialStore,
+    pub credentials: Arc<CredentialStore>,
     /// Since when a running domain has been waiting for its lease, per LibvirtMachine UID.
     pub(super) lease_waits: Mutex<HashMap<String, std::time::Instant>>,
     /// When a reservation on a network (URI, network) was last written again
@@ -145,7 +145,7 @@ impl Context {
     pub fn new(client: Client, connections: Arc<Connections>, settings: Settings, metrics: metrics::Metrics) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
-        let credentials = CredentialStore::new(&settings.credentials_scratch_dir);
+        let credentials = Arc::new(CredentialStore::new(&settings.credentials_scratch_dir));
         Self {
             client,
             connections,

@@ -145,7 +145,7 @@ async fn node_memory(
     host: &ClusterHost,
     owner: &str,
 ) -> Result<Result<NodeMemory, String>, Error> {
-    let opened = match credentials::host_connection_uri(ctx, ns, host, owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, ns, host, owner, false).await? {
         Ok(opened) => opened,
         Err(unusable) => return Ok(Err(unusable.message)),
     };
