@@ -5,12 +5,14 @@
 //! `ipam.cluster.x-k8s.io/v1beta2` kinds that the reconcilers read and write.
 //!
 //! The provider renders its CRDs from these types ([`crds`]); the e2e suite,
-//! the benchmarks and the test kits build their objects from them.
+//! the benchmarks and the test kits build their objects from them with
+//! [`builders`].
 
 // kube's `printcolumn(...)` attributes repeat `type_ = "string"`, which this
 // lint mistakes for a duplicated attribute.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod builders;
 pub mod capi;
 mod cluster;
 pub mod conditions;

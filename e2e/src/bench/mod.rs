@@ -351,16 +351,19 @@ pub async fn delete_cluster(client: &Client, ns: &str, cluster: &str) -> Result<
 
 /// The objects of `count` machines `m-0000`.. of `cluster`: for each a
 /// bootstrap Secret, a LibvirtMachine and a Machine (CAPI sets the owner reference).
-pub fn machine_objects(ns: &str, cluster: &str, image: &str, count: usize) -> Vec<(Kind, Value)> {
+pub fn machine_objects(ns: &str, cluster: &str, image: &str, count: usize) -> Result<Vec<(Kind, Value)>> {
     let mut out = Vec::with_capacity(count * 3);
     for i in 0..count {
         let name = format!("m-{i:04}");
         let secret = format!("{name}-bootstrap");
         out.push((Kind::Secret, objects::bootstrap_secret(ns, &secret, cluster, &objects::user_data(cluster))));
-        out.push((Kind::LibvirtMachine, objects::libvirt_machine(ns, &name, cluster, image, None)));
+        out.push((
+            Kind::LibvirtMachine,
+            objects::document(&objects::libvirt_machine(ns, &name, cluster, image, None))?,
+        ));
         out.push((Kind::Machine, objects::machine(ns, &name, cluster, &secret)));
     }
-    out
+    Ok(out)
 }
 
 /// The objects of [`create_workload`], just created.
@@ -383,8 +386,8 @@ pub async fn create_workload(
     count: usize,
 ) -> Result<Workload> {
     let started = Instant::now();
-    let mut all = cluster_objects(ns, cluster, placement);
-    all.extend(machine_objects(ns, cluster, &placement.image, count));
+    let mut all = cluster_objects(ns, cluster, placement)?;
+    all.extend(machine_objects(ns, cluster, &placement.image, count)?);
     let objects = all.len();
     create_all(client, ns, all).await?;
     Ok(Workload { started, created_s: started.elapsed().as_secs_f64(), objects })
@@ -410,11 +413,11 @@ pub fn ready_json(ready: &BTreeMap<String, f64>) -> Value {
 }
 
 /// The Cluster and LibvirtCluster `cluster` on `placement`.
-pub fn cluster_objects(ns: &str, cluster: &str, placement: &Placement) -> Vec<(Kind, Value)> {
-    vec![
-        (Kind::LibvirtCluster, objects::libvirt_cluster(ns, cluster, placement)),
+pub fn cluster_objects(ns: &str, cluster: &str, placement: &Placement) -> Result<Vec<(Kind, Value)>> {
+    Ok(vec![
+        (Kind::LibvirtCluster, objects::document(&objects::libvirt_cluster(ns, cluster, placement))?),
         (Kind::Cluster, objects::cluster(ns, cluster, false)),
-    ]
+    ])
 }
 
 /// A LibvirtMachine that is provisioned and has its InternalIP.

@@ -167,7 +167,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         endpoint_host: testenv::test_host::static_address(250),
         credentials: None,
     };
-    super::create_all(&client, &ns, super::cluster_objects(&ns, CLUSTER, &placement)).await?;
+    super::create_all(&client, &ns, super::cluster_objects(&ns, CLUSTER, &placement)?).await?;
     crate::harness::wait::until("the LibvirtCluster to be provisioned", Duration::from_secs(120), || async {
         let lc = objects::get(&client, &ns, Kind::LibvirtCluster, CLUSTER).await?;
         Ok(match lc {
