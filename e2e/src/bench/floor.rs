@@ -27,10 +27,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::{
-    ControlPlane, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, print_table,
-    provisioned_ip, ready_json, ready_rows, wait_each, write_json,
-};
+use super::report::{fmt, print_table, ready_json, ready_rows, write_json};
+use super::stack::{ControlPlane, NAME_PREFIX, cpu_breakdown};
+use super::workload::{Workload, create_workload, delete_cluster, provisioned_ip, wait_each};
 use crate::harness::objects::{self, Kind};
 
 const CLUSTER: &str = "floor";
@@ -100,7 +99,7 @@ pub async fn run(args: &Args) -> Result<bool> {
     let title = format!("floor: {n} machines, the benchmark answering in the provider's place");
     print_table(&title, &rows);
     let report = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "floor",
         "machines": n,
         "concurrency": args.concurrency,
