@@ -16,7 +16,7 @@ use kube::Resource;
 use crate::capi::CLUSTER_NAME_LABEL;
 use crate::{
     ApiEndpoint, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterTemplate, LibvirtClusterTemplateResource,
-    LibvirtClusterTemplateSpec, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate,
+    LibvirtClusterTemplateSpec, LibvirtHost, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate,
     LibvirtMachineTemplateResource, LibvirtMachineTemplateSpec, SecretReference,
 };
 
@@ -55,6 +55,12 @@ impl LibvirtClusterSpec {
         }
     }
 
+    /// The several-hosts form: `hosts`, each a failure domain, with the
+    /// network and pools every host that names none uses.
+    pub fn several_hosts(hosts: Vec<LibvirtHost>, network: &str, base_pool: &str, domain_pool: &str) -> Self {
+        Self { uri: None, hosts: Some(hosts), ..Self::one_host("", network, base_pool, domain_pool) }
+    }
+
     /// With `spec.controlPlaneEndpoint` set to `host:port`.
     pub fn with_endpoint(mut self, host: &str, port: i32) -> Self {
         self.control_plane_endpoint = Some(ApiEndpoint { host: host.into(), port });
@@ -65,6 +71,21 @@ impl LibvirtClusterSpec {
     pub fn with_credentials(mut self, secret: &str) -> Self {
         self.credentials_ref = Some(SecretReference { name: secret.into() });
         self
+    }
+}
+
+impl LibvirtHost {
+    /// The host `name` at `uri`, with the cluster's defaults for the rest.
+    pub fn at(name: &str, uri: &str) -> Self {
+        Self {
+            name: name.into(),
+            uri: uri.into(),
+            control_plane: None,
+            network: None,
+            base_pool: None,
+            domain_pool: None,
+            credentials_ref: None,
+        }
     }
 }
 
