@@ -22,9 +22,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow};
+use capl_testbed::wait::{self, Bound, Check};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::free_port::free_loopback_ports;
@@ -356,26 +357,28 @@ impl ManagerProcess {
     }
 
     async fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
+        let bound = Bound::new(READY_TIMEOUT, Duration::from_millis(250));
+        let outcome = wait::until(bound, || async {
             self.process.ensure_running()?;
-            let last = match http_get_status(self.health_port, "/readyz").await {
-                Ok(200) => return Ok(()),
-                Ok(status) => format!("HTTP {status}"),
-                Err(err) => format!("{err:#}"),
-            };
-            if Instant::now() > deadline {
-                bail!(
+            Ok::<_, anyhow::Error>(match http_get_status(self.health_port, "/readyz").await {
+                Ok(200) => Check::Done(()),
+                Ok(status) => Check::Pending(format!("HTTP {status}")),
+                Err(err) => Check::Pending(format!("{err:#}")),
+            })
+        })
+        .await;
+        outcome.map_err(|stop| {
+            stop.into_error(|last| {
+                anyhow!(
                     "{} was not ready on 127.0.0.1:{}/readyz within {READY_TIMEOUT:?} (last: {last}); \
                      last lines of {}:\n{}",
                     self.name,
                     self.health_port,
                     self.process.log_path().display(),
                     self.process.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+                )
+            })
+        })
     }
 }
 

@@ -21,10 +21,12 @@
 //!
 //! The container is removed when the [`ContainerLibvirtd`] is dropped.
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use capl_testbed::wait::{self, Bound};
 use testcontainers::core::Mount;
 use testcontainers::runners::SyncRunner;
 use testcontainers::{Container, GenericImage, ImageExt};
@@ -232,17 +234,10 @@ fn image() -> Result<String, String> {
 }
 
 fn wait_for_socket(socket: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + SOCKET_LIMIT;
-    loop {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the containerized libvirtd did not listen on {} within {SOCKET_LIMIT:?}",
-                socket.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let bound = Bound::new(SOCKET_LIMIT, Duration::from_millis(200));
+    let outcome =
+        wait::blocking(bound, || Ok::<_, Infallible>(std::os::unix::net::UnixStream::connect(socket).is_ok().into()));
+    outcome.map_err(|_| {
+        format!("the containerized libvirtd did not listen on {} within {SOCKET_LIMIT:?}", socket.display())
+    })
 }

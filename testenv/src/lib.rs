@@ -61,6 +61,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use capl_testbed::wait::{self, Bound, Check};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -406,21 +407,21 @@ impl Drop for TestEnv {
 
 /// Waits until `process` accepts TCP connections on 127.0.0.1:`port`.
 async fn wait_for_tcp(process: &SupervisedProcess, port: u16, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let bound = Bound::new(timeout, Duration::from_millis(100));
+    let outcome = wait::until(bound, || async {
         process.ensure_running()?;
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
+        Ok::<_, anyhow::Error>(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok().into())
+    })
+    .await;
+    outcome.map_err(|stop| {
+        stop.into_error(|_| {
+            anyhow!(
                 "{} did not listen on 127.0.0.1:{port} within {timeout:?}; last lines of its log:\n{}",
                 process.log_path().display(),
                 process.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            )
+        })
+    })
 }
 
 /// Polls `GET /readyz` until it answers `ok`.
@@ -431,25 +432,27 @@ async fn wait_for_readyz(
     timeout: Duration,
 ) -> Result<()> {
     let client = Client::try_from(config.clone()).context("building a kube client from the generated kubeconfig")?;
-    let deadline = Instant::now() + timeout;
-    loop {
+    let bound = Bound::new(timeout, Duration::from_millis(250));
+    let outcome = wait::until(bound, || async {
         etcd.ensure_running()?;
         apiserver.ensure_running()?;
         let request = http::Request::get("/readyz").body(Vec::new())?;
-        let last_error = match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            Ok(body) => format!("/readyz answered {body:?}"),
-            Err(err) => err.to_string(),
-        };
-        if Instant::now() > deadline {
-            bail!(
+        Ok::<_, anyhow::Error>(match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => Check::Done(()),
+            Ok(body) => Check::Pending(format!("/readyz answered {body:?}")),
+            Err(err) => Check::Pending(err.to_string()),
+        })
+    })
+    .await;
+    outcome.map_err(|stop| {
+        stop.into_error(|last_error| {
+            anyhow!(
                 "kube-apiserver was not ready within {timeout:?} (last: {last_error}); last lines of {}:\n{}",
                 apiserver.log_path().display(),
                 apiserver.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            )
+        })
+    })
 }
 
 /// The contract labels CAPI's kustomize configuration puts on the kubeadm bootstrap and

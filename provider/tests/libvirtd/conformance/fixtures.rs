@@ -2,10 +2,12 @@
 //! and cleanup that runs even when a scenario fails.
 
 use std::cell::RefCell;
+use std::convert::Infallible;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use capl_host::hypervisor::{ErrorKind, HostAdmin, HypervisorError, UndefineFlags};
+use capl_testbed::wait::{self, Bound};
 
 /// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
 pub use crate::real_support::GUEST_IMAGE_ENV;
@@ -268,16 +270,8 @@ pub fn expect_err<T: std::fmt::Debug>(
 
 /// Polls `f` until it returns `Some`, at most `timeout`.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let bound = Bound::new(timeout, Duration::from_millis(200));
+    wait::blocking(bound, || Ok::<_, Infallible>(f().into())).ok()
 }
 
 /// The text of the first `<tag ...>` element's attribute `attr` in `xml` (for read-back checks).
