@@ -85,7 +85,7 @@ pub fn answers(sh: &Shell) -> bool {
 
 /// The pid of the dockerd that `up` started, while it runs.
 fn ours() -> Option<u32> {
-    crate::libvirt_host::live_pid(Path::new(PID_FILE), "dockerd")
+    capl_testbed::private_libvirtd::live_pid(Path::new(PID_FILE), "dockerd")
 }
 
 /// An engine that answers: the one there is, or dockerd started here.
