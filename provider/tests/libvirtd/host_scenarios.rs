@@ -265,7 +265,7 @@ fn host_scenarios(#[case] backend: Backend) {
         // Fail once, clearly, rather than once per scenario.
         open(backend, "probe");
     }
-    let only = std::env::var("CAPL_HOST_SCENARIO_ONLY").ok();
+    let only = std::env::var(capl_testbed::env::HOST_SCENARIO_ONLY).ok();
     let todo: Vec<&Scenario> = SCENARIOS
         .iter()
         .filter(|s| s.only_on.is_none_or(|b| b == backend))
