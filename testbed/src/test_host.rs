@@ -2,8 +2,8 @@
 //! tests, the e2e harness and the demo expect of it.
 //!
 //! This file is the single source of these facts for every side: `cargo xtask
-//! host`, the provider's integration tests and the `e2e` crate. Changing a
-//! name here changes it everywhere.
+//! host`, the integration tests of capl-host and of the provider, and the
+//! `e2e` crate. Changing a name here changes it everywhere.
 //!
 //! The host is a private libvirtd with:
 //! - the NAT network [`NETWORK`] on the bridge [`BRIDGE`], subnet

@@ -13,7 +13,7 @@
 //!
 //! Each backend is one test that runs every scenario, prints how many ran, passed and
 //! were marked as not modeled (with the reason), and fails listing every failure.
-//! Run: `cargo test -p cluster-api-provider-libvirt --test libvirtd conformance -- --nocapture`.
+//! Run: `cargo test -p capl-host --test libvirtd conformance -- --nocapture`.
 
 mod fixtures;
 mod scenarios;
