@@ -32,7 +32,7 @@
 //! 20 crates and 27 s to a cold build, and its 2.x API is being replaced by
 //! 3.0, whose release candidate can fix the time. Revisit with hadris-iso
 //! 3.0 final: switch if it passes the same independent readers
-//! (`provider/tests/offline/host_cloud_init_iso.rs`: xorriso, blkid) and the
+//! (`capl-host/tests/offline/host_cloud_init_iso.rs`: xorriso, blkid) and the
 //! guest boot of `cargo xtask e2e`.
 
 pub const VOLUME_LABEL: &str = "cidata";

@@ -243,12 +243,12 @@ impl CredentialStore {
         if others + bytes > self.max_total_bytes {
             return Err(Refused {
                 message: format!(
-                "the credentials of Secret {namespace}/{secret} ({bytes} bytes) do not fit: the Secrets the manager \
+                    "the credentials of Secret {namespace}/{secret} ({bytes} bytes) do not fit: the Secrets the manager \
                  has written hold {others} bytes, and all together may hold {} (its memory-backed \
                  --credentials-scratch-dir); remove the LibvirtClusters no longer used, or ask the operator to \
                  raise the limit",
-                self.max_total_bytes
-            ),
+                    self.max_total_bytes
+                ),
                 retry_later: true,
             });
         }

@@ -122,7 +122,7 @@ impl ContainerLibvirtd {
         request = request.with_mount(Mount::bind_mount(libvirt_dir.display().to_string(), "/run/libvirt"));
         if options.tls {
             request = request
-                .with_env_var("CAPL_LIBVIRTD_TLS_DIR", "/capl-pki")
+                .with_env_var(capl_testbed::env::LIBVIRTD_TLS_DIR, "/capl-pki")
                 .with_mount(Mount::bind_mount(pki_dir.display().to_string(), "/capl-pki"));
         }
         if let Some(dir) = &options.console_dir {

@@ -49,7 +49,7 @@
 //! # Libvirt calls
 //!
 //! Counted on the simulator and pinned by `libvirt_call_counts_match_the_book` in
-//! provider/tests/libvirtd/host_sim.rs (against the table of `docs/src/design.md`): [`Hypervisor`] calls this module makes, and the
+//! capl-host/tests/libvirtd/host_sim.rs (against the table of `docs/src/design.md`): [`Hypervisor`] calls this module makes, and the
 //! operations libvirt-sim counts for them (its adapter looks the network up
 //! before a DHCP update). On a real host each by-name trait call is two RPCs,
 //! the lookup and the call itself; none opens a connection.

@@ -42,10 +42,12 @@ use crate::api_support::{
     Manager, World, cloud_config, condition, create_bootstrap_secret, libvirt_machine_json, machine_conditions,
     machine_json, machine_ready,
 };
-use crate::host_support::{Fixture, dhcp_hosts};
-use crate::real_support::{
-    CleanUp, connect_checked, demo_cluster, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts,
+use capl_host_test_support::host::{Fixture, dhcp_hosts};
+use capl_host_test_support::real_host::{
+    CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts,
 };
+
+use crate::real_support::demo_cluster;
 
 const MACHINES: [&str; 3] = ["m0", "m1", "m2"];
 /// Bound of each wait on the daemon's processes.
