@@ -198,8 +198,8 @@ impl Connections {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             hosts: Mutex::new(HashMap::new()),
-            connect_threads: Budget::new(DEFAULT_MAX_CONNECT_THREADS),
-            call_threads: Budget::new(DEFAULT_MAX_CALL_THREADS),
+            connect_threads: Budget::new("connects", DEFAULT_MAX_CONNECT_THREADS),
+            call_threads: Budget::new("calls", DEFAULT_MAX_CALL_THREADS),
             opened: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             events: EventFanOut::default(),
@@ -261,8 +261,8 @@ impl Connections {
     /// over all hosts (both must be at least 1).
     pub fn with_thread_limits(mut self, connects: usize, calls: usize) -> Self {
         assert!(connects > 0 && calls > 0, "thread limits must be at least 1");
-        self.connect_threads = Budget::new(connects);
-        self.call_threads = Budget::new(calls);
+        self.connect_threads = Budget::new("connects", connects);
+        self.call_threads = Budget::new("calls", calls);
         self
     }
 
@@ -366,17 +366,30 @@ struct HostSlot {
 /// A number of threads that may be held at once, as a semaphore whose
 /// permits go with the blocking threads.
 struct Budget {
+    /// What the threads do, as the messages say it: "connects" or "calls".
+    what: &'static str,
     max: usize,
     permits: Arc<Semaphore>,
 }
 
 impl Budget {
-    fn new(max: usize) -> Self {
-        Self { max, permits: Arc::new(Semaphore::new(max)) }
+    fn new(what: &'static str, max: usize) -> Self {
+        Self { what, max, permits: Arc::new(Semaphore::new(max)) }
     }
 
     fn in_use(&self) -> usize {
         self.max - self.permits.available_permits()
+    }
+
+    /// A thread of this budget if one is free now.
+    fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().ok()
+    }
+
+    /// The error for `uri` when every thread of this budget is taken.
+    fn used_up<E: CallError>(&self, uri: &str) -> E {
+        tracing::warn!(%uri, what = self.what, max = self.max, "every thread the manager may hold for these is taken");
+        E::threads_used_up(uri, self.what, self.max)
     }
 
     /// A thread of this budget, waiting at most `within` for one to free up.
@@ -474,8 +487,7 @@ impl HostHandle {
                 }
             };
             let Some(thread) = self.cache.call_threads.take(call_timeout).await else {
-                tracing::warn!(%uri, max = self.cache.call_threads.max, "every call thread the manager may hold is taken");
-                return Err(E::threads_used_up(uri, "calls", self.cache.call_threads.max));
+                return Err(self.cache.call_threads.used_up(uri));
             };
             let used = conn.clone();
             let state = Arc::new(AtomicU8::new(RUNNING));
@@ -556,8 +568,7 @@ impl HostHandle {
                 if let Some(attempt) = &state.connecting {
                     break attempt.clone();
                 }
-                let taken =
-                    thread.take().or_else(|| self.cache.connect_threads.permits.clone().try_acquire_owned().ok());
+                let taken = thread.take().or_else(|| self.cache.connect_threads.try_take());
                 if let Some(permit) = taken {
                     let attempt = self.start_connect(permit);
                     state.connecting = Some(attempt.clone());
@@ -569,9 +580,7 @@ impl HostHandle {
             match self.cache.connect_threads.take(timeout).await {
                 Some(permit) => thread = Some(permit),
                 None => {
-                    let max = self.cache.connect_threads.max;
-                    tracing::warn!(uri = %self.slot.uri, max, "every connect thread the manager may hold is taken");
-                    return Err(E::threads_used_up(&self.slot.uri, "connects", max));
+                    return Err(self.cache.connect_threads.used_up(&self.slot.uri));
                 }
             }
         };
@@ -705,7 +714,7 @@ impl HostHandle {
             return false;
         }
         // No thread free: the next check tries again.
-        let Ok(thread) = self.cache.connect_threads.permits.clone().try_acquire_owned() else { return false };
+        let Some(thread) = self.cache.connect_threads.try_take() else { return false };
         state.connecting = Some(self.start_connect(thread));
         true
     }
