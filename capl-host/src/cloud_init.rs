@@ -66,7 +66,7 @@ fn yaml_scalar(value: &str) -> String {
             "y" | "n" | "yes" | "no" | "true" | "false" | "on" | "off" | "null" | "~"
         )
         || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
-    if ambiguous { format!("{value:?}") } else { value.to_string() }
+    if ambiguous { yaml_double_quoted(value) } else { value.to_string() }
 }
 
 /// `value` as a YAML double-quoted scalar: a quote, a backslash or a line
