@@ -32,7 +32,7 @@
 //! 20 crates and 27 s to a cold build, and its 2.x API is being replaced by
 //! 3.0, whose release candidate can fix the time. Revisit with hadris-iso
 //! 3.0 final: switch if it passes the same independent readers
-//! (`provider/tests/offline/host_cloud_init_iso.rs`: xorriso, blkid) and the
+//! (`capl-host/tests/offline/host_cloud_init_iso.rs`: xorriso, blkid) and the
 //! guest boot of `cargo xtask e2e`.
 
 pub const VOLUME_LABEL: &str = "cidata";
@@ -66,7 +66,24 @@ fn yaml_scalar(value: &str) -> String {
             "y" | "n" | "yes" | "no" | "true" | "false" | "on" | "off" | "null" | "~"
         )
         || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
-    if ambiguous { format!("{value:?}") } else { value.to_string() }
+    if ambiguous { yaml_double_quoted(value) } else { value.to_string() }
+}
+
+/// `value` as a YAML double-quoted scalar: a quote, a backslash or a line
+/// break in it cannot end the scalar or start a new key.
+fn yaml_double_quoted(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// A static address of a guest interface: address, prefix length and gateway.
@@ -133,7 +150,7 @@ pub fn network_config_for(interfaces: &[GuestInterface], nameservers: &[String])
         if Some(index) == first_static && !nameservers.is_empty() {
             out.push_str("    nameservers:\n      addresses:\n");
             for n in nameservers {
-                out.push_str(&format!("        - \"{n}\"\n"));
+                out.push_str(&format!("        - {}\n", yaml_double_quoted(n)));
             }
         }
     }
@@ -376,6 +393,18 @@ mod tests {
             text,
             "version: 2\nethernets:\n  id0:\n    match:\n      macaddress: \"52:54:00:00:00:01\"\n    dhcp4: true\n    dhcp6: false\n  id1:\n    match:\n      macaddress: \"52:54:00:00:00:02\"\n    dhcp4: false\n    dhcp6: false\n    addresses:\n      - \"10.80.0.5/24\"\n    nameservers:\n      addresses:\n        - \"10.80.0.1\"\n"
         );
+    }
+
+    #[test]
+    fn a_nameserver_cannot_end_its_scalar_or_add_keys() {
+        let nic = GuestInterface {
+            mac: "52:54:00:00:00:01".into(),
+            addresses: vec![StaticAddress { address: "10.80.0.5".parse().unwrap(), prefix: 24, gateway: None }],
+            dhcp: false,
+        };
+        let text = network_config_for(&[nic], &["10.0.0.1\"\n  runcmd: [x]\\".to_string()]);
+        assert!(text.ends_with("        - \"10.0.0.1\\\"\\x0a  runcmd: [x]\\\\\"\n"), "{text}");
+        assert!(!text.lines().any(|l| l.trim_start().starts_with("runcmd")), "{text}");
     }
 
     #[test]

@@ -68,8 +68,8 @@ impl Transport {
     /// The transport of `uri` when it takes credentials from a Secret;
     /// otherwise what is wrong and the fix.
     pub fn of(uri: &str) -> Result<Self, String> {
-        let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or_default();
-        match scheme.split_once('+').map(|(_, t)| t) {
+        let transport = crate::uri_policy::transport(uri);
+        match transport.as_deref() {
             Some("tls") => Ok(Transport::Tls),
             Some("libssh" | "libssh2") => Ok(Transport::Ssh),
             other => Err(format!(
@@ -92,10 +92,43 @@ impl Transport {
     }
 }
 
-/// What the store remembers of one Secret: the directory holding its files now.
+/// The most the files of one Secret may hold, by default: a CA, a client
+/// certificate and key, or a private key and a `known_hosts` of a few
+/// hundred hosts fit many times over.
+pub const DEFAULT_MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// The most the files of all Secrets together may hold, by default: three
+/// quarters of the shipped Deployment's 16 MiB memory-backed scratch
+/// directory, leaving room for a Secret being replaced.
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 12 * 1024 * 1024;
+
+/// Why a Secret's credentials were not written: the message names the
+/// Secret and the fix; `retry_later` when the same Secret may fit later
+/// without anyone changing it (the directory is full of other Secrets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub message: String,
+    pub retry_later: bool,
+}
+
+impl From<String> for Refused {
+    fn from(message: String) -> Self {
+        Self { message, retry_later: false }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What the store remembers of one Secret: the directory holding its files
+/// now, and how many bytes they hold.
 #[derive(Debug, Clone)]
 struct Written {
     dir: PathBuf,
+    bytes: u64,
 }
 
 /// Credentials written as files for libvirt, per Secret; see the module docs.
@@ -104,12 +137,60 @@ pub struct CredentialStore {
     root: PathBuf,
     current: Mutex<HashMap<(String, String), Written>>,
     writes: AtomicU64,
+    max_secret_bytes: u64,
+    max_total_bytes: u64,
 }
 
 impl CredentialStore {
-    /// A store under `root` (created on first use, mode 0700).
+    /// A store under `root` (created on first use, mode 0700), with the
+    /// default bounds ([`DEFAULT_MAX_SECRET_BYTES`], [`DEFAULT_MAX_TOTAL_BYTES`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), current: Mutex::new(HashMap::new()), writes: AtomicU64::new(0) }
+        Self {
+            root: root.into(),
+            current: Mutex::new(HashMap::new()),
+            writes: AtomicU64::new(0),
+            max_secret_bytes: DEFAULT_MAX_SECRET_BYTES,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
+        }
+    }
+
+    /// Sets how many bytes the files of one Secret, and of all Secrets
+    /// together, may hold.
+    pub fn with_limits(mut self, per_secret: u64, total: u64) -> Self {
+        self.max_secret_bytes = per_secret;
+        self.max_total_bytes = total;
+        self
+    }
+
+    /// Removes what an earlier process left under `root`: the directories
+    /// of Secrets it wrote (`<namespace>/<secret>.<hash>`) and unfinished
+    /// ones (`.staging-*`), then namespace directories left empty. Nothing
+    /// else is touched. The manager calls it once at start, before any
+    /// reconcile: a container restarted in the same Pod finds the files of
+    /// its predecessor in the memory-backed directory, which would otherwise
+    /// count against the Pod's memory for ever. Returns how many
+    /// directories of Secrets were removed.
+    pub fn remove_previous(root: &Path) -> std::io::Result<usize> {
+        let mut removed = 0;
+        let Ok(namespaces) = fs::read_dir(root) else { return Ok(0) };
+        for namespace in namespaces.flatten() {
+            if !namespace.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            for entry in fs::read_dir(namespace.path())?.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let ours = name.starts_with(".staging-")
+                    || name
+                        .rsplit_once('.')
+                        .is_some_and(|(_, hash)| hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()));
+                if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    fs::remove_dir_all(entry.path())?;
+                    removed += 1;
+                }
+            }
+            let _ = fs::remove_dir(namespace.path()); // only when empty
+        }
+        Ok(removed)
     }
 
     pub fn root(&self) -> &Path {
@@ -126,14 +207,14 @@ impl CredentialStore {
         namespace: &str,
         secret: &str,
         data: &BTreeMap<String, Vec<u8>>,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refused> {
         let transport = Transport::of(uri)?;
         check_no_managed_parameters(uri)?;
         let missing: Vec<&str> =
             transport.keys().iter().map(|(k, _)| *k).filter(|k| data.get(*k).is_none_or(|v| v.is_empty())).collect();
         if !missing.is_empty() {
             let all: Vec<String> = transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect();
-            return Err(format!(
+            return Err(Refused::from(format!(
                 "Secret {namespace}/{secret} has no non-empty {}: a {} URI needs the keys {} in it; add them to the Secret",
                 missing.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", "),
                 match transport {
@@ -141,11 +222,37 @@ impl CredentialStore {
                     Transport::Ssh => "libssh",
                 },
                 all.join(", ")
-            ));
+            )));
         }
         let files: Vec<(&str, &[u8])> =
             transport.keys().iter().map(|(key, file)| (*file, data[*key].as_slice())).collect();
-        let dir = self.write(namespace, secret, &files).map_err(|e| {
+        let bytes: u64 = files.iter().map(|(_, content)| content.len() as u64).sum();
+        if bytes > self.max_secret_bytes {
+            return Err(Refused::from(format!(
+                "Secret {namespace}/{secret} holds {bytes} bytes in {}, more than the {} the manager writes for one \
+                 Secret: keep only the credentials of this host in it (a CA, a client certificate and key, or a key \
+                 and the host's known_hosts lines)",
+                transport.keys().iter().map(|(k, _)| format!("{k:?}")).collect::<Vec<_>>().join(", "),
+                self.max_secret_bytes
+            )));
+        }
+        let others: u64 = {
+            let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            current.iter().filter(|((ns, name), _)| !(ns == namespace && name == secret)).map(|(_, w)| w.bytes).sum()
+        };
+        if others + bytes > self.max_total_bytes {
+            return Err(Refused {
+                message: format!(
+                    "the credentials of Secret {namespace}/{secret} ({bytes} bytes) do not fit: the Secrets the manager \
+                 has written hold {others} bytes, and all together may hold {} (its memory-backed \
+                 --credentials-scratch-dir); remove the LibvirtClusters no longer used, or ask the operator to \
+                 raise the limit",
+                    self.max_total_bytes
+                ),
+                retry_later: true,
+            });
+        }
+        let dir = self.write(namespace, secret, &files, bytes).map_err(|e| {
             format!(
                 "cannot write the credentials of Secret {namespace}/{secret} under {}: {e}; the manager needs a writable --credentials-scratch-dir",
                 self.root.display()
@@ -204,7 +311,7 @@ impl CredentialStore {
 
     /// `<root>/<namespace>/<secret>.<hash>/` holding `files`; written only
     /// when not there yet. The previous directory of the Secret is removed.
-    fn write(&self, namespace: &str, secret: &str, files: &[(&str, &[u8])]) -> std::io::Result<PathBuf> {
+    fn write(&self, namespace: &str, secret: &str, files: &[(&str, &[u8])], bytes: u64) -> std::io::Result<PathBuf> {
         let parent = self.root.join(namespace);
         let dir = parent.join(format!("{secret}.{}", content_hash(files)));
         let key = (namespace.to_string(), secret.to_string());
@@ -236,7 +343,7 @@ impl CredentialStore {
             }
         }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = current.insert(key, Written { dir: dir.clone() })
+        if let Some(old) = current.insert(key, Written { dir: dir.clone(), bytes })
             && old.dir != dir
         {
             let _ = fs::remove_dir_all(&old.dir);
@@ -275,11 +382,11 @@ fn content_hash(files: &[(&str, &[u8])]) -> String {
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Refuses a URI that sets a file parameter the manager sets from the Secret,
+/// in any case or encoding libvirt would read (`PKIPATH=`, `%70kipath=`).
 fn check_no_managed_parameters(uri: &str) -> Result<(), String> {
-    let query = uri.split_once('?').map(|(_, q)| q).unwrap_or_default();
-    for param in query.split(['&', ';']) {
-        let name = param.split_once('=').map(|(n, _)| n).unwrap_or(param);
-        if MANAGED_PARAMETERS.contains(&name) {
+    for crate::uri_policy::Parameter { name, .. } in crate::uri_policy::parameters(uri) {
+        if MANAGED_PARAMETERS.contains(&name.as_str()) {
             return Err(format!(
                 "{uri} sets {name}= itself, and with credentialsRef the manager sets it from the Secret: \
                  use a URI without {name}= (a new LibvirtCluster, since uri cannot be changed) or remove credentialsRef"
@@ -294,7 +401,11 @@ fn uri_with_files(uri: &str, transport: Transport, dir: &Path) -> String {
     let params = match transport {
         Transport::Tls => format!("pkipath={dir}"),
         Transport::Ssh => {
-            let auth = if uri.contains("sshauth=") { "" } else { "&sshauth=privkey" };
+            let auth = if crate::uri_policy::parameters(uri).iter().any(|p| p.name == "sshauth") {
+                ""
+            } else {
+                "&sshauth=privkey"
+            };
             format!("keyfile={dir}/id&known_hosts={dir}/known_hosts{auth}")
         }
     };
@@ -384,6 +495,8 @@ mod tests {
         assert_eq!(fs::read_to_string(format!("{dir}/id")).unwrap(), "K");
         let chosen = store.apply("qemu+libssh2://root@h/system?sshauth=agent,privkey", "ns", "ssh", &data).unwrap();
         assert!(chosen.ends_with("/known_hosts") && chosen.contains("?sshauth=agent,privkey&keyfile="), "{chosen}");
+        let upper = store.apply("qemu+LIBSSH://root@h/system?SSHAuth=agent", "ns", "ssh", &data).unwrap();
+        assert!(upper.ends_with("/known_hosts") && !upper.contains("sshauth=privkey"), "the URI chose: {upper}");
         fs::remove_dir_all(root).unwrap();
     }
 
@@ -393,9 +506,14 @@ mod tests {
     #[case("qemu:///system", "uses no network transport")]
     #[case("qemu+tls://h/system?pkipath=/etc/capl/pki", "sets pkipath= itself")]
     #[case("qemu+libssh://h/system?known_hosts=/etc/capl/kh", "sets known_hosts= itself")]
+    #[case("qemu+tls://h/system?PKIPATH=/etc/capl/pki", "sets pkipath= itself")]
+    #[case("qemu+tls://h/system?%70kiPath=/etc/capl/pki", "sets pkipath= itself")]
+    #[case("qemu+libssh://h/system?a=b;KeyFile=/etc/capl/id", "sets keyfile= itself")]
+    #[case("qemu+libssh2://h/system?Known_Hosts=/etc/capl/kh", "sets known_hosts= itself")]
+    #[case("qemu+TCP://h/system", "uses the tcp transport")]
     fn uris_that_cannot_take_a_secret_are_refused(#[case] uri: &str, #[case] why: &str) {
         let store = CredentialStore::new(scratch());
-        let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err();
+        let err = store.apply(uri, "ns", "s", &tls_data()).unwrap_err().message;
         assert!(err.contains(why) && err.contains(uri), "{err}");
         assert!(err.contains("remove credentialsRef"), "{err}");
         assert!(!store.root().exists(), "nothing written");
@@ -407,12 +525,72 @@ mod tests {
         let mut data = tls_data();
         data.remove("tls.key");
         data.insert("tls.crt".into(), Vec::new());
-        let err = store.apply("qemu+tls://h/system", "ns", "s", &data).unwrap_err();
+        let err = store.apply("qemu+tls://h/system", "ns", "s", &data).unwrap_err().message;
         assert_eq!(
             err,
             "Secret ns/s has no non-empty \"tls.crt\", \"tls.key\": a qemu+tls URI needs the keys \"ca.crt\", \
              \"tls.crt\", \"tls.key\" in it; add them to the Secret"
         );
         assert!(!err.contains("CA"), "no content in messages");
+    }
+
+    /// One Secret cannot hold more than its bound, and all Secrets together
+    /// not more than theirs; each refusal names the Secret, the sizes and the
+    /// fix, and writes nothing. Replacing a Secret's content does not count
+    /// its old files.
+    #[test]
+    fn the_scratch_directory_is_bounded_per_secret_and_in_total() {
+        let root = scratch();
+        let store = CredentialStore::new(&root).with_limits(100, 250);
+        let sized = |n: usize| -> BTreeMap<String, Vec<u8>> {
+            [("ca.crt", n), ("tls.crt", 10), ("tls.key", 10)]
+                .into_iter()
+                .map(|(k, len)| (k.to_string(), vec![b'x'; len]))
+                .collect()
+        };
+        let uri = "qemu+tls://h/system";
+        let refused = store.apply(uri, "ns", "big", &sized(81)).unwrap_err();
+        assert!(!refused.retry_later, "only a change of the Secret helps");
+        let err = refused.message;
+        assert!(
+            err.starts_with("Secret ns/big holds 101 bytes in \"ca.crt\", \"tls.crt\", \"tls.key\", more than the 100"),
+            "{err}"
+        );
+        assert!(!root.join("ns").exists(), "nothing written");
+
+        store.apply(uri, "ns", "a", &sized(80)).unwrap();
+        store.apply(uri, "ns", "b", &sized(80)).unwrap();
+        let refused = store.apply(uri, "other", "c", &sized(80)).unwrap_err();
+        assert!(refused.retry_later, "fits once other Secrets are gone");
+        let err = refused.message;
+        assert!(
+            err.starts_with("the credentials of Secret other/c (100 bytes) do not fit: the Secrets the manager has written hold 200 bytes, and all together may hold 250"),
+            "{err}"
+        );
+        assert!(!root.join("other").exists(), "nothing written");
+        // A new content of a Secret replaces its old one in the count.
+        store.apply(uri, "ns", "b", &sized(79)).unwrap();
+        assert_eq!(store.forget(|_, name| name != "b"), 1);
+        store.apply(uri, "other", "c", &sized(80)).expect("fits once b is forgotten");
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    /// What an earlier process wrote is removed at start; anything else in
+    /// the directory is left alone.
+    #[test]
+    fn files_of_a_previous_process_are_removed_and_nothing_else() {
+        let root = scratch();
+        let store = CredentialStore::new(&root);
+        store.apply("qemu+tls://h/system", "ns", "s", &tls_data()).unwrap();
+        fs::create_dir_all(root.join("ns/.staging-s-1-0")).unwrap();
+        fs::create_dir_all(root.join("keep/not-ours")).unwrap();
+        fs::write(root.join("keep/file.0123456789abcdef"), "a file, not a directory").unwrap();
+        drop(store);
+
+        assert_eq!(CredentialStore::remove_previous(&root).unwrap(), 2);
+        assert!(!root.join("ns").exists(), "the emptied namespace directory is removed");
+        assert!(root.join("keep/not-ours").is_dir() && root.join("keep/file.0123456789abcdef").is_file());
+        assert_eq!(CredentialStore::remove_previous(&root.join("missing")).unwrap(), 0);
+        fs::remove_dir_all(root).unwrap();
     }
 }

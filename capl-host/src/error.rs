@@ -109,6 +109,18 @@ pub enum HostError {
     ImageUnusable { image: String, pool: String, why: String },
 
     #[error(
+        "spec.nameservers has \"{value}\", which is not an IP address: the guest's network-config takes IPv4 or IPv6 addresses only; since spec.nameservers cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that lists addresses"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    NameserverNotAnAddress { value: String },
+
+    #[error(
+        "the guest hostname \"{hostname}\" (the LibvirtMachine's name) has {length} characters, more than the {max} a Linux hostname may have: give the Machine a shorter name (for a MachineDeployment or KubeadmControlPlane, a shorter name of it or of the Cluster, since machine names are made from them)"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    HostnameTooLong { hostname: String, length: usize, max: usize },
+
+    #[error(
         "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
@@ -137,6 +149,11 @@ pub enum HostError {
 
     #[error("libvirt at {uri} refused the credentials: {}: {}", without_uri(source, uri), credentials_fix(uri))]
     AuthenticationFailed { uri: String, source: HypervisorError },
+
+    #[error("{}", crate::hypervisor::connections::threads_used_up_message(uri, what, *max))]
+    /// Every thread the manager may hold in connects or calls, over all
+    /// hosts, is taken (by hosts that do not answer): nothing was sent.
+    ThreadsUsedUp { uri: String, what: &'static str, max: usize },
 
     #[error(
         "no answer from {uri} within {within}{note}: libvirtd there accepts connections but does not answer (hung or overloaded); check it with virsh version and restart it if it hangs; the provider keeps retrying and clears this once the host answers"
@@ -234,10 +251,15 @@ impl HostError {
             | HostError::AdditionalNicUnattachable { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
-            HostError::DiskTooSmall { .. } | HostError::ImageUnusable { .. } => FailureKind::InvalidMachineSpec,
+            HostError::DiskTooSmall { .. }
+            | HostError::ImageUnusable { .. }
+            | HostError::NameserverNotAnAddress { .. }
+            | HostError::HostnameTooLong { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
-            HostError::Unreachable { .. } | HostError::NoAnswer { .. } => FailureKind::HostUnreachable,
+            HostError::Unreachable { .. } | HostError::NoAnswer { .. } | HostError::ThreadsUsedUp { .. } => {
+                FailureKind::HostUnreachable
+            }
             HostError::AuthenticationFailed { .. } => FailureKind::AuthenticationFailed,
             HostError::Libvirt { source, .. } if source.kind == ErrorKind::ConnectionLost => {
                 FailureKind::HostUnreachable
@@ -276,8 +298,13 @@ impl CallError for HostError {
         }
     }
 
+    fn threads_used_up(uri: &str, what: &'static str, max: usize) -> Self {
+        HostError::ThreadsUsedUp { uri: uri.to_string(), what, max }
+    }
+
     fn connection_lost(&self) -> bool {
-        self.kind() == FailureKind::HostUnreachable
+        // Nothing was sent: the connection, if any, is not in question.
+        self.kind() == FailureKind::HostUnreachable && !matches!(self, HostError::ThreadsUsedUp { .. })
     }
 }
 

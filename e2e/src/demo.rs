@@ -231,7 +231,7 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
          each step below has a bound",
         at()
     );
-    let kubeconfig_path = stack.work_dir.join(format!("{}.kubeconfig", crate::workload::CLUSTER));
+    let kubeconfig_path = stack.work_dir.join(format!("{}.kubeconfig", crate::workload::cluster::CLUSTER));
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     // SIGTERM (e.g. `timeout`, a CI runner) cleans up like Ctrl-C.
@@ -295,7 +295,7 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
     println!(
         "{} deleting Cluster {}: KCP and CAPI delete the Machines, the provider their VMs",
         at(),
-        crate::workload::CLUSTER
+        crate::workload::cluster::CLUSTER
     );
     let leftovers = stack.shutdown().await?;
     if !leftovers.is_empty() {
@@ -317,8 +317,8 @@ async fn narrate(stack: &Stack, ns: &str, at: impl Fn() -> String) -> std::conve
     use kube::api::{Api, ListParams};
 
     use crate::workload::client::{node_ready, workload_client};
+    use crate::workload::cluster::{domains, kubeadm_control_plane};
     use crate::workload::diagnose::{kubeadm_progress, redact};
-    use crate::workload::{domains, kubeadm_control_plane};
 
     const LOOKUP: Duration = Duration::from_secs(10);
     let client = stack.client();

@@ -34,6 +34,13 @@ pub fn repo_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
+/// A binary of the workspace in the target directory this process runs
+/// from (`target/debug/` for `capl-e2e`, `target/debug/deps/..` for tests).
+pub fn built_binary(name: &str) -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)).find(|path| path.is_file())
+}
+
 /// Runs `f`, which blocks (kind, kubectl, testcontainers' own runtime), from
 /// async code: on a worker of a multi-threaded runtime the worker leaves the
 /// runtime for it (`block_in_place`), elsewhere `f` just runs.

@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use capl::controller::{self, Context, Settings, metrics::Metrics};
 use capl_host::domain_xml::DomainTypePreference;
-use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
+use capl_host::hypervisor::connections::{
+    Connections, DEFAULT_MAX_CALL_THREADS, DEFAULT_MAX_CALLS_PER_HOST, DEFAULT_MAX_CONNECT_THREADS,
+};
 use capl_host::uri_policy::UriPolicy;
 use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
@@ -80,6 +82,19 @@ struct Flags {
     /// How long opening a libvirt connection may take before callers are told the host does not answer.
     #[arg(long, value_parser = parse_timeout, default_value = "15s")]
     libvirt_connect_timeout: Duration,
+    /// libvirt connects that may run at once over all hosts (a host that
+    /// accepts and never answers holds one until it closes the connection).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECT_THREADS)]
+    max_connect_threads: usize,
+    /// libvirt calls that may run at once over all hosts, counting calls given
+    /// up on that have not returned.
+    #[arg(long, default_value_t = DEFAULT_MAX_CALL_THREADS)]
+    max_call_threads: usize,
+    /// Threads that run reconciles and serve the probes (tokio's workers). Set
+    /// explicitly: tokio would otherwise start as many as the CPU limit
+    /// allows, one under the shipped 500m limit.
+    #[arg(long, default_value_t = 4)]
+    runtime_workers: usize,
     /// How often a running, healthy machine is looked at on its host without a
     /// reason: its domain's lifecycle events bring it back at once; this only
     /// covers events that were lost. E.g. 10m, 1h.
@@ -149,21 +164,49 @@ async fn serve(addr: SocketAddr, router: Router) -> Result<()> {
     Ok(())
 }
 
+/// Whether the manager can still make progress: host calls, credential
+/// writes and the event loop's work all run on tokio's blocking pool, so a
+/// pool whose every thread is stuck stops them all. `Err` says so when no
+/// thread picked up a no-op within `within`.
+async fn blocking_pool_answers(within: Duration) -> Result<(), String> {
+    match tokio::time::timeout(within, tokio::task::spawn_blocking(|| ())).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("the blocking pool failed a no-op: {e}")),
+        Err(_) => Err(format!(
+            "no thread of the blocking pool ran a no-op within {} s: every thread is stuck, and host calls cannot run",
+            within.as_secs_f64()
+        )),
+    }
+}
+
 /// How long the process waits, after the controllers stopped, for work still
 /// on the blocking pool (libvirt calls) before it exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
 
+/// tokio's blocking pool: libvirt calls and connects (bounded well below it
+/// by --max-connect-threads and --max-call-threads), file writes of
+/// credentials, and the liveness probe's own check.
+const BLOCKING_THREADS: usize = 512;
+
+/// How long /healthz waits for a thread of the blocking pool.
+const HEALTH_PROBE_WAIT: Duration = Duration::from_secs(5);
+
 fn main() -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let result = runtime.block_on(run());
+    let flags = Flags::parse();
+    anyhow::ensure!(flags.runtime_workers > 0, "--runtime-workers must be at least 1");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(flags.runtime_workers)
+        .max_blocking_threads(BLOCKING_THREADS)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(run(flags));
     // Dropping the runtime would wait for every blocking task without bound;
     // a libvirt call stuck on a dead host must not keep the Pod terminating.
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     result
 }
 
-async fn run() -> Result<()> {
-    let flags = Flags::parse();
+async fn run(flags: Flags) -> Result<()> {
     init_logging(flags.log_format);
     let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
 
@@ -190,9 +233,22 @@ async fn run() -> Result<()> {
     let metrics = Metrics::default();
     let connector = Arc::new(capl::counted_host::CountingConnector::new(connector, metrics.clone()));
     anyhow::ensure!(flags.max_calls_per_host > 0, "--max-calls-per-host must be at least 1");
+    anyhow::ensure!(
+        flags.max_connect_threads > 0 && flags.max_call_threads > 0,
+        "--max-connect-threads and --max-call-threads must be at least 1"
+    );
+    anyhow::ensure!(
+        flags.max_connect_threads + flags.max_call_threads <= BLOCKING_THREADS / 2,
+        "--max-connect-threads {} and --max-call-threads {} add up to more than {}, half of the blocking pool: \
+         hosts that do not answer could then starve the manager's other work; lower them",
+        flags.max_connect_threads,
+        flags.max_call_threads,
+        BLOCKING_THREADS / 2
+    );
     let connections = Arc::new(
         Connections::new(connector, flags.max_calls_per_host)
-            .with_timeouts(flags.libvirt_call_timeout, flags.libvirt_connect_timeout),
+            .with_timeouts(flags.libvirt_call_timeout, flags.libvirt_connect_timeout)
+            .with_thread_limits(flags.max_connect_threads, flags.max_call_threads),
     );
 
     let client =
@@ -205,6 +261,15 @@ async fn run() -> Result<()> {
             flags.credentials_scratch_dir.display(),
             dir.display()
         );
+    }
+    match capl_host::credentials::CredentialStore::remove_previous(&flags.credentials_scratch_dir) {
+        Ok(0) => {}
+        Ok(removed) => {
+            tracing::info!(removed, dir = %flags.credentials_scratch_dir.display(), "removed credentials an earlier process wrote")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %flags.credentials_scratch_dir.display(), "cannot remove credentials an earlier process wrote")
+        }
     }
     let settings = Settings {
         namespace: watched_namespace(&flags.namespace),
@@ -250,7 +315,15 @@ async fn run() -> Result<()> {
     }
     if let Some(addr) = parse_addr(&flags.health_probe_bind_address)? {
         let router = Router::new()
-            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/healthz",
+                get(|| async {
+                    match blocking_pool_answers(HEALTH_PROBE_WAIT).await {
+                        Ok(()) => (StatusCode::OK, "ok".to_string()),
+                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }),
+            )
             .route(
                 "/readyz",
                 get(|State(p): State<Probe>| async move {
@@ -431,6 +504,49 @@ mod tests {
         assert!(parse_timeout("30").unwrap_err().contains("no unit"));
         assert!(parse_timeout("0s").unwrap_err().contains("above zero"));
         assert!(parse_timeout("soon").is_err());
+    }
+
+    /// /healthz fails once every blocking thread is stuck (as libvirt calls
+    /// on hosts that never answer would leave them), and passes again when
+    /// one returns.
+    #[test]
+    fn the_liveness_check_fails_while_every_blocking_thread_is_stuck() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let within = Duration::from_millis(300);
+            assert_eq!(blocking_pool_answers(within).await, Ok(()));
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let held = Arc::new(std::sync::Mutex::new(held));
+            let stuck: Vec<_> = (0..2)
+                .map(|_| {
+                    let held = held.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let _ = held.lock().unwrap().recv();
+                    })
+                })
+                .collect();
+            let why = blocking_pool_answers(within).await.unwrap_err();
+            assert!(why.contains("every thread is stuck"), "{why}");
+            release.send(()).unwrap();
+            release.send(()).unwrap();
+            for task in stuck {
+                task.await.unwrap();
+            }
+            assert_eq!(blocking_pool_answers(within).await, Ok(()));
+        });
+    }
+
+    #[test]
+    fn the_default_thread_limits_are_the_connection_layer_defaults() {
+        let flags = Flags::parse_from(["cluster-api-provider-libvirt"]);
+        assert_eq!(flags.max_connect_threads, DEFAULT_MAX_CONNECT_THREADS);
+        assert_eq!(flags.max_call_threads, DEFAULT_MAX_CALL_THREADS);
+        assert!(flags.max_connect_threads + flags.max_call_threads <= BLOCKING_THREADS / 2);
     }
 
     #[test]

@@ -22,6 +22,12 @@ pub const PROVIDER_LABEL: (&str, &str) = ("cluster.x-k8s.io/provider", "infrastr
 pub const DEFAULT_IMAGE: &str = "controller:latest";
 /// Port of the Prometheus metrics endpoint.
 pub const METRICS_PORT: i32 = 8080;
+/// The size of the memory-backed directory the manager writes credentials
+/// into; the manager's own bound over all Secrets
+/// ([`capl_host::credentials::DEFAULT_MAX_TOTAL_BYTES`]) stays below it.
+pub const CREDENTIALS_SIZE_LIMIT_MIB: u64 = 16;
+const _: () = assert!(capl_host::credentials::DEFAULT_MAX_TOTAL_BYTES < CREDENTIALS_SIZE_LIMIT_MIB * 1024 * 1024);
+
 /// Port of /healthz and /readyz.
 pub const HEALTH_PORT: i32 = 8081;
 
@@ -444,7 +450,10 @@ fn deployment(settings: &DeploymentSettings) -> Value {
                             "capabilities": { "drop": ["ALL"] }
                         }
                     }],
-                    "volumes": [{ "name": "credentials", "emptyDir": { "medium": "Memory", "sizeLimit": "16Mi" } }]
+                    "volumes": [{
+                        "name": "credentials",
+                        "emptyDir": { "medium": "Memory", "sizeLimit": format!("{CREDENTIALS_SIZE_LIMIT_MIB}Mi") }
+                    }]
                 }
             }
         }

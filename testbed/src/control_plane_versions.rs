@@ -36,9 +36,9 @@ pub const CERT_MANAGER_VERSION: &str = "v1.21.1";
 pub const NODE_TEST_IMAGE: &str = "capl.local/busybox:1.35";
 
 /// Environment variable: a directory in envtest layout (`kube-apiserver`, `etcd`, `kubectl`).
-pub const KUBEBUILDER_ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
+pub const KUBEBUILDER_ASSETS_ENV: &str = crate::env::KUBEBUILDER_ASSETS;
 /// Environment variable overriding the cache directory of the built control plane.
-pub const CONTROL_PLANE_DIR_ENV: &str = "CAPL_CONTROL_PLANE_DIR";
+pub const CONTROL_PLANE_DIR_ENV: &str = crate::env::CONTROL_PLANE_DIR;
 
 /// File names inside the control-plane directory.
 pub const KUBE_APISERVER_BIN: &str = "kube-apiserver";

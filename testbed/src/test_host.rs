@@ -2,8 +2,8 @@
 //! tests, the e2e harness and the demo expect of it.
 //!
 //! This file is the single source of these facts for every side: `cargo xtask
-//! host`, the provider's integration tests and the `e2e` crate. Changing a
-//! name here changes it everywhere.
+//! host`, the integration tests of capl-host and of the provider, and the
+//! `e2e` crate. Changing a name here changes it everywhere.
 //!
 //! The host is a private libvirtd with:
 //! - the NAT network [`NETWORK`] on the bridge [`BRIDGE`], subnet
@@ -44,7 +44,7 @@ pub const TLS_CA_KEY: &str = "/var/lib/capl-libvirt/pki/cakey.pem";
 pub const TLS_CA_NAME: &str = "capl-test-libvirt-ca";
 
 /// The environment variable that names the test libvirtd's URI.
-pub const URI_ENV: &str = "CAPL_TEST_LIBVIRT_URI";
+pub const URI_ENV: &str = crate::env::TEST_LIBVIRT_URI;
 /// Runtime files of the private daemon: sockets, pid files, the URI file.
 pub const RUN_DIR: &str = "/run/capl-libvirt";
 /// The file `cargo xtask host up` writes the URI to.

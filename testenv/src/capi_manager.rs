@@ -22,15 +22,43 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow};
+use capl_testbed::wait::{self, Bound, Check};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::free_port::free_loopback_ports;
 use crate::supervised_process::SupervisedProcess;
 use crate::webhooks::Registration;
 use crate::{Assets, TestEnv};
+
+impl TestEnv {
+    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs),
+    /// with its webhooks registered. The same as `start_capi(CapiOptions::new())`.
+    pub async fn start_capi_manager(&self) -> Result<CapiManager> {
+        self.start_capi(CapiOptions::new()).await
+    }
+
+    /// Installs CAPI's CRDs (core and kubeadm providers) and starts the managers `options`
+    /// asks for, each with its webhooks served and registered with this API server; returns
+    /// once every manager is ready and the API server calls its webhooks. See [`CapiManager`].
+    ///
+    /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
+    /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
+    /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
+    /// With [`CapiOptions::with_ipam_in_cluster`] the in-cluster IPAM provider's CRDs are
+    /// installed too and its manager runs beside them (without webhooks), so IPAddressClaims
+    /// on its pools get IPAddresses.
+    pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
+        self.install_capi_crds().await?;
+        if options.ipam_in_cluster() {
+            // Before the manager starts: it watches the pools from the start.
+            self.install_ipam_crds().await?;
+        }
+        CapiManager::start(self, &options).await
+    }
+}
 
 /// How long a manager may take to answer its readiness probe.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -329,26 +357,28 @@ impl ManagerProcess {
     }
 
     async fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
+        let bound = Bound::new(READY_TIMEOUT, Duration::from_millis(250));
+        let outcome = wait::until(bound, || async {
             self.process.ensure_running()?;
-            let last = match http_get_status(self.health_port, "/readyz").await {
-                Ok(200) => return Ok(()),
-                Ok(status) => format!("HTTP {status}"),
-                Err(err) => format!("{err:#}"),
-            };
-            if Instant::now() > deadline {
-                bail!(
+            Ok::<_, anyhow::Error>(match http_get_status(self.health_port, "/readyz").await {
+                Ok(200) => Check::Done(()),
+                Ok(status) => Check::Pending(format!("HTTP {status}")),
+                Err(err) => Check::Pending(format!("{err:#}")),
+            })
+        })
+        .await;
+        outcome.map_err(|stop| {
+            stop.into_error(|last| {
+                anyhow!(
                     "{} was not ready on 127.0.0.1:{}/readyz within {READY_TIMEOUT:?} (last: {last}); \
                      last lines of {}:\n{}",
                     self.name,
                     self.health_port,
                     self.process.log_path().display(),
                     self.process.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+                )
+            })
+        })
     }
 }
 

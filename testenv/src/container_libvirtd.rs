@@ -21,10 +21,12 @@
 //!
 //! The container is removed when the [`ContainerLibvirtd`] is dropped.
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use capl_testbed::wait::{self, Bound};
 use testcontainers::core::Mount;
 use testcontainers::runners::SyncRunner;
 use testcontainers::{Container, GenericImage, ImageExt};
@@ -120,7 +122,7 @@ impl ContainerLibvirtd {
         request = request.with_mount(Mount::bind_mount(libvirt_dir.display().to_string(), "/run/libvirt"));
         if options.tls {
             request = request
-                .with_env_var("CAPL_LIBVIRTD_TLS_DIR", "/capl-pki")
+                .with_env_var(capl_testbed::env::LIBVIRTD_TLS_DIR, "/capl-pki")
                 .with_mount(Mount::bind_mount(pki_dir.display().to_string(), "/capl-pki"));
         }
         if let Some(dir) = &options.console_dir {
@@ -232,17 +234,10 @@ fn image() -> Result<String, String> {
 }
 
 fn wait_for_socket(socket: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + SOCKET_LIMIT;
-    loop {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the containerized libvirtd did not listen on {} within {SOCKET_LIMIT:?}",
-                socket.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let bound = Bound::new(SOCKET_LIMIT, Duration::from_millis(200));
+    let outcome =
+        wait::blocking(bound, || Ok::<_, Infallible>(std::os::unix::net::UnixStream::connect(socket).is_ok().into()));
+    outcome.map_err(|_| {
+        format!("the containerized libvirtd did not listen on {} within {SOCKET_LIMIT:?}", socket.display())
+    })
 }

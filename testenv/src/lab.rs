@@ -13,15 +13,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-
-/// The private QEMU driver config: the same as the test host's (`cargo xtask host up`),
-/// for the same reasons (root, because the default user makes libvirtd re-probe QEMU on
-/// every call where `/dev/kvm` exists but cannot run guests; no labelling, no per-VM mount
-/// namespace, the daemon has one of its own).
-const QEMU_CONF: &str = "user = \"root\"\ngroup = \"root\"\nsecurity_driver = \"none\"\nnamespaces = [ ]\n";
+use capl_testbed::private_libvirtd::{self, Dirs, LIBVIRTD_CONF_BASE, UNIX_ONLY_ARGS};
 
 /// How long a started daemon may take to answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -38,11 +33,13 @@ fn run(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// One more private libvirtd: `unshare --mount` with directories under [`Self::dir`]
-/// bind-mounted over libvirt's five system directories, as `cargo xtask host up` does for
-/// the test host. Dropping it destroys its domains, stops it and removes the directory.
+/// One more private libvirtd, started by the launcher of `cargo xtask host up`'s test host
+/// ([`private_libvirtd`]) with directories under [`Self::dir`] bind-mounted over libvirt's
+/// system directories, on its unix sockets only. Dropping it destroys its domains, stops
+/// it and removes the directory.
 pub struct ExtraLibvirtd {
     dir: PathBuf,
+    daemon: Dirs,
     uri: String,
 }
 
@@ -52,42 +49,10 @@ impl ExtraLibvirtd {
     pub fn start(name: &str) -> Result<Self> {
         let dir = PathBuf::from("/var/lib/capl-libvirt-lab").join(format!("{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let daemon = Self { uri: format!("qemu+unix:///system?socket={}/run/libvirt-sock", dir.display()), dir };
-        let binds = daemon.binds();
-        for (ours, system) in &binds {
-            fs::create_dir_all(ours).with_context(|| format!("creating {}", ours.display()))?;
-            fs::create_dir_all(system).with_context(|| format!("creating the mount point {system}"))?;
-        }
-        let etc = daemon.dir.join("etc");
-        let libvirtd_conf = "unix_sock_group = \"root\"\nunix_sock_ro_perms = \"0700\"\nunix_sock_rw_perms = \"0700\"\n\
-             unix_sock_admin_perms = \"0700\"\nauth_unix_ro = \"none\"\nauth_unix_rw = \"none\"\n\
-             log_outputs = \"3:file:/var/log/libvirt/libvirtd.log\"\n";
-        for (file, text) in [
-            ("libvirtd.conf", libvirtd_conf),
-            ("qemu.conf", QEMU_CONF),
-            ("virtlogd.conf", "log_outputs = \"3:file:/var/log/libvirt/virtlogd.log\"\n"),
-        ] {
-            fs::write(etc.join(file), text).with_context(|| format!("writing {}", etc.join(file).display()))?;
-        }
-        let mut script = String::from("set -e\n");
-        for (ours, system) in &binds {
-            script.push_str(&format!("mount --bind '{}' '{system}'\n", ours.display()));
-        }
-        script.push_str("virtlogd -d -f /etc/libvirt/virtlogd.conf -p /run/libvirt/virtlogd.pid\n");
-        script.push_str("libvirtd -d -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid\n");
-        run("unshare", &["--mount", "--propagation", "private", "sh", "-c", &script])
-            .context("starting virtlogd and libvirtd in a private mount namespace (as root)")?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while daemon.virsh(&["version"]).is_err() {
-            if Instant::now() > deadline {
-                bail!(
-                    "the lab libvirtd {name} did not answer on {} within {READY_TIMEOUT:?}; see {}/log/libvirtd.log",
-                    daemon.uri,
-                    daemon.dir.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let daemon_dirs = Dirs::under(&dir);
+        let daemon = Self { uri: daemon_dirs.uri(), daemon: daemon_dirs, dir };
+        private_libvirtd::start(&daemon.daemon, LIBVIRTD_CONF_BASE, &UNIX_ONLY_ARGS)?;
+        private_libvirtd::wait_until_answering(&daemon.daemon, &format!("the lab libvirtd {name}"), READY_TIMEOUT)?;
         Ok(daemon)
     }
 
@@ -130,23 +95,6 @@ impl ExtraLibvirtd {
         all.extend_from_slice(args);
         run("virsh", &all)
     }
-
-    /// (our directory, the system path it hides inside the daemon's mount namespace)
-    fn binds(&self) -> [(PathBuf, &'static str); 5] {
-        [
-            (self.dir.join("etc"), "/etc/libvirt"),
-            (self.dir.join("run"), "/run/libvirt"),
-            (self.dir.join("lib"), "/var/lib/libvirt"),
-            (self.dir.join("cache"), "/var/cache/libvirt"),
-            (self.dir.join("log"), "/var/log/libvirt"),
-        ]
-    }
-
-    /// The pid in `run/<file>` if that process is alive.
-    fn pid(&self, file: &str) -> Option<i32> {
-        let pid: i32 = fs::read_to_string(self.dir.join("run").join(file)).ok()?.trim().parse().ok()?;
-        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-    }
 }
 
 impl Drop for ExtraLibvirtd {
@@ -156,16 +104,7 @@ impl Drop for ExtraLibvirtd {
                 let _ = self.virsh(&["destroy", domain]);
             }
         }
-        for file in ["libvirtd.pid", "virtlogd.pid"] {
-            if let Some(pid) = self.pid(file) {
-                // SAFETY: kill(2) on a pid read from the daemon's own pid file.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while self.pid(file) == Some(pid) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
+        let _ = private_libvirtd::stop(&self.daemon);
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

@@ -61,6 +61,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use capl_testbed::wait::{self, Bound, Check};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -390,31 +391,6 @@ impl TestEnv {
         Ok(name)
     }
 
-    /// Starts the CAPI core manager against this API server (after installing CAPI's CRDs),
-    /// with its webhooks registered. The same as `start_capi(CapiOptions::new())`.
-    pub async fn start_capi_manager(&self) -> Result<CapiManager> {
-        self.start_capi(CapiOptions::new()).await
-    }
-
-    /// Installs CAPI's CRDs (core and kubeadm providers) and starts the managers `options`
-    /// asks for, each with its webhooks served and registered with this API server; returns
-    /// once every manager is ready and the API server calls its webhooks. See [`CapiManager`].
-    ///
-    /// With [`CapiOptions::with_kubeadm_providers`] the kubeadm bootstrap (CABPK) and control
-    /// plane (KCP) managers run beside the core manager, so KubeadmControlPlane and
-    /// KubeadmConfig objects are defaulted, validated and reconciled as in a real cluster.
-    /// With [`CapiOptions::with_ipam_in_cluster`] the in-cluster IPAM provider's CRDs are
-    /// installed too and its manager runs beside them (without webhooks), so IPAddressClaims
-    /// on its pools get IPAddresses.
-    pub async fn start_capi(&self, options: CapiOptions) -> Result<CapiManager> {
-        self.install_capi_crds().await?;
-        if options.ipam_in_cluster() {
-            // Before the manager starts: it watches the pools from the start.
-            self.install_ipam_crds().await?;
-        }
-        CapiManager::start(self, &options).await
-    }
-
     /// Kills kube-apiserver and etcd and removes the temporary directory. Idempotent.
     fn stop(&self) {
         self.apiserver.kill();
@@ -431,21 +407,21 @@ impl Drop for TestEnv {
 
 /// Waits until `process` accepts TCP connections on 127.0.0.1:`port`.
 async fn wait_for_tcp(process: &SupervisedProcess, port: u16, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let bound = Bound::new(timeout, Duration::from_millis(100));
+    let outcome = wait::until(bound, || async {
         process.ensure_running()?;
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
+        Ok::<_, anyhow::Error>(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok().into())
+    })
+    .await;
+    outcome.map_err(|stop| {
+        stop.into_error(|_| {
+            anyhow!(
                 "{} did not listen on 127.0.0.1:{port} within {timeout:?}; last lines of its log:\n{}",
                 process.log_path().display(),
                 process.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            )
+        })
+    })
 }
 
 /// Polls `GET /readyz` until it answers `ok`.
@@ -456,25 +432,27 @@ async fn wait_for_readyz(
     timeout: Duration,
 ) -> Result<()> {
     let client = Client::try_from(config.clone()).context("building a kube client from the generated kubeconfig")?;
-    let deadline = Instant::now() + timeout;
-    loop {
+    let bound = Bound::new(timeout, Duration::from_millis(250));
+    let outcome = wait::until(bound, || async {
         etcd.ensure_running()?;
         apiserver.ensure_running()?;
         let request = http::Request::get("/readyz").body(Vec::new())?;
-        let last_error = match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            Ok(body) => format!("/readyz answered {body:?}"),
-            Err(err) => err.to_string(),
-        };
-        if Instant::now() > deadline {
-            bail!(
+        Ok::<_, anyhow::Error>(match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => Check::Done(()),
+            Ok(body) => Check::Pending(format!("/readyz answered {body:?}")),
+            Err(err) => Check::Pending(err.to_string()),
+        })
+    })
+    .await;
+    outcome.map_err(|stop| {
+        stop.into_error(|last_error| {
+            anyhow!(
                 "kube-apiserver was not ready within {timeout:?} (last: {last_error}); last lines of {}:\n{}",
                 apiserver.log_path().display(),
                 apiserver.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            )
+        })
+    })
 }
 
 /// The contract labels CAPI's kustomize configuration puts on the kubeadm bootstrap and

@@ -3,11 +3,13 @@
 //! in-cluster Service) is rewritten so that each webhook calls
 //! `https://127.0.0.1:<port>/<path>` and trusts the test control plane's CA.
 
+use std::convert::Infallible;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use capl_testbed::wait::{self, Bound, Check, Stop};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -250,18 +252,19 @@ async fn wait_until_called(client: &Client, name: &str) -> Result<()> {
         ..Default::default()
     };
     let dry_run = PostParams { dry_run: true, ..Default::default() };
-    let deadline = Instant::now() + REGISTERED_TIMEOUT;
-    loop {
-        let last = match config_maps.create(&dry_run, &probe).await {
-            Err(kube::Error::Api(status)) if status.message.contains(&webhook) => return Ok(()),
-            Err(err) => format!("{err}"),
-            Ok(_) => "the dry-run create was admitted without calling it".to_owned(),
-        };
-        if Instant::now() > deadline {
-            bail!("the API server did not call webhook {webhook} within {REGISTERED_TIMEOUT:?} (last: {last})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let bound = Bound::new(REGISTERED_TIMEOUT, Duration::from_millis(100));
+    let outcome = wait::until(bound, || async {
+        Ok::<_, Infallible>(match config_maps.create(&dry_run, &probe).await {
+            Err(kube::Error::Api(status)) if status.message.contains(&webhook) => Check::Done(()),
+            Err(err) => Check::Pending(format!("{err}")),
+            Ok(_) => Check::Pending("the dry-run create was admitted without calling it".to_owned()),
+        })
+    })
+    .await;
+    if let Err(Stop::TimedOut(last)) = outcome {
+        bail!("the API server did not call webhook {webhook} within {REGISTERED_TIMEOUT:?} (last: {last})");
     }
+    Ok(())
 }
 
 #[cfg(test)]

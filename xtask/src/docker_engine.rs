@@ -85,7 +85,7 @@ pub fn answers(sh: &Shell) -> bool {
 
 /// The pid of the dockerd that `up` started, while it runs.
 fn ours() -> Option<u32> {
-    crate::libvirt_host::live_pid(Path::new(PID_FILE), "dockerd")
+    capl_testbed::private_libvirtd::live_pid(Path::new(PID_FILE), "dockerd")
 }
 
 /// An engine that answers: the one there is, or dockerd started here.
@@ -107,7 +107,7 @@ pub fn up() -> Result<Engine> {
     install_if_missing(&sh)?;
     let libvirt_before = forward_jumps_to_libvirt(&sh);
     fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
-    let driver = std::env::var("CAPL_DOCKERD_STORAGE_DRIVER").unwrap_or_else(|_| "vfs".into());
+    let driver = std::env::var(capl_testbed::env::DOCKERD_STORAGE_DRIVER).unwrap_or_else(|_| "vfs".into());
     // A session of its own: dockerd outlives this command and no terminal signal reaches it.
     let script =
         format!("setsid dockerd --storage-driver {driver} --pidfile {PID_FILE} > {LOG_FILE} 2>&1 < /dev/null &");

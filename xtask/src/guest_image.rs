@@ -43,7 +43,7 @@ use crate::short_hash;
 /// The file name of the image inside its cache directory.
 pub const IMAGE_FILE: &str = "base.qcow2";
 /// The environment variable that overrides the cache root (tests, CI).
-pub const CACHE_ENV: &str = "CAPL_GUEST_CACHE_DIR";
+pub const CACHE_ENV: &str = capl_testbed::env::GUEST_CACHE_DIR;
 
 /// Modules the guest needs, by name; each is loaded with its dependencies
 /// unless the kernel has it built in.

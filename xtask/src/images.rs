@@ -7,10 +7,11 @@
 //! `hack/libvirtd-image/rootfs.sh` makes a Debian bookworm root filesystem
 //! with mmdebstrap (libvirt and QEMU from bookworm-backports, the versions the
 //! private host daemon runs), with the configuration and start script of
-//! `hack/libvirtd-image`, and `docker import` turns it into
-//! [`LIBVIRTD_IMAGE_NAME`]`:<key>`, where the key hashes every file of that
-//! directory: a change rebuilds it, and an image already in the engine is
-//! reused. The tests start it with testcontainers
+//! `hack/libvirtd-image` and the `qemu.conf` of every private libvirtd
+//! ([`private_libvirtd::QEMU_CONF`]), and `docker import` turns it into
+//! [`LIBVIRTD_IMAGE_NAME`]`:<key>`, where the key hashes that `qemu.conf` and
+//! every file of that directory: a change rebuilds it, and an image already in
+//! the engine is reused. The tests start it with testcontainers
 //! (`testenv::container_libvirtd`).
 //!
 //! # The manager image, offline
@@ -34,6 +35,7 @@ use xshell::{Shell, cmd};
 use crate::{docker_engine, repo_root, short_hash, target_dir};
 
 use capl_testbed::control_plane_versions as versions;
+use capl_testbed::private_libvirtd;
 use versions::{CAPI_RELEASE_REGISTRY, CAPI_VERSION};
 
 /// The repository (name) of the containerized libvirtd image; its tag is the key of its inputs.
@@ -51,7 +53,7 @@ pub fn libvirtd_image_command() -> Result<()> {
 /// The containerized libvirtd's image, built unless the engine has it (needs an engine).
 pub fn libvirtd_image() -> Result<String> {
     let hack = repo_root().join("hack/libvirtd-image");
-    let image = format!("{LIBVIRTD_IMAGE_NAME}:{}", dir_key(&hack, &[])?);
+    let image = format!("{LIBVIRTD_IMAGE_NAME}:{}", dir_key(&hack, &[private_libvirtd::QEMU_CONF])?);
     let sh = Shell::new()?;
     if image_exists(&sh, &image) {
         eprintln!("libvirtd-image: {image} is in the engine");
@@ -62,9 +64,11 @@ pub fn libvirtd_image() -> Result<String> {
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let tar = work.join("rootfs.tar");
     let log = work.join("mmdebstrap.log");
+    let qemu_conf = work.join("qemu.conf");
+    fs::write(&qemu_conf, private_libvirtd::QEMU_CONF).with_context(|| format!("writing {}", qemu_conf.display()))?;
     let script = hack.join("rootfs.sh");
     eprintln!("libvirtd-image: building {image} with mmdebstrap (log {})", log.display());
-    let out = cmd!(sh, "sh {script} {hack} {tar}").quiet().ignore_status().output()?;
+    let out = cmd!(sh, "sh {script} {hack} {qemu_conf} {tar}").quiet().ignore_status().output()?;
     fs::write(&log, [out.stdout.as_slice(), out.stderr.as_slice()].concat())?;
     if !out.status.success() {
         let text = String::from_utf8_lossy(&out.stderr);

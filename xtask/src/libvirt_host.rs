@@ -15,19 +15,18 @@
 //!
 //! # How the daemon is kept private
 //!
-//! A root libvirtd reads `/etc/libvirt/qemu.conf` and keeps its state in
-//! `/run/libvirt`, `/var/lib/libvirt`, `/var/cache/libvirt` and
-//! `/var/log/libvirt`; no option moves the driver directories. So `virtlogd`
-//! and `libvirtd` run in a private mount namespace (`unshare --mount
-//! --propagation private`) in which directories of ours are bind-mounted over
-//! those five: the system's files are untouched and invisible to it, and its
-//! sockets appear outside at [`RUN_DIR`]`/run/libvirt-sock`. Clients use
+//! [`capl_testbed::private_libvirtd`] starts and stops it: `virtlogd` and
+//! `libvirtd` in a private mount namespace in which directories under
+//! [`STATE_DIR`] and [`RUN_DIR`] are bind-mounted over libvirt's system
+//! directories, so the system's files are untouched and invisible to it, and
+//! its sockets appear outside at [`RUN_DIR`]`/run/libvirt-sock`. Clients use
 //! `qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock`.
 //!
-//! The private `qemu.conf` sets `user = "root"` and `group = "root"`: on
-//! machines where `/dev/kvm` exists but cannot run guests, the default
-//! `libvirt-qemu` user makes libvirtd re-probe QEMU on every call (see
-//! `shared/libvirt-on-these-machines.md`), and every call takes ~50 s.
+//! Its `qemu.conf` (the one of every private libvirtd) sets `user = "root"`
+//! and `group = "root"`: on machines where `/dev/kvm` exists but cannot run
+//! guests, the default `libvirt-qemu` user makes libvirtd re-probe QEMU on
+//! every call (see `shared/libvirt-on-these-machines.md`), and every call
+//! takes ~50 s.
 //!
 //! # The TLS listener
 //!
@@ -56,12 +55,12 @@ use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
 pub use capl_testbed::test_host::{
-    BASE_POOL, BRIDGE, DISK_POOL, LIBVIRTD_ARGS, LIBVIRTD_PID_FILE, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR,
-    SUBNET_PREFIX, TLS_CA_CERT, TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, VIRTLOGD_PID_FILE, network_xml,
-    pool_xml, tls_uri,
+    BASE_POOL, BRIDGE, DISK_POOL, LIBVIRTD_ARGS, NETWORK, PKI_DIR, RUN_DIR, STATE_DIR, SUBNET_PREFIX, TLS_CA_CERT,
+    TLS_CA_KEY, TLS_CA_NAME, TLS_PORT, URI_ENV, URI_FILE, network_xml, pool_xml, tls_uri,
 };
 
 use capl_testbed::certificates::Pki;
+use capl_testbed::private_libvirtd::{self, Dirs, LIBVIRTD_CONF_BASE, live_pid};
 
 /// A domain define slower than this means the daemon re-probes QEMU on every
 /// call (the trap above): `up` fails instead of handing out a crawling host.
@@ -337,13 +336,10 @@ fn deb822_main_stanza(text: &str, codename: &str) -> Option<(String, String)> {
 
 // --- the private daemon -------------------------------------------------------
 
-/// The private daemon's directories, outside the namespace.
+/// The private daemon's directories, outside the namespace: those the
+/// launcher bind-mounts, the pools and the PKI.
 struct Layout {
-    run: PathBuf,
-    etc: PathBuf,
-    lib: PathBuf,
-    cache: PathBuf,
-    log: PathBuf,
+    daemon: Dirs,
     pools: PathBuf,
     pki: PathBuf,
 }
@@ -351,63 +347,38 @@ struct Layout {
 fn layout() -> Layout {
     let state = Path::new(STATE_DIR);
     Layout {
-        run: Path::new(RUN_DIR).join("run"),
-        etc: state.join("etc"),
-        lib: state.join("lib"),
-        cache: state.join("cache"),
-        log: state.join("log"),
+        daemon: Dirs {
+            etc: state.join("etc"),
+            run: Path::new(RUN_DIR).join("run"),
+            lib: state.join("lib"),
+            cache: state.join("cache"),
+            log: state.join("log"),
+        },
         pools: state.join("pools"),
         pki: PathBuf::from(PKI_DIR),
     }
 }
 
 impl Layout {
-    /// (our directory, the system path it hides inside the namespace)
-    fn binds(&self) -> [(&Path, &str); 5] {
-        [
-            (&self.etc, "/etc/libvirt"),
-            (&self.run, "/run/libvirt"),
-            (&self.lib, "/var/lib/libvirt"),
-            (&self.cache, "/var/cache/libvirt"),
-            (&self.log, "/var/log/libvirt"),
-        ]
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.run.join("libvirt-sock")
-    }
-
     /// The `pkipath` directory of `up`'s own client certificate.
     fn client_pki(&self) -> PathBuf {
         self.pki.join("client")
-    }
-
-    fn libvirtd_pid_file(&self) -> PathBuf {
-        PathBuf::from(LIBVIRTD_PID_FILE)
-    }
-
-    fn virtlogd_pid_file(&self) -> PathBuf {
-        PathBuf::from(VIRTLOGD_PID_FILE)
     }
 }
 
 /// The URI of the private daemon.
 pub fn uri() -> String {
-    format!("qemu+unix:///system?socket={}", layout().socket().display())
+    layout().daemon.uri()
 }
 
+/// The launcher's [`LIBVIRTD_CONF_BASE`] (root-only unix sockets, the log)
+/// and the TLS listener.
 fn libvirtd_conf(lay: &Layout) -> String {
     let pki = &lay.pki;
     format!(
         r#"# Private libvirtd of cluster-api-provider-libvirt's tests (cargo xtask host up).
 # Only root may use the sockets; no polkit.
-unix_sock_group = "root"
-unix_sock_ro_perms = "0700"
-unix_sock_rw_perms = "0700"
-unix_sock_admin_perms = "0700"
-auth_unix_ro = "none"
-auth_unix_rw = "none"
-# TLS on 127.0.0.1 only (libvirtd runs with --listen), for tests of qemu+tls://:
+{LIBVIRTD_CONF_BASE}# TLS on 127.0.0.1 only (libvirtd runs with --listen), for tests of qemu+tls://:
 # a client needs a certificate signed by the test CA; plain TCP stays off.
 listen_tls = 1
 listen_tcp = 0
@@ -417,27 +388,12 @@ auth_tls = "none"
 ca_file = "{ca}"
 cert_file = "{cert}"
 key_file = "{key}"
-log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
 "#,
         ca = TLS_CA_CERT,
         cert = pki.join(SERVER_CERT_FILE).display(),
         key = pki.join(SERVER_KEY_FILE).display(),
     )
 }
-
-const QEMU_CONF: &str = r#"# Private QEMU driver config (cargo xtask host up).
-# root: with the default libvirt-qemu user, libvirtd re-probes QEMU on every
-# call on machines whose /dev/kvm exists but cannot run guests (~50 s a call).
-user = "root"
-group = "root"
-# No AppArmor/SELinux labelling and no per-VM mount namespace: the daemon
-# already runs in a mount namespace of its own.
-security_driver = "none"
-namespaces = [ ]
-"#;
-
-const VIRTLOGD_CONF: &str = r#"log_outputs = "3:file:/var/log/libvirt/virtlogd.log"
-"#;
 
 /// The probe domain `up` defines and undefines to prove calls are fast.
 const PROBE_DOMAIN: &str = "capl-host-probe";
@@ -451,7 +407,7 @@ fn probe_domain_xml() -> String {
 
 /// Whether the private libvirtd answers now.
 pub fn is_up() -> bool {
-    Shell::new().is_ok_and(|sh| daemon_responds(&sh, &uri()))
+    daemon_responds()
 }
 
 /// `cargo xtask host up`: returns the URI.
@@ -463,10 +419,13 @@ pub fn up() -> Result<String> {
     let lay = layout();
     let uri = uri();
     ensure_pki(&lay)?;
-    let start = if !daemon_responds(&sh, &uri) {
+    let start = if !daemon_responds() {
         true
     } else if tls_responds(&sh, &lay) {
-        eprintln!("host up: reusing the private libvirtd at {} (TLS on 127.0.0.1:{TLS_PORT})", lay.socket().display());
+        eprintln!(
+            "host up: reusing the private libvirtd at {} (TLS on 127.0.0.1:{TLS_PORT})",
+            lay.daemon.socket().display()
+        );
         false
     } else {
         eprintln!(
@@ -476,15 +435,15 @@ pub fn up() -> Result<String> {
         true
     };
     if start {
-        start_daemon(&sh, &lay)?;
-        wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
+        start_daemon(&lay)?;
+        wait_until_responding(&lay)?;
         if !tls_responds(&sh, &lay) {
             bail!(
                 "the private libvirtd answers on {} but not for TLS on 127.0.0.1:{TLS_PORT} (`virsh -c {}`); \
                  see {}/libvirtd.log",
-                lay.socket().display(),
+                lay.daemon.socket().display(),
                 tls_uri(&lay.client_pki().display().to_string()),
-                lay.log.display()
+                lay.daemon.log.display()
             );
         }
         eprintln!("host up: private libvirtd started, TLS on 127.0.0.1:{TLS_PORT} ({:.1?})", started.elapsed());
@@ -588,62 +547,24 @@ fn require_binaries() -> Result<()> {
     Ok(())
 }
 
-fn daemon_responds(sh: &Shell, uri: &str) -> bool {
-    layout().socket().exists()
-        && cmd!(sh, "virsh -q -c {uri} version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+fn daemon_responds() -> bool {
+    private_libvirtd::answers(&layout().daemon)
 }
 
-fn wait_until_responding(sh: &Shell, uri: &str, limit: Duration) -> Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if daemon_responds(sh, uri) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the private libvirtd did not answer on {} within {limit:?}; see {}/libvirtd.log",
-                layout().socket().display(),
-                layout().log.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+fn wait_until_responding(lay: &Layout) -> Result<()> {
+    private_libvirtd::wait_until_answering(&lay.daemon, "the private libvirtd", Duration::from_secs(60))
 }
 
-/// Writes the private config and starts virtlogd and libvirtd in a new
-/// private mount namespace. Leftovers of a crashed daemon are stopped first.
-fn start_daemon(sh: &Shell, lay: &Layout) -> Result<()> {
-    stop_daemons(lay)?;
+/// Starts virtlogd and libvirtd (listening for TLS, see [`libvirtd_conf`])
+/// with the launcher. Leftovers of a crashed daemon are stopped first.
+fn start_daemon(lay: &Layout) -> Result<()> {
+    private_libvirtd::stop(&lay.daemon)?;
     ensure_pki(lay)?;
-    for (ours, system) in lay.binds() {
-        fs::create_dir_all(ours).with_context(|| format!("creating {}", ours.display()))?;
-        // The mount point must exist; on a machine without a system libvirt
-        // /run/libvirt does not (an empty directory is harmless).
-        fs::create_dir_all(system).with_context(|| format!("creating the mount point {system}"))?;
-    }
     fs::create_dir_all(&lay.pools).with_context(|| format!("creating {}", lay.pools.display()))?;
     require_tls_port_free()?;
-    let libvirtd_conf = libvirtd_conf(lay);
-    for (name, body) in
-        [("libvirtd.conf", libvirtd_conf.as_str()), ("qemu.conf", QEMU_CONF), ("virtlogd.conf", VIRTLOGD_CONF)]
-    {
-        let path = lay.etc.join(name);
-        fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
-    }
-    let mut script = String::from("set -e\n");
-    for (ours, system) in lay.binds() {
-        script.push_str(&format!("mount --bind '{}' '{system}'\n", ours.display()));
-    }
-    // Inside the namespace the run directory is /run/libvirt.
-    script.push_str("virtlogd -d -f /etc/libvirt/virtlogd.conf -p /run/libvirt/virtlogd.pid\n");
     // --listen (in LIBVIRTD_ARGS): without systemd socket activation, libvirtd
     // opens its TCP listeners (here only TLS, see libvirtd.conf) only when told to.
-    script.push_str(&format!("libvirtd {}\n", LIBVIRTD_ARGS.join(" ")));
-    cmd!(sh, "unshare --mount --propagation private sh -c {script}")
-        .quiet()
-        .run()
-        .context("starting virtlogd and libvirtd in a private mount namespace failed")?;
-    Ok(())
+    private_libvirtd::start(&lay.daemon, &libvirtd_conf(lay), &LIBVIRTD_ARGS)
 }
 
 fn virsh(sh: &Shell, uri: &str, args: &[&str]) -> Result<String> {
@@ -667,7 +588,7 @@ fn object_active(sh: &Shell, uri: &str, info: &str, name: &str) -> Option<bool> 
 
 fn ensure_network(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
     if object_active(sh, uri, "net-info", NETWORK).is_none() {
-        let file = lay.etc.join(format!("{NETWORK}.xml"));
+        let file = lay.daemon.etc.join(format!("{NETWORK}.xml"));
         fs::write(&file, network_xml()).with_context(|| format!("writing {}", file.display()))?;
         let file = file.display().to_string();
         virsh(sh, uri, &["net-define", &file])?;
@@ -688,7 +609,7 @@ fn ensure_network(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
 fn ensure_pool(sh: &Shell, uri: &str, lay: &Layout, name: &str) -> Result<()> {
     let dir = lay.pools.join(name.trim_start_matches("capl-test-"));
     if object_active(sh, uri, "pool-info", name).is_none() {
-        let file = lay.etc.join(format!("{name}.xml"));
+        let file = lay.daemon.etc.join(format!("{name}.xml"));
         fs::write(&file, pool_xml(name, &dir)).with_context(|| format!("writing {}", file.display()))?;
         let file = file.display().to_string();
         virsh(sh, uri, &["pool-define", &file])?;
@@ -712,7 +633,7 @@ fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
     if virsh_ok(sh, uri, &["dominfo", PROBE_DOMAIN]) {
         virsh(sh, uri, &["undefine", PROBE_DOMAIN])?;
     }
-    let file = lay.etc.join(format!("{PROBE_DOMAIN}.xml"));
+    let file = lay.daemon.etc.join(format!("{PROBE_DOMAIN}.xml"));
     fs::write(&file, probe_domain_xml()).with_context(|| format!("writing {}", file.display()))?;
     let file = file.display().to_string();
     let t = Instant::now();
@@ -725,46 +646,13 @@ fn check_latency(sh: &Shell, uri: &str, lay: &Layout) -> Result<()> {
             "a domain define took {define:.1?}: libvirtd is re-probing QEMU on every call. \
              Check that {}/qemu.conf has user = \"root\" and group = \"root\", then \
              `cargo xtask host down && cargo xtask host up`",
-            lay.etc.display()
+            lay.daemon.etc.display()
         );
     }
     Ok(())
 }
 
 // --- stop and status ------------------------------------------------------------
-
-/// The pid in `file` if that process is alive and is `name`.
-pub(crate) fn live_pid(file: &Path, name: &str) -> Option<u32> {
-    let pid: u32 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    // /proc/<pid>/stat is "pid (comm) state ...": a zombie (Z) has exited.
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next());
-    (comm.trim() == name && state != Some(Some('Z'))).then_some(pid)
-}
-
-/// Stops libvirtd, then virtlogd (SIGTERM, then SIGKILL after 20 s).
-fn stop_daemons(lay: &Layout) -> Result<()> {
-    let sh = Shell::new()?;
-    for (file, name) in [(lay.libvirtd_pid_file(), "libvirtd"), (lay.virtlogd_pid_file(), "virtlogd")] {
-        let Some(pid) = live_pid(&file, name) else {
-            continue;
-        };
-        let pid_arg = pid.to_string();
-        cmd!(sh, "kill -TERM {pid_arg}").quiet().run().with_context(|| format!("stopping {name} (pid {pid})"))?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while live_pid(&file, name).is_some() {
-            if Instant::now() > deadline {
-                cmd!(sh, "kill -KILL {pid_arg}").quiet().ignore_status().run()?;
-                std::thread::sleep(Duration::from_millis(200));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = fs::remove_file(&file);
-    }
-    Ok(())
-}
 
 /// `cargo xtask host down`.
 pub fn down() -> Result<()> {
@@ -776,15 +664,15 @@ pub fn down() -> Result<()> {
     }
     let sh = Shell::new()?;
     let uri = uri();
-    if !daemon_responds(&sh, &uri) && lay.etc.join("libvirtd.conf").exists() {
+    if !daemon_responds() && lay.daemon.etc.join("libvirtd.conf").exists() {
         // A crashed daemon may have left the bridge, dnsmasq and firewall
         // rules behind: a restarted one picks them up and can remove them.
         eprintln!("host down: restarting the private libvirtd to clean up after it");
-        start_daemon(&sh, &lay)?;
-        wait_until_responding(&sh, &uri, Duration::from_secs(60))?;
+        start_daemon(&lay)?;
+        wait_until_responding(&lay)?;
     }
     let mut failures = Vec::new();
-    if daemon_responds(&sh, &uri) {
+    if daemon_responds() {
         let running = virsh(&sh, &uri, &["list", "--name", "--state-running", "--state-paused"])?;
         for dom in running.lines().map(str::trim).filter(|d| !d.is_empty()) {
             // A test may stop its domain at the same moment: only a domain
@@ -803,7 +691,7 @@ pub fn down() -> Result<()> {
             }
         }
     }
-    stop_daemons(&lay)?;
+    private_libvirtd::stop(&lay.daemon)?;
     if !failures.is_empty() {
         bail!(
             "host down: the daemon is stopped but its state is kept in {STATE_DIR} and {RUN_DIR} \
@@ -829,13 +717,13 @@ pub fn status() -> Result<()> {
     let lay = layout();
     let sh = Shell::new()?;
     let uri = uri();
-    for (file, name) in [(lay.libvirtd_pid_file(), "libvirtd"), (lay.virtlogd_pid_file(), "virtlogd")] {
+    for (file, name) in [(lay.daemon.libvirtd_pid_file(), "libvirtd"), (lay.daemon.virtlogd_pid_file(), "virtlogd")] {
         match live_pid(&file, name) {
             Some(pid) => println!("{name}: running (pid {pid})"),
             None => println!("{name}: not running"),
         }
     }
-    if !daemon_responds(&sh, &uri) {
+    if !daemon_responds() {
         println!("uri: {uri} (not answering; run `cargo xtask host up`)");
         return Ok(());
     }
@@ -893,13 +781,12 @@ mod tests {
             xml.contains("<bridge name='capltest0'") && xml.contains("<range start='10.251.0.2' end='10.251.0.99'/>")
         );
         assert_eq!(uri(), "qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock");
-        assert_eq!(layout().socket(), Path::new(test_host::SOCKET));
-        let lay = layout();
+        let lay = layout().daemon;
+        assert_eq!(lay.socket(), Path::new(test_host::SOCKET));
         assert_eq!(
             (lay.libvirtd_pid_file(), lay.virtlogd_pid_file()),
-            (lay.run.join("libvirtd.pid"), lay.run.join("virtlogd.pid"))
+            (PathBuf::from(test_host::LIBVIRTD_PID_FILE), PathBuf::from(test_host::VIRTLOGD_PID_FILE))
         );
-        assert_eq!(lay.libvirtd_pid_file(), Path::new(test_host::LIBVIRTD_PID_FILE));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 mod bench;
 mod bench_sim;
 mod bench_tables;
+mod cache_key;
 mod control_plane;
 mod demo;
 mod demo_check;
@@ -23,12 +24,17 @@ mod libvirt_host;
 mod manifests;
 mod node_addons;
 mod node_image;
+mod paths;
+mod progress;
 mod test;
 
 use std::path::PathBuf;
 
 use anyhow::Result;
+pub use cache_key::short_hash;
 use clap::{Parser, Subcommand};
+pub use paths::{repo_root, target_dir};
+pub use progress::step;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Chores for cluster-api-provider-libvirt")]
@@ -145,40 +151,4 @@ fn main() -> Result<()> {
         Command::E2e(args) => e2e::run(args),
         Command::Demo(args) => demo::run(args),
     }
-}
-
-/// The repository root (the parent of xtask's manifest directory).
-pub fn repo_root() -> PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
-}
-
-/// Cargo's target directory: `CARGO_TARGET_DIR`, else `<repo>/target`.
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), PathBuf::from)
-}
-
-/// Runs one named step of a longer command, printing its start, outcome and duration.
-pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    eprintln!("==> {name}");
-    let started = std::time::Instant::now();
-    let out = f();
-    eprintln!(
-        "==> {name}: {} in {:.1} s",
-        if out.is_ok() { "done" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    out
-}
-
-/// A short key over `parts` for cache directories and image tags (FNV-1a, 64
-/// bit, with separators): a cache key, not a security measure.
-pub fn short_hash(parts: &[&str]) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in part.bytes().chain([0u8]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")[..12].to_string()
 }

@@ -68,7 +68,7 @@ pub const CONTAINERD_VERSION: &str = "v2.4.2";
 /// The file name of the image inside its cache directory.
 pub const IMAGE_FILE: &str = "node.qcow2";
 /// The environment variable that overrides the cache root.
-pub const CACHE_ENV: &str = "CAPL_NODE_IMAGE_CACHE_DIR";
+pub const CACHE_ENV: &str = capl_testbed::env::NODE_IMAGE_CACHE_DIR;
 
 /// This file: part of the cache key, so that a change to how the image is built
 /// never reuses an image built the old way.

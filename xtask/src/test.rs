@@ -16,8 +16,9 @@
 //!    offline and checked (`cargo xtask docker-build --offline`);
 //! 5. `cargo test` over the whole workspace, once, with that libvirtd's URI in
 //!    `CAPL_TEST_LIBVIRT_URI` and the guest image in `CAPL_GUEST_IMAGE` (the
-//!    provider's integration tests are three binaries by what they need:
-//!    `offline`, `api_server`, `libvirtd`); then
+//!    integration tests are binaries by what they need: capl-host's `offline`
+//!    and `libvirtd`, the provider's `offline`, `api_server` and `libvirtd`);
+//!    then
 //!    the summaries the suites wrote (how many conformance scenarios ran on
 //!    each backend: libvirt-sim, `test:///default`, the real libvirtd and the
 //!    containerized one);

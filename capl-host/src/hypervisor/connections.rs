@@ -40,7 +40,20 @@
 //!   ~20 s; a libvirtd that answers keepalive but not the call keeps it until
 //!   it is restarted), so stuck threads per host never exceed
 //!   `max_calls_per_host`. A caller that waits
-//!   `call_timeout` for a slot fails too, and says that every slot is taken.
+//!   `call_timeout` for a slot fails too, and says that every slot is taken;
+//!   while every slot of a host is held by a call already given up on, its
+//!   callers fail at once, saying so, instead of waiting for a slot (a
+//!   reconcile worker is not held for a host that cannot answer).
+//! - **Threads, over all hosts**: URIs are user input, so the number of hosts,
+//!   and of threads they can hold, is not bounded by the per-host limits
+//!   alone. Connects in flight are bounded over all hosts
+//!   ([`DEFAULT_MAX_CONNECT_THREADS`]) and so are calls in flight, stuck ones
+//!   included ([`DEFAULT_MAX_CALL_THREADS`]); both together stay well below
+//!   tokio's blocking pool, so that hosts that do not answer can never take
+//!   every thread and stall the manager's other work. A connect or call that
+//!   finds its budget used up waits for a thread within its own timeout and
+//!   then fails, saying that the manager is waiting on too many hosts; hosts
+//!   with an open connection and a free slot are served as before.
 //! - Each of these failures is [`CallError::no_answer`]: for the host layer a
 //!   `HostError::NoAnswer`, "no answer from <uri> within <N> s", of kind
 //!   `HostUnreachable`, which the controllers report as the condition reason
@@ -76,11 +89,11 @@
 //!
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::events::{EventFanOut, HostEvent, HostEventSink, Subscription};
 use super::{Connector, ErrorKind, Hypervisor, HypervisorError, Result};
@@ -105,6 +118,11 @@ pub trait CallError: Sized + Send + 'static {
     /// more. The message says "no answer from <uri> within <N> s".
     fn no_answer(uri: &str, timeout: Duration, note: &str) -> Self;
 
+    /// Nothing was sent to `uri`: all `max` threads the cache may hold for
+    /// `what` ("connects" or "calls") over all hosts are taken by hosts that
+    /// do not answer.
+    fn threads_used_up(uri: &str, what: &'static str, max: usize) -> Self;
+
     /// This failure means the connection is gone; the handle drops it.
     fn connection_lost(&self) -> bool;
 }
@@ -120,6 +138,10 @@ impl CallError for HypervisorError {
             0,
             format!("no answer from {uri} within {}{note}", seconds(timeout)),
         )
+    }
+
+    fn threads_used_up(uri: &str, what: &'static str, max: usize) -> Self {
+        HypervisorError::new(ErrorKind::Other, 0, threads_used_up_message(uri, what, max))
     }
 
     fn connection_lost(&self) -> bool {
@@ -140,6 +162,15 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// does not answer, by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Connects that may run at once over all hosts, by default: a connect to a
+/// host that accepts and never answers holds its thread until the peer
+/// closes the connection.
+pub const DEFAULT_MAX_CONNECT_THREADS: usize = 32;
+
+/// Calls that may run at once over all hosts, by default, counting calls
+/// given up on that have not returned.
+pub const DEFAULT_MAX_CALL_THREADS: usize = 192;
+
 /// The connection cache: one slot per host URI.
 pub struct Connections {
     connector: Arc<dyn Connector>,
@@ -147,6 +178,9 @@ pub struct Connections {
     call_timeout: Duration,
     connect_timeout: Duration,
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
+    /// The threads connects and calls may hold, over all hosts.
+    connect_threads: Budget,
+    call_threads: Budget,
     opened: AtomicU64,
     attempts: AtomicU64,
     /// Where domain events go.
@@ -164,6 +198,8 @@ impl Connections {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             hosts: Mutex::new(HashMap::new()),
+            connect_threads: Budget::new("connects", DEFAULT_MAX_CONNECT_THREADS),
+            call_threads: Budget::new("calls", DEFAULT_MAX_CALL_THREADS),
             opened: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             events: EventFanOut::default(),
@@ -221,6 +257,20 @@ impl Connections {
         self
     }
 
+    /// Sets how many connects and how many calls may hold a thread at once,
+    /// over all hosts (both must be at least 1).
+    pub fn with_thread_limits(mut self, connects: usize, calls: usize) -> Self {
+        assert!(connects > 0 && calls > 0, "thread limits must be at least 1");
+        self.connect_threads = Budget::new("connects", connects);
+        self.call_threads = Budget::new("calls", calls);
+        self
+    }
+
+    /// Threads held now by connects and by calls (stuck ones included), over all hosts.
+    pub fn threads_in_use(&self) -> (usize, usize) {
+        (self.connect_threads.in_use(), self.call_threads.in_use())
+    }
+
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
     }
@@ -240,6 +290,7 @@ impl Connections {
                         uri: uri.to_string(),
                         state: Mutex::new(SlotState::default()),
                         permits: Arc::new(Semaphore::new(self.max_calls_per_host)),
+                        abandoned: AtomicUsize::new(0),
                     })
                 })
                 .clone()
@@ -308,7 +359,53 @@ struct HostSlot {
     uri: String,
     state: Mutex<SlotState>,
     permits: Arc<Semaphore>,
+    /// Calls given up on (past the call timeout) whose thread has not returned.
+    abandoned: AtomicUsize,
 }
+
+/// A number of threads that may be held at once, as a semaphore whose
+/// permits go with the blocking threads.
+struct Budget {
+    /// What the threads do, as the messages say it: "connects" or "calls".
+    what: &'static str,
+    max: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl Budget {
+    fn new(what: &'static str, max: usize) -> Self {
+        Self { what, max, permits: Arc::new(Semaphore::new(max)) }
+    }
+
+    fn in_use(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
+    /// A thread of this budget if one is free now.
+    fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().ok()
+    }
+
+    /// The error for `uri` when every thread of this budget is taken.
+    fn used_up<E: CallError>(&self, uri: &str) -> E {
+        tracing::warn!(%uri, what = self.what, max = self.max, "every thread the manager may hold for these is taken");
+        E::threads_used_up(uri, self.what, self.max)
+    }
+
+    /// A thread of this budget, waiting at most `within` for one to free up.
+    async fn take(&self, within: Duration) -> Option<OwnedSemaphorePermit> {
+        match tokio::time::timeout(within, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Some(permit),
+            _ => None,
+        }
+    }
+}
+
+/// Where a call's blocking thread is: still running within its time, given
+/// up on by its caller, or returned.
+const RUNNING: u8 = 0;
+const RETURNED: u8 = 1;
+const ABANDONED: u8 = 2;
 
 impl HostSlot {
     fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
@@ -372,6 +469,10 @@ impl HostHandle {
         // at once is reported.
         for _ in 0..2 {
             let conn = self.connection::<E>().await?;
+            let max = self.cache.max_calls_per_host;
+            if self.slot.abandoned.load(Ordering::SeqCst) >= max {
+                return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
+            }
             let permit = match tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned()).await {
                 Ok(Ok(permit)) => permit,
                 Ok(Err(_)) => {
@@ -381,26 +482,37 @@ impl HostHandle {
                     ));
                 }
                 Err(_) => {
-                    let max = self.cache.max_calls_per_host;
                     tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
-                    return Err(E::no_answer(
-                        uri,
-                        call_timeout,
-                        &format!(
-                            " (all {max} calls the provider makes at once to this host are still waiting for an answer)"
-                        ),
-                    ));
+                    return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
                 }
             };
+            let Some(thread) = self.cache.call_threads.take(call_timeout).await else {
+                return Err(self.cache.call_threads.used_up(uri));
+            };
             let used = conn.clone();
-            // The permit goes with the blocking thread: a call that never
-            // returns keeps its slot, so stuck threads per host stay bounded
-            // by the call bound.
+            let state = Arc::new(AtomicU8::new(RUNNING));
+            let (ended, slot) = (state.clone(), self.slot.clone());
+            // The permits go with the blocking thread: a call that never
+            // returns keeps its slot and its thread of the budget, so stuck
+            // threads per host stay bounded by the call bound and over all
+            // hosts by the budget.
             let task = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) }
+                let _permits = (permit, thread);
+                let ran = if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) };
+                if ended.swap(RETURNED, Ordering::SeqCst) == ABANDONED {
+                    slot.abandoned.fetch_sub(1, Ordering::SeqCst);
+                }
+                ran
             });
-            match tokio::time::timeout(call_timeout, task).await {
+            let outcome = tokio::time::timeout(call_timeout, task).await;
+            if outcome.is_err() {
+                // Counted before it is marked, so the thread never subtracts first.
+                self.slot.abandoned.fetch_add(1, Ordering::SeqCst);
+                if state.compare_exchange(RUNNING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                    self.slot.abandoned.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            match outcome {
                 Ok(Ok(Ran::Done(out))) => {
                     if let Err(e) = &out
                         && e.connection_lost()
@@ -444,22 +556,34 @@ impl HostHandle {
     /// waits for it at most until the connect timeout since it started. A
     /// connect that has run longer than that makes callers fail at once.
     async fn connection<E: CallError>(&self) -> Result<Arc<dyn Hypervisor>, E> {
-        let attempt = {
-            let mut state = self.slot.state();
-            if let Some(conn) = &state.conn {
-                // Whether it is still alive is asked on the blocking thread.
-                return Ok(conn.clone());
-            }
-            match &state.connecting {
-                Some(attempt) => attempt.clone(),
-                None => {
-                    let attempt = self.start_connect();
+        let timeout = self.cache.connect_timeout;
+        let mut thread = None;
+        let attempt = loop {
+            {
+                let mut state = self.slot.state();
+                if let Some(conn) = &state.conn {
+                    // Whether it is still alive is asked on the blocking thread.
+                    return Ok(conn.clone());
+                }
+                if let Some(attempt) = &state.connecting {
+                    break attempt.clone();
+                }
+                let taken = thread.take().or_else(|| self.cache.connect_threads.try_take());
+                if let Some(permit) = taken {
+                    let attempt = self.start_connect(permit);
                     state.connecting = Some(attempt.clone());
-                    attempt
+                    break attempt;
+                }
+            }
+            // Every connect thread is taken (hosts that do not answer hold
+            // them): wait for one, within the connect timeout, then look again.
+            match self.cache.connect_threads.take(timeout).await {
+                Some(permit) => thread = Some(permit),
+                None => {
+                    return Err(self.cache.connect_threads.used_up(&self.slot.uri));
                 }
             }
         };
-        let timeout = self.cache.connect_timeout;
         let left = (attempt.started + timeout).saturating_duration_since(Instant::now());
         let mut done = attempt.done;
         match tokio::time::timeout(left, done.wait_for(Option::is_some)).await {
@@ -482,12 +606,14 @@ impl HostHandle {
     /// Starts a connect on the blocking pool. When it returns (however late)
     /// it stores its connection and ends the attempt, so the next caller
     /// uses the connection or starts a new connect.
-    fn start_connect(&self) -> Attempt {
+    fn start_connect(&self, thread: OwnedSemaphorePermit) -> Attempt {
         let id = self.cache.attempts.fetch_add(1, Ordering::SeqCst);
         let (tx, done) = watch::channel(None);
         let (cache, slot) = (self.cache.clone(), self.slot.clone());
-        // Detached: the task runs to its end whether or not anyone waits.
+        // Detached: the task runs to its end whether or not anyone waits, and
+        // holds its thread of the budget until then.
         drop(tokio::task::spawn_blocking(move || {
+            let _thread = thread;
             // A connector that panics must still end the attempt, or the host
             // would wait for it for ever.
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cache.connector.connect(&slot.uri)))
@@ -587,7 +713,9 @@ impl HostHandle {
         if state.conn.is_some() || state.connecting.is_some() {
             return false;
         }
-        state.connecting = Some(self.start_connect());
+        // No thread free: the next check tries again.
+        let Some(thread) = self.cache.connect_threads.try_take() else { return false };
+        state.connecting = Some(self.start_connect(thread));
         true
     }
 
@@ -601,6 +729,21 @@ impl HostHandle {
     pub fn connecting(&self) -> bool {
         self.slot.state().connecting.is_some()
     }
+}
+
+/// The note of a "no answer" when every call slot of a host is taken.
+fn all_slots_stuck(max: usize) -> String {
+    format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)")
+}
+
+/// Why nothing was sent to `uri`: every thread of the budget for `what` is
+/// held, by hosts that do not answer.
+pub fn threads_used_up_message(uri: &str, what: &str, max: usize) -> String {
+    format!(
+        "nothing was sent to {uri}: all {max} {what} the manager runs at once over all hosts are waiting for \
+         hosts that do not answer; it tries again when one of them returns or gives up (fix or remove the \
+         LibvirtClusters whose hosts show \"no answer\")"
+    )
 }
 
 /// `d` in whole seconds when it is whole, as the messages say it: "30 s", "0.5 s".
@@ -749,8 +892,10 @@ mod tests {
     }
 
     /// Calls that never return keep their slots (so stuck threads stay
-    /// bounded); a caller that finds every slot taken is told so within the
-    /// call timeout instead of waiting for ever.
+    /// bounded); a caller that finds every slot taken by calls in flight is
+    /// told so within the call timeout instead of waiting for ever, and once
+    /// every slot is held by a call already given up on, callers are told at
+    /// once (no reconcile waits for a host that cannot answer).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_host_whose_call_slots_are_all_stuck_says_so() {
         let uri = "sim:///capl-hung-slots";
@@ -758,23 +903,133 @@ mod tests {
         let cache = sim_cache(2);
         let handle = cache.host(uri);
         host.faults().hang(Op::GetCapabilities, None);
-        for _ in 0..2 {
-            capabilities(&handle).await.unwrap_err();
+        let stuck: Vec<_> = (0..2)
+            .map(|_| {
+                let handle = handle.clone();
+                tokio::spawn(async move { capabilities(&handle).await })
+            })
+            .collect();
+        while handle.calls_in_flight() < 2 {
+            tokio::task::yield_now().await;
         }
-        assert_eq!(handle.calls_in_flight(), 2);
+        let slots_full = " (all 2 calls the provider makes at once to this host are still waiting for an answer)";
         let started = Instant::now();
         let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
         let took = started.elapsed();
         assert!(took >= TIMEOUT && took < BOUND, "waited {took:?} for a slot");
-        assert_eq!(
-            e.message,
-            "no answer from sim:///capl-hung-slots within 0.4 s (all 2 calls the provider makes at once to this host are still waiting for an answer)"
-        );
+        assert_eq!(e.message, format!("no answer from sim:///capl-hung-slots within 0.4 s{slots_full}"));
+        for call in stuck {
+            call.await.unwrap().unwrap_err();
+        }
+
+        // Both calls are now given up on and still hold their slots: the next
+        // caller is told at once.
+        assert_eq!(handle.calls_in_flight(), 2);
+        let started = Instant::now();
+        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
+        assert!(started.elapsed() < TIMEOUT, "waited {:?} although every slot is stuck", started.elapsed());
+        assert_eq!(e.message, format!("no answer from sim:///capl-hung-slots within 0.4 s{slots_full}"));
         assert_eq!(host.counters().calls(Op::GetCapabilities), 2, "no third call was started");
 
         host.faults().release(Op::GetCapabilities);
+        let deadline = Instant::now() + BOUND;
+        while handle.calls_in_flight() > 0 {
+            assert!(Instant::now() < deadline, "the released calls never returned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         capabilities(&handle).await.unwrap();
         host.unregister();
+    }
+
+    /// Hosts that accept and never answer a connect hold at most the
+    /// connect budget's threads, over all hosts; a further host is told that
+    /// the manager waits on too many hosts, within the connect timeout; a
+    /// host already connected keeps being served; once the hung connects
+    /// return, their threads are free again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hung_connects_hold_no_more_threads_than_the_budget() {
+        let healthy_uri = "sim:///capl-budget-healthy";
+        let healthy = Host::builder(healthy_uri).build().unwrap();
+        let hung: Vec<(String, Host)> = (0..3)
+            .map(|i| {
+                let uri = format!("sim:///capl-budget-hung-{i}");
+                let host = Host::builder(&uri).build().unwrap();
+                host.faults().hang(Op::Connect, None);
+                (uri, host)
+            })
+            .collect();
+        let cache = Arc::new(
+            Connections::new(Arc::new(SimConnector), 4).with_timeouts(TIMEOUT, TIMEOUT).with_thread_limits(2, 8),
+        );
+        let healthy_handle = cache.host(healthy_uri);
+        capabilities(&healthy_handle).await.unwrap();
+
+        for (uri, _) in &hung[..2] {
+            let e = capabilities(&cache.host(uri)).await.unwrap_err();
+            assert!(e.to_string().starts_with(&format!("no answer from {uri} within 0.4 s")), "{e}");
+        }
+        assert_eq!(cache.threads_in_use().0, 2, "two connects hang");
+        let third = &hung[2].0;
+        let started = Instant::now();
+        let e = capabilities(&cache.host(third)).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(took >= TIMEOUT && took < BOUND, "waited {took:?} for a connect thread");
+        assert_eq!(e.kind(), crate::FailureKind::HostUnreachable, "{e}");
+        assert!(
+            e.to_string().starts_with(&format!(
+                "nothing was sent to {third}: all 2 connects the manager runs at once over all hosts are waiting"
+            )),
+            "{e}"
+        );
+        assert_eq!(hung[2].1.counters().calls(Op::Connect), 0, "no third connect was started");
+        assert_eq!(cache.threads_in_use().0, 2);
+        capabilities(&healthy_handle).await.expect("a connected host is served meanwhile");
+
+        for (_, host) in &hung {
+            host.faults().release(Op::Connect);
+        }
+        let deadline = Instant::now() + BOUND;
+        while cache.threads_in_use().0 > 0 {
+            assert!(Instant::now() < deadline, "the released connects never returned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        capabilities(&cache.host(third)).await.expect("connects again once threads are free");
+        for (_, host) in hung {
+            host.unregister();
+        }
+        healthy.unregister();
+    }
+
+    /// Calls stuck on a host count against the budget of call threads over
+    /// all hosts: with the budget used up, another host's call is refused
+    /// within the call timeout, saying why, and served again once they return.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stuck_calls_hold_no_more_threads_than_the_budget() {
+        let (hung_uri, other_uri) = ("sim:///capl-call-budget-hung", "sim:///capl-call-budget-other");
+        let hung = Host::builder(hung_uri).build().unwrap();
+        let other = Host::builder(other_uri).build().unwrap();
+        let cache = Arc::new(
+            Connections::new(Arc::new(SimConnector), 4).with_timeouts(TIMEOUT, TIMEOUT).with_thread_limits(4, 2),
+        );
+        let (hung_handle, other_handle) = (cache.host(hung_uri), cache.host(other_uri));
+        capabilities(&other_handle).await.unwrap();
+        hung.faults().hang(Op::GetCapabilities, None);
+        for _ in 0..2 {
+            capabilities(&hung_handle).await.unwrap_err();
+        }
+        assert_eq!(cache.threads_in_use().1, 2);
+        let e = capabilities(&other_handle).await.unwrap_err();
+        assert_eq!(e.kind(), crate::FailureKind::HostUnreachable, "{e}");
+        assert!(e.to_string().contains("all 2 calls the manager runs at once over all hosts are waiting"), "{e}");
+        hung.faults().release(Op::GetCapabilities);
+        let deadline = Instant::now() + BOUND;
+        while cache.threads_in_use().1 > 0 {
+            assert!(Instant::now() < deadline, "the released calls never returned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        capabilities(&other_handle).await.expect("served again");
+        hung.unregister();
+        other.unregister();
     }
 
     /// The events a cache's sink received, and a way to wait for them.

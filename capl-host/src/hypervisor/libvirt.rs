@@ -79,10 +79,32 @@ use super::{
 const STREAM_CHUNK: usize = 256 * 1024;
 
 /// A connection to one libvirt host through the `virt` crate.
+///
+/// Dropping it closes the connection on a thread of its own:
+/// `virConnectClose` on a remote connection asks the daemon and waits for its
+/// answer, which a host that stopped answering never sends, and the last
+/// reference may be dropped anywhere (a runtime worker, under a lock).
 pub struct LibvirtHypervisor {
     uri: String,
-    conn: Connect,
+    conn: std::mem::ManuallyDrop<Connect>,
     events: Arc<EventHub>,
+}
+
+impl Drop for LibvirtHypervisor {
+    fn drop(&mut self) {
+        // SAFETY: `conn` is taken once, here, and not used after.
+        let conn = unsafe { std::mem::ManuallyDrop::take(&mut self.conn) };
+        let uri = self.uri.clone();
+        let closing = std::thread::Builder::new().name("virConnectClose".into()).spawn(move || {
+            // virt's Connect closes on drop and panics when the close fails.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(conn))).is_err() {
+                tracing::warn!(%uri, "closing the libvirt connection failed");
+            }
+        });
+        if let Err(e) = closing {
+            tracing::warn!(uri = %self.uri, error = %e, "no thread to close the libvirt connection on; closed here");
+        }
+    }
 }
 
 impl LibvirtHypervisor {
@@ -97,7 +119,7 @@ impl LibvirtHypervisor {
             err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
             err
         })?;
-        Ok(Self { uri: uri.to_string(), conn, events: Arc::default() })
+        Ok(Self { uri: uri.to_string(), conn: std::mem::ManuallyDrop::new(conn), events: Arc::default() })
     }
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
@@ -767,5 +789,66 @@ mod tests {
         assert_eq!(network_update_flags(false, true), config);
         assert_eq!(network_update_flags(true, false), live);
         assert_eq!(network_update_flags(false, false), sys::VIR_NETWORK_UPDATE_AFFECT_CURRENT);
+    }
+
+    /// Listeners on 127.0.0.1 that accept TCP connections and never answer,
+    /// as a hostile LibvirtCluster's URIs could name: libvirt's client blocks
+    /// in each connect until the peer closes. They hold at most the connect
+    /// budget's threads however many there are, further ones are refused with
+    /// the reason, and a host already connected (the in-process test driver)
+    /// keeps being served. Closing the listeners ends the connects and frees
+    /// their threads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn listeners_that_never_answer_hold_no_more_than_the_connect_budget() {
+        use crate::hypervisor::connections::Connections;
+        let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut listeners = Vec::new();
+        for _ in 0..4 {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let uri = format!("qemu+tcp://127.0.0.1:{}/system", listener.local_addr().unwrap().port());
+            let held = accepted.clone();
+            let accept = listener.try_clone().unwrap();
+            std::thread::spawn(move || {
+                for stream in accept.incoming().flatten() {
+                    held.lock().unwrap().push(stream);
+                }
+            });
+            listeners.push((uri, listener));
+        }
+        let timeout = Duration::from_millis(500);
+        let cache = Arc::new(
+            Connections::new(Arc::new(LibvirtConnector::default()), 5)
+                .with_timeouts(timeout, timeout)
+                .with_thread_limits(2, 16),
+        );
+        let healthy = cache.host("test:///default");
+        let version = |h: &crate::hypervisor::connections::HostHandle| {
+            let h = h.clone();
+            async move { h.call(|hv| hv.capabilities_xml()).await }
+        };
+        version(&healthy).await.expect("the test driver answers");
+
+        let mut refused = 0;
+        for (uri, _) in &listeners {
+            let e = version(&cache.host(uri)).await.unwrap_err();
+            if e.message.starts_with(&format!("nothing was sent to {uri}: all 2 connects")) {
+                refused += 1;
+            } else {
+                assert!(e.message.starts_with(&format!("no answer from {uri} within 0.5 s")), "{e}");
+            }
+            version(&healthy).await.expect("the connected host is served meanwhile");
+        }
+        assert_eq!(refused, 2, "two connects hang, the other two are refused");
+        assert_eq!(cache.threads_in_use().0, 2);
+        assert_eq!(accepted.lock().unwrap().len(), 2, "only two connections reached the listeners");
+
+        // The peers close: libvirt's connects return and free their threads.
+        accepted.lock().unwrap().clear();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cache.threads_in_use().0 > 0 {
+            assert!(std::time::Instant::now() < deadline, "the connects did not return after the peers closed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(listeners);
     }
 }

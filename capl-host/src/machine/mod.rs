@@ -49,7 +49,7 @@
 //! # Libvirt calls
 //!
 //! Counted on the simulator and pinned by `libvirt_call_counts_match_the_book` in
-//! provider/tests/libvirtd/host_sim.rs (against the table of `docs/src/design.md`): [`Hypervisor`] calls this module makes, and the
+//! capl-host/tests/libvirtd/host_sim.rs (against the table of `docs/src/design.md`): [`Hypervisor`] calls this module makes, and the
 //! operations libvirt-sim counts for them (its adapter looks the network up
 //! before a DHCP update). On a real host each by-name trait call is two RPCs,
 //! the lookup and the call itself; none opens a connection.
@@ -130,7 +130,28 @@ pub struct AdditionalNic {
     pub static_addresses: Vec<crate::cloud_init::StaticAddress>,
 }
 
+/// The longest hostname Linux accepts (`HOST_NAME_MAX`).
+pub const HOSTNAME_MAX: usize = 64;
+
 impl MachineSpec {
+    /// What the guest is told about itself is usable: the hostname (the
+    /// LibvirtMachine's name) fits a Linux hostname and every nameserver is an
+    /// IP address (it is written into the guest's network-config). Checked
+    /// before anything is created.
+    pub fn check_guest_settings(&self) -> HostResult<()> {
+        if self.name.chars().count() > HOSTNAME_MAX {
+            return Err(HostError::HostnameTooLong {
+                hostname: self.name.clone(),
+                length: self.name.chars().count(),
+                max: HOSTNAME_MAX,
+            });
+        }
+        if let Some(bad) = self.nameservers.iter().find(|n| n.parse::<std::net::IpAddr>().is_err()) {
+            return Err(HostError::NameserverNotAnAddress { value: bad.clone() });
+        }
+        Ok(())
+    }
+
     /// The guest's address comes from IPAM, not from the network's DHCP.
     pub fn is_static(&self) -> bool {
         self.ipam
@@ -437,6 +458,7 @@ impl<'a> MachineRun<'a> {
     /// bridge of a network onto one (when its libvirtd can say); every
     /// additional NIC's network or bridge is there.
     fn preflight(&self) -> HostResult<()> {
+        self.spec.check_guest_settings()?;
         self.base_image()?;
         if self.spec.is_static() {
             self.host_bridge_present()?
@@ -472,5 +494,75 @@ impl<'a> MachineRun<'a> {
 
     fn collision(&self, kind: ObjectKind, object: &str, detail: String) -> HostError {
         HostError::Collision { kind, object: object.to_string(), uri: self.uri.clone(), detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hypervisor::HostAdmin;
+    use crate::hypervisor::sim::SimHypervisor;
+    use crate::sim_host;
+
+    fn spec(name: &str) -> MachineSpec {
+        MachineSpec {
+            namespace: "ns".into(),
+            name: name.into(),
+            identity: "6a1f0c2e-0000-4000-8000-000000000001".into(),
+            cluster_name: "c".into(),
+            vcpu: 1,
+            memory_mib: 128,
+            disk_gib: 2,
+            image: sim_host::BASE_IMAGE.into(),
+            network: sim_host::NETWORK.into(),
+            base_pool: sim_host::BASE_POOL.into(),
+            domain_pool: sim_host::DOMAIN_POOL.into(),
+            control_plane_host: None,
+            domain_type: DomainTypePreference::Qemu,
+            console_log_dir: None,
+            ipam: true,
+            static_addresses: vec![crate::cloud_init::StaticAddress {
+                address: "192.168.122.50".parse().unwrap(),
+                prefix: 24,
+                gateway: None,
+            }],
+            nameservers: vec!["192.168.122.1".into()],
+            additional_nics: Vec::new(),
+        }
+    }
+
+    /// What the guest is told about itself is checked before anything is
+    /// created: a nameserver that is not an address, a hostname Linux would
+    /// refuse. Nothing is left on the host.
+    #[rstest::rstest]
+    #[case::nameserver(
+        "worker-0",
+        "10.0.0.1\nruncmd: [x]",
+        "spec.nameservers has \"10.0.0.1\nruncmd: [x]\", which is not an IP address"
+    )]
+    #[case::hostname(&"w".repeat(65), "192.168.122.1", "has 65 characters, more than the 64 a Linux hostname may have")]
+    fn unusable_guest_settings_are_refused_before_anything_is_created(
+        #[case] name: &str,
+        #[case] nameserver: &str,
+        #[case] why: &str,
+    ) {
+        let uri = format!("sim:///guest-settings-{}", name.len());
+        let _host = sim_host::register(&uri).unwrap();
+        let hv = SimHypervisor::connect(&uri).unwrap();
+        let mut bad = spec(name);
+        bad.nameservers = vec!["192.168.122.1".into(), nameserver.into()];
+        let err = create_machine(&hv, &bad, b"#cloud-config\n").unwrap_err();
+        assert_eq!(err.kind(), crate::FailureKind::InvalidMachineSpec, "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+        assert_eq!(hv.domain_list().unwrap(), Vec::<String>::new());
+        let volumes = hv.volume_list(sim_host::DOMAIN_POOL).unwrap();
+        assert_eq!(volumes, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_hostname_of_64_characters_and_ipv6_nameservers_are_fine() {
+        let mut fine = spec(&"w".repeat(64));
+        fine.nameservers = vec!["fd00::1".into(), "192.168.122.1".into()];
+        assert_eq!(fine.check_guest_settings(), Ok(()));
     }
 }

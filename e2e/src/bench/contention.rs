@@ -25,7 +25,8 @@ use capl_host::hypervisor::{HostAdmin, Hypervisor, NetworkUpdateCommand};
 use capl_host::machine::{CreateStep, MachineSpec, run_create_steps};
 use serde_json::json;
 
-use super::{NAME_PREFIX, fmt, print_table, write_json};
+use super::report::{fmt, print_table, write_json};
+use super::stack::NAME_PREFIX;
 
 pub const NETWORK: &str = "capl-bench-net";
 const BRIDGE: &str = "caplbench0";
@@ -160,7 +161,7 @@ pub fn run(uri: &str, machines: usize, out: &Path) -> Result<bool> {
     let title = format!("contention: {machines} reservations on one real network");
     print_table(&title, &rows);
     let value = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "contention",
         "machines": machines,
         "dhcp_hosts": ours.len(),

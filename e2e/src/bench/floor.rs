@@ -18,17 +18,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use capl_api::{Initialization, LibvirtClusterStatus, LibvirtMachineStatus, MachineAddress, conditions};
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::{
-    ControlPlane, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, print_table,
-    provisioned_ip, ready_json, ready_rows, wait_each, write_json,
-};
+use super::report::{fmt, print_table, ready_json, ready_rows, write_json};
+use super::stack::{ControlPlane, NAME_PREFIX, cpu_breakdown};
+use super::workload::{Workload, create_workload, delete_cluster, provisioned_ip, wait_each};
 use crate::harness::objects::{self, Kind};
 
 const CLUSTER: &str = "floor";
@@ -98,7 +99,7 @@ pub async fn run(args: &Args) -> Result<bool> {
     let title = format!("floor: {n} machines, the benchmark answering in the provider's place");
     print_table(&title, &rows);
     let report = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "floor",
         "machines": n,
         "concurrency": args.concurrency,
@@ -188,23 +189,32 @@ async fn answer(client: &Client, ns: &str, kind: Kind, object: &DynamicObject, a
     let api = kind.api(client, ns);
     let name = objects::name(object);
     let params = PatchParams::default();
-    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let ready = json!([{
-        "type": "Ready", "status": "True", "reason": "Ready", "message": "",
-        "lastTransitionTime": now, "observedGeneration": object.metadata.generation,
+    // A Time is written in whole seconds.
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ready = Some(vec![Condition {
+        type_: conditions::READY.into(),
+        status: "True".into(),
+        reason: conditions::READY.into(),
+        message: String::new(),
+        last_transition_time: Time(now),
+        observed_generation: object.metadata.generation,
     }]);
+    let provisioned = Some(Initialization { provisioned: Some(true) });
     let status: Value = match kind {
-        Kind::LibvirtCluster => json!({"status": {"initialization": {"provisioned": true}, "conditions": ready}}),
+        Kind::LibvirtCluster => {
+            json!({"status": LibvirtClusterStatus { initialization: provisioned, conditions: ready, ..Default::default() }})
+        }
         _ => {
             let spec = json!({"spec": {"providerID": format!("libvirt:///floor/{}", objects::uid(object))}});
             api.patch(&name, &params, &Patch::Merge(&spec)).await?;
             answers.writes.fetch_add(1, Ordering::Relaxed);
             let i = answers.next_address.fetch_add(1, Ordering::Relaxed);
             let address = format!("10.30.{}.{}", i / 250, i % 250 + 1);
-            json!({"status": {
-                "initialization": {"provisioned": true},
-                "addresses": [{"type": "InternalIP", "address": address}],
-                "conditions": ready,
+            json!({"status": LibvirtMachineStatus {
+                initialization: provisioned,
+                addresses: Some(vec![MachineAddress::internal_ip(address)]),
+                conditions: ready,
+                ..Default::default()
             }})
         }
     };

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use super::{BenchStack, NAME_PREFIX, fmt, print_table, write_json};
+use super::report::{fmt, print_table, write_json};
+use super::stack::{BenchStack, NAME_PREFIX};
 use crate::harness::host_view::HostView;
 use crate::harness::objects::{self, Kind, Placement};
 use crate::harness::stack::{TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK};
@@ -167,7 +168,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         endpoint_host: testenv::test_host::static_address(250),
         credentials: None,
     };
-    super::create_all(&client, &ns, super::cluster_objects(&ns, CLUSTER, &placement)).await?;
+    super::workload::create_all(&client, &ns, super::workload::cluster_objects(&ns, CLUSTER, &placement)?).await?;
     crate::harness::wait::until("the LibvirtCluster to be provisioned", Duration::from_secs(120), || async {
         let lc = objects::get(&client, &ns, Kind::LibvirtCluster, CLUSTER).await?;
         Ok(match lc {
@@ -233,7 +234,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
         };
         end_to_end.push(provider_id_at.as_secs_f64());
         let m1 = stack.metrics().await?;
-        for (step, took) in super::scale::diff(&step_sums(&m1), &step_sums(&m0)) {
+        for (step, took) in super::metrics::diff(&step_sums(&m1), &step_sums(&m0)) {
             *provider_steps.entry(step).or_default() += took;
         }
         let domain = objects::str_at(&lm, &["status", "domainName"]).context("no status.domainName")?.to_string();
@@ -295,7 +296,7 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
     let title = format!("overhead: {} machines on the private libvirtd", args.machines);
     print_table(&title, &rows);
     let value = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "overhead",
         "machines": args.machines,
         "end_to_end_s": end_to_end,
@@ -313,6 +314,6 @@ async fn measure(stack: &BenchStack, host: &HostView, image: &str, args: &Args) 
 }
 
 /// `capl_create_step_duration_seconds_sum` by step.
-fn step_sums(m: &super::Metrics) -> BTreeMap<String, f64> {
+fn step_sums(m: &super::metrics::Metrics) -> BTreeMap<String, f64> {
     m.by_label("capl_create_step_duration_seconds_sum", "step")
 }

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use serde_json::json;
 
-use super::{
-    BenchStack, NAME_PREFIX, Workload, cpu_breakdown, create_workload, delete_cluster, fmt, percentile, print_table,
-    provisioned_ip, ready_json, ready_rows, wait_each, write_json,
-};
+use super::metrics::diff;
+use super::report::{fmt, percentile, print_table, ready_json, ready_rows, write_json};
+use super::stack::{BenchStack, NAME_PREFIX, cpu_breakdown};
+use super::workload::{Workload, create_workload, delete_cluster, provisioned_ip, wait_each};
 use crate::harness::objects::{self, Kind, Placement};
 
 const CLUSTER: &str = "bench";
@@ -128,7 +128,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let deleted_s = deleting.elapsed().as_secs_f64();
     let m3 = stack.metrics().await?;
     let p3 = stack.process()?;
-    let inventory = super::http_get(stack.metrics_port, "/sim/inventory").await?;
+    let inventory = super::stack::http_get(stack.metrics_port, "/sim/inventory").await?;
     let leaks: Vec<&str> = inventory.lines().filter(|l| !l.trim().is_empty()).collect();
 
     let cpu_provision = p1.cpu_seconds - p0.cpu_seconds;
@@ -168,7 +168,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let title = format!("scale: {n} machines on the simulated host");
     print_table(&title, &rows);
     let report = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "scale",
         "machines": n,
         "concurrency": args.concurrency,
@@ -207,17 +207,8 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     Ok(true)
 }
 
-/// `after - before`, per key.
-pub fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
-}
-
 /// The mean duration of each create step from `capl_create_step_duration_seconds`.
-pub fn step_means(m: &super::Metrics) -> BTreeMap<String, f64> {
+pub fn step_means(m: &super::metrics::Metrics) -> BTreeMap<String, f64> {
     let sums = m.by_label("capl_create_step_duration_seconds_sum", "step");
     let counts = m.by_label("capl_create_step_duration_seconds_count", "step");
     sums.into_iter()

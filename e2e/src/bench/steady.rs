@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::{BenchStack, fmt, print_table, write_json};
+use super::report::{fmt, print_table, write_json};
+use super::stack::BenchStack;
 
 /// How often memory is sampled during the window.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -24,7 +25,7 @@ pub struct Steady {
     pub reconciles: f64,
     pub libvirt_calls: f64,
     pub libvirt_calls_by_call: std::collections::BTreeMap<String, f64>,
-    pub api: super::ApiRequests,
+    pub api: super::metrics::ApiRequests,
     pub cpu_s: f64,
     pub rss_mib_start: f64,
     pub rss_mib_end: f64,
@@ -53,7 +54,7 @@ pub async fn measure(stack: &BenchStack, _ns: &str, machines: usize, window: Dur
         window_s,
         reconciles: m1.reconciles() - m0.reconciles(),
         libvirt_calls: m1.libvirt_calls() - m0.libvirt_calls(),
-        libvirt_calls_by_call: super::scale::diff(
+        libvirt_calls_by_call: super::metrics::diff(
             &m1.by_label("capl_libvirt_calls_total", "call"),
             &m0.by_label("capl_libvirt_calls_total", "call"),
         ),
@@ -88,7 +89,7 @@ pub fn report(out: &Path, s: &Steady) -> Result<()> {
     let title = format!("steady: {} running machines left alone", s.machines);
     print_table(&title, &rows);
     let value: Value = json!({
-        "table": super::table_json(&title, &rows),
+        "table": super::report::table_json(&title, &rows),
         "benchmark": "steady",
         "machines": s.machines,
         "window_s": s.window_s,

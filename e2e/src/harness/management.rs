@@ -68,7 +68,8 @@ impl Management {
             }
             ManagementKind::Kind => {
                 let dir = work_dir.join("kind");
-                let cluster = crate::blocking(|| KindCluster::create(&dir, |m| crate::scenarios::say("kind", m)))?;
+                let cluster =
+                    crate::blocking(|| KindCluster::create(&dir, |m| crate::harness::progress::say("kind", m)))?;
                 let client = cluster.client().await?;
                 Ok(Management::Kind { cluster, client })
             }

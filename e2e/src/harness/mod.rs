@@ -3,13 +3,18 @@
 //! cluster's kinds ([`management`], [`kind_cluster`]), the provider as a
 //! process or a Pod ([`provider`], [`provider_process`]), the host as `virsh`
 //! sees it ([`host_view`]), clusterctl and the release as a local repository
-//! ([`clusterctl`]), objects as JSON ([`objects`]) and bounded waits ([`wait`]).
+//! ([`clusterctl`]) and clusterctl's inventory ([`inventory`]), the objects
+//! ([`objects`]), the machines as the checks see them ([`machines`]), bounded
+//! waits ([`wait`]) and progress lines ([`progress`]).
 
 pub mod clusterctl;
 pub mod host_view;
+pub mod inventory;
 pub mod kind_cluster;
+pub mod machines;
 pub mod management;
 pub mod objects;
+pub mod progress;
 pub mod provider;
 pub mod provider_process;
 pub mod stack;

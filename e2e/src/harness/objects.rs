@@ -1,17 +1,22 @@
-//! The Kubernetes objects the scenarios create, as complete v1beta2 /
-//! v1alpha1 documents (the local control plane runs no CAPI webhooks, so
-//! nothing defaults them), and small typed-less API helpers.
+//! The Kubernetes objects the scenarios create, complete (the local control
+//! plane runs no CAPI webhooks, so nothing defaults them): ours typed, from
+//! capl-api's builders; CAPI's own kinds, which have no Rust types, as
+//! v1beta2 documents. And small typed-less API helpers.
 
 use anyhow::{Context, Result};
+use capl_api::builders::ObjectBuilder;
+use capl_api::{LibvirtCluster, LibvirtClusterSpec, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate};
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
+use serde::Serialize;
 use serde_json::{Value, json};
 
+pub use capl_api::GROUP as INFRA_GROUP;
+pub use capl_api::capi::CLUSTER_NAME_LABEL;
+
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
-pub const INFRA_GROUP: &str = "infrastructure.cluster.x-k8s.io";
-pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
 /// The kinds the scenarios use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +51,9 @@ impl Kind {
     }
 }
 
-/// Creates `object` (a complete document with apiVersion and kind).
-pub async fn create(client: &Client, namespace: &str, kind: Kind, object: Value) -> Result<DynamicObject> {
+/// Creates `object` (complete with apiVersion and kind: a typed object or a document).
+pub async fn create(client: &Client, namespace: &str, kind: Kind, object: impl Serialize) -> Result<DynamicObject> {
+    let object = document(&object)?;
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let object: DynamicObject = serde_json::from_value(object)?;
     kind.api(client, namespace)
@@ -113,23 +119,19 @@ pub fn cluster(namespace: &str, name: &str, paused: bool) -> Value {
     })
 }
 
-pub fn libvirt_cluster(namespace: &str, name: &str, placement: &Placement) -> Value {
-    let mut cluster = json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtCluster",
-        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: name}},
-        "spec": {
-            "uri": placement.uri,
-            "network": placement.network,
-            "basePool": placement.base_pool,
-            "domainPool": placement.domain_pool,
-            "controlPlaneEndpoint": {"host": placement.endpoint_host, "port": 6443},
-        },
-    });
+/// `object` as the JSON document it is sent as.
+pub fn document(object: &impl Serialize) -> Result<Value> {
+    serde_json::to_value(object).context("serializing an object")
+}
+
+pub fn libvirt_cluster(namespace: &str, name: &str, placement: &Placement) -> LibvirtCluster {
+    let mut spec =
+        LibvirtClusterSpec::one_host(&placement.uri, &placement.network, &placement.base_pool, &placement.domain_pool)
+            .with_endpoint(&placement.endpoint_host, 6443);
     if let Some(secret) = &placement.credentials {
-        cluster["spec"]["credentialsRef"] = json!({"name": secret});
+        spec = spec.with_credentials(secret);
     }
-    cluster
+    LibvirtCluster::from_spec(name, spec).in_namespace(namespace).of_cluster(name)
 }
 
 /// A bootstrap data Secret as a bootstrap provider would write it.
@@ -163,35 +165,28 @@ pub fn machine(namespace: &str, name: &str, cluster: &str, secret: &str) -> Valu
 
 /// A small machine: 1 vCPU, 256 MiB, a 2 GiB disk (the root disk may not be
 /// smaller than the base image: the simulator's is 2 GiB; the overlay is sparse).
-fn machine_spec(image: &str) -> Value {
-    json!({"vcpu": 1, "memoryMiB": 256, "diskGiB": 2, "image": image})
+fn machine_spec(image: &str) -> LibvirtMachineSpec {
+    LibvirtMachineSpec::sized(image, 1, 256, 2)
 }
 
 /// A LibvirtMachine; with `owner` (Machine name and UID) it carries the owner
 /// reference CAPI would set, so the provider does not depend on CAPI for it.
-pub fn libvirt_machine(namespace: &str, name: &str, cluster: &str, image: &str, owner: Option<(&str, &str)>) -> Value {
-    let mut object = json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtMachine",
-        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
-        "spec": machine_spec(image),
-    });
-    if let Some((machine, uid)) = owner {
-        object["metadata"]["ownerReferences"] = json!([{
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": machine, "uid": uid,
-            "controller": true, "blockOwnerDeletion": true,
-        }]);
+pub fn libvirt_machine(
+    namespace: &str,
+    name: &str,
+    cluster: &str,
+    image: &str,
+    owner: Option<(&str, &str)>,
+) -> LibvirtMachine {
+    let object = LibvirtMachine::from_spec(name, machine_spec(image)).in_namespace(namespace).of_cluster(cluster);
+    match owner {
+        Some((machine, uid)) => object.controlled_by::<capl_api::capi::Machine>(machine, uid),
+        None => object,
     }
-    object
 }
 
-pub fn libvirt_machine_template(namespace: &str, name: &str, cluster: &str, image: &str) -> Value {
-    json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtMachineTemplate",
-        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_NAME_LABEL: cluster}},
-        "spec": {"template": {"spec": machine_spec(image)}},
-    })
+pub fn libvirt_machine_template(namespace: &str, name: &str, cluster: &str, image: &str) -> LibvirtMachineTemplate {
+    LibvirtMachineTemplate::stamping(name, machine_spec(image)).in_namespace(namespace).of_cluster(cluster)
 }
 
 /// A MachineDeployment whose Machines use a bootstrap Secret by name (no

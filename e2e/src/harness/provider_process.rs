@@ -66,7 +66,10 @@ impl ProviderProcess {
         command
             .arg(format!("--health-probe-bind-address=127.0.0.1:{}", self.health_port))
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", std::env::var("CAPL_E2E_PROVIDER_LOG").unwrap_or_else(|_| "info,kube=warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var(capl_testbed::env::E2E_PROVIDER_LOG).unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

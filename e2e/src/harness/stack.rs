@@ -24,7 +24,7 @@ use crate::harness::objects::{self, Kind, Placement};
 use crate::harness::provider::Provider;
 use crate::harness::provider_process::ProviderProcess;
 use crate::harness::wait::{Check, until};
-use crate::{blocking, repo_root};
+use crate::{blocking, built_binary, repo_root};
 
 /// Environment variables the harness reads (all optional except the URI for libvirt).
 pub use testenv::test_host::URI_ENV;
@@ -122,13 +122,6 @@ impl StackConfig {
         }
         Ok(Self { backend, provider_binary, guest_image, management })
     }
-}
-
-/// A binary of the workspace in the target directory this process runs
-/// from (`target/debug/` for `capl-e2e`, `target/debug/deps/..` for tests).
-pub fn built_binary(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)).find(|path| path.is_file())
 }
 
 /// Runs the built xtask's `guest-image` (builds or reuses the cached image).

@@ -1,19 +1,16 @@
 //! Polling with a deadline: every wait of the harness goes through [`until`]
-//! (or [`until_blocking`], its twin for blocking probes).
+//! (or [`until_blocking`], its twin for blocking probes), the testbed's one
+//! bounded wait with the harness's interval, its treatment of API calls that
+//! got no answer, and its timeout error.
 
 use std::fmt;
 use std::future::Future;
-use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow};
+use capl_testbed::wait::{self, Bound, Stop};
 
-/// The result of one poll.
-pub enum Check<T> {
-    Done(T),
-    /// Not yet; the text says what was seen (it ends up in the timeout error).
-    Pending(String),
-}
+pub use capl_testbed::wait::Check;
 
 /// How often [`until`] polls.
 const INTERVAL: Duration = Duration::from_millis(1000);
@@ -27,40 +24,35 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Check<T>>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match judge(probe().await, what, timeout, deadline)? {
-            ControlFlow::Break(value) => return Ok(value),
-            ControlFlow::Continue(()) => tokio::time::sleep(INTERVAL).await,
-        }
-    }
+    let outcome = wait::until(Bound::new(timeout, INTERVAL), || {
+        let poll = probe();
+        async move { not_yet_without_answer(poll.await) }
+    })
+    .await;
+    conclude(outcome, what, timeout)
 }
 
 /// [`until`] for a probe that blocks (kubectl): the same polls, deadline and
 /// errors, the thread asleep between polls.
 pub fn until_blocking<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Result<Check<T>>) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match judge(probe(), what, timeout, deadline)? {
-            ControlFlow::Break(value) => return Ok(value),
-            ControlFlow::Continue(()) => std::thread::sleep(INTERVAL),
-        }
+    let outcome = wait::blocking(Bound::new(timeout, INTERVAL), || not_yet_without_answer(probe()));
+    conclude(outcome, what, timeout)
+}
+
+/// A probe error that is a [`NoAnswer`] as "not yet", with its text as the
+/// state seen.
+fn not_yet_without_answer<T>(outcome: Result<Check<T>>) -> Result<Check<T>> {
+    match outcome {
+        Err(err) if err.is::<NoAnswer>() => Ok(Check::Pending(format!("{err:#}"))),
+        other => other,
     }
 }
 
-/// One poll's outcome: done, poll again, or fail (a hard error, or not done
-/// by the deadline).
-fn judge<T>(outcome: Result<Check<T>>, what: &str, timeout: Duration, deadline: Instant) -> Result<ControlFlow<T>> {
-    let last = match outcome {
-        Ok(Check::Done(value)) => return Ok(ControlFlow::Break(value)),
-        Ok(Check::Pending(state)) => state,
-        Err(err) if err.is::<NoAnswer>() => format!("{err:#}"),
-        Err(err) => return Err(err),
-    };
-    if Instant::now() > deadline {
-        bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
-    }
-    Ok(ControlFlow::Continue(()))
+/// The wait's value, the probe's hard error, or the timeout error.
+fn conclude<T>(outcome: Result<T, Stop<anyhow::Error>>, what: &str, timeout: Duration) -> Result<T> {
+    outcome.map_err(|stop| {
+        stop.into_error(|last| anyhow!("timed out after {timeout:?} waiting for {what}; last seen: {last}"))
+    })
 }
 
 /// Whether a Kubernetes API call failed in a way that passes by itself: no answer

@@ -34,13 +34,15 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use testenv::TestEnv;
 
-use crate::harness::clusterctl::{self, LocalRepository};
+use crate::harness::clusterctl::LocalRepository;
 use crate::harness::host_view::DhcpHost;
+use crate::harness::inventory;
+use crate::harness::machines::{MACHINE_READY, create_cluster, describe, host_objects, wait_host_objects};
 use crate::harness::management::{Management, ManagementKind};
 use crate::harness::objects::{self, CLUSTER_NAME_LABEL, Kind};
+use crate::harness::progress::say;
 use crate::harness::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
 use crate::harness::wait::{Check, until};
-use crate::scenarios::{MACHINE_READY, create_cluster, describe, host_objects, say, wait_host_objects};
 
 /// How long the target's provider may take to report the moved machines
 /// Ready after `clusterctl move` returns: adoption is a few libvirt reads.
@@ -116,7 +118,7 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
         .process()?
         .start_like(target.kubeconfig_path(), &stack.work_dir.join("provider-target.log"))
         .await?;
-    clusterctl::install_core_inventory(&stack.management).await?;
+    inventory::install_core_inventory(&stack.management).await?;
     timings.lap("workload API server, target management cluster and provider");
 
     // The Cluster on the source, with two machines (one control plane).
@@ -165,7 +167,7 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
         without.iter().any(|f| f.starts_with("Machine_")) && !without.iter().any(|f| f.starts_with("Libvirt")),
         "with CAPI core's inventory alone clusterctl should see Machines but no Libvirt objects, it saw {without:?}"
     );
-    clusterctl::install_provider_inventory(&stack.management, &repository).await?;
+    inventory::install_provider_inventory(&stack.management, &repository).await?;
     let with = objects_clusterctl_would_move(&repository, stack, &ns, "with-provider")?;
     for expected in [
         format!("LibvirtCluster_{ns}_{cluster}"),
@@ -191,8 +193,8 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
     );
     let cluster_object = objects::get(&source, &ns, Kind::Cluster, cluster).await?.context("the Cluster is gone")?;
     ensure!(cluster_object.data["spec"]["paused"] != true, "the refused move left the source Cluster paused");
-    clusterctl::install_inventory(&target, &repository).await?;
-    say(id, format!("target inventory: {:?}", clusterctl::providers(&target).await?));
+    inventory::install_inventory(&target, &repository).await?;
+    say(id, format!("target inventory: {:?}", inventory::providers(&target).await?));
     timings.lap("inventory checks (to-directory, refused move)");
 
     // The move.

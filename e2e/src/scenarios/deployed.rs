@@ -24,9 +24,9 @@ use serde_json::Value;
 
 use crate::harness::kind_cluster::{DEPLOYMENT, Kubectl, NAMESPACE};
 use crate::harness::management::Management;
+use crate::harness::progress::say;
 use crate::harness::stack::Stack;
 use crate::harness::wait::{self, Check};
-use crate::scenarios::say;
 
 const LEASE_LIMIT: Duration = Duration::from_secs(120);
 const GONE_LIMIT: Duration = Duration::from_secs(120);

@@ -50,8 +50,8 @@ use testenv::TestEnv;
 use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_RELEASE_REGISTRY, CAPI_VERSION};
 
 use crate::harness::clusterctl::{CLUSTERCTL_LABEL, INFRA_PROVIDER, LocalRepository, PROVIDER_LABEL};
+use crate::harness::progress::say;
 use crate::harness::stack::Stack;
-use crate::scenarios::say;
 
 /// The release `clusterctl init` installs.
 const RELEASE_VERSION: &str = "v0.1.0";

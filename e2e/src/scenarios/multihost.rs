@@ -22,10 +22,11 @@ use kube::{Api, Client};
 use testenv::lab::{ExtraLibvirtd, LabBridge};
 
 use crate::harness::host_view::HostView;
+use crate::harness::machines::MACHINE_READY;
 use crate::harness::objects::{self, Kind};
+use crate::harness::progress::say;
 use crate::harness::stack::{Stack, upload_base_image_to};
 use crate::harness::wait::{Check, until};
-use crate::scenarios::{MACHINE_READY, say};
 
 const ID: &str = "multihost";
 /// The lab subnet; the machines' pool is `.10-.13`, the endpoint `.250`.

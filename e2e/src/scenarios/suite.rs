@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::harness::stack::{Stack, StackConfig, delete_all_clusters};
-use crate::scenarios::{self, Scenario};
+use crate::scenarios::catalog::{self, Scenario};
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone)]
@@ -21,14 +21,14 @@ pub struct Outcome {
 /// empty), tears the stack down, and returns one outcome per scenario plus
 /// the stack itself ("setup" / "teardown") when those fail.
 pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> {
-    let ids: Vec<&str> = scenarios::all().iter().map(|s| s.id).collect();
+    let ids: Vec<&str> = catalog::all().iter().map(|s| s.id).collect();
     if let Some(unknown) = only.iter().find(|o| !ids.contains(&o.as_str())) {
         anyhow::bail!("no scenario has the id {unknown:?}; the scenario ids are {}", ids.join(", "));
     }
     let mut outcomes = Vec::new();
     let mut selected: Vec<Scenario> = Vec::new();
     let mut left_out = Vec::new();
-    for scenario in scenarios::all() {
+    for scenario in catalog::all() {
         let asked = only.iter().any(|o| o == scenario.id);
         if !only.is_empty() && !asked {
             continue;
@@ -165,7 +165,7 @@ mod tests {
     }
 
     fn runs(config: &StackConfig) -> Vec<&'static str> {
-        scenarios::all().into_iter().filter(|s| s.unmet(config).is_none()).map(|s| s.id).collect()
+        catalog::all().into_iter().filter(|s| s.unmet(config).is_none()).map(|s| s.id).collect()
     }
 
     #[test]

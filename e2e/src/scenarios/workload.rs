@@ -39,15 +39,16 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use testenv::control_plane_versions::NODE_TEST_IMAGE;
 
+use crate::harness::machines::clean_up;
 use crate::harness::objects::{self, Kind};
+use crate::harness::progress::say;
 use crate::harness::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
 use crate::harness::wait::{Answered, Check, until};
-use crate::scenarios::say;
 use crate::workload::client::{is_control_plane, node_names, pod_state, wait_nodes_ready};
+use crate::workload::cluster::{CLUSTER, domains};
 use crate::workload::diagnose::{compact, keep_capi_logs, report_guests, report_workload};
 use crate::workload::formation::{Bounds, Formation};
 use crate::workload::render::Flavor;
-use crate::workload::{CLUSTER, domains};
 
 const ID: &str = "workload";
 const TOPOLOGY_ID: &str = "workload-topology";
@@ -88,7 +89,7 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     let formation =
         Formation::apply(stack, ns, Flavor::Topology, Bounds::DOCUMENTED, Box::new(|m| say(TOPOLOGY_ID, m)))?;
     let cp = formation.control_plane().await?;
-    crate::scenarios::clean_up(stack, ns).await?;
+    clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
     formation.mark("Cluster deleted, nothing left on the host");
@@ -136,7 +137,7 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     formation.mark("scaled back to 0 (worker's Node, VM, disk, ISO, reservation gone)");
 
     // Deleting the Cluster leaves nothing on the host.
-    crate::scenarios::clean_up(stack, ns).await?;
+    clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
     let entries = endpoint_dns_hosts(stack, &endpoint_entry)?;

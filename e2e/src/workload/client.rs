@@ -10,7 +10,7 @@ use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use super::CLUSTER;
+use super::cluster::CLUSTER;
 use crate::harness::objects::{self, Kind};
 use crate::harness::wait::{Answered, Check, until};
 

@@ -13,7 +13,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
 use super::client::{pod_state, workload_client};
-use super::{domains, kubeadm_control_plane};
+use super::cluster::{domains, kubeadm_control_plane};
 use crate::harness::objects::{self, Kind};
 use crate::harness::stack::Stack;
 

@@ -30,13 +30,13 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::client::{check_provider_ids, node_ready, wait_machines_running, wait_nodes_ready, workload_client};
+use super::cluster::{CLUSTER, domains, kubeadm_control_plane};
 use super::diagnose::{compact, condition_text, diagnose, kubeadm_failure};
 use super::render::{Flavor, apply_flavor};
-use super::{CLUSTER, domains, kubeadm_control_plane};
+use crate::harness::machines::{Running, check_on_host, describe, running_facts};
 use crate::harness::objects::{self, Kind};
 use crate::harness::stack::Stack;
 use crate::harness::wait::{Answered, Check, until};
-use crate::scenarios::{Running, check_on_host, running_facts};
 
 /// How long each step may take. Ceilings, not expectations: QEMU emulates
 /// every instruction of the guests on a 2-core machine, and the guests get
@@ -222,9 +222,7 @@ impl<'a> Formation<'a> {
                     let running: Vec<Running> = lms.iter().filter_map(running_facts).collect();
                     Ok(match running.into_iter().next() {
                         Some(run) => Check::Done(run),
-                        None => {
-                            Check::Pending(lms.iter().map(crate::scenarios::describe).collect::<Vec<_>>().join("; "))
-                        }
+                        None => Check::Pending(lms.iter().map(describe).collect::<Vec<_>>().join("; ")),
                     })
                 })
                 .await?;

@@ -10,31 +10,13 @@
 //! - [`client`]: the workload cluster's client and what is read from it
 //!   (Nodes, the Machines behind them, providerIDs);
 //! - [`diagnose`]: what a stuck or failed cluster shows (machine phases, the
-//!   KubeadmControlPlane's conditions, the guests' kubeadm lines).
+//!   KubeadmControlPlane's conditions, the guests' kubeadm lines);
+//! - [`cluster`]: the cluster's name, its KubeadmControlPlane and its domains
+//!   on the host, which all of them read.
 
 pub(crate) mod client;
+pub(crate) mod cluster;
 pub(crate) mod diagnose;
 pub(crate) mod emulation;
 pub(crate) mod formation;
 pub(crate) mod render;
-
-use anyhow::Result;
-use kube::api::{ApiResource, GroupVersionKind};
-
-use crate::harness::stack::Stack;
-
-/// The workload cluster's name.
-pub(crate) const CLUSTER: &str = "wl";
-
-/// CAPI's KubeadmControlPlane, read as a dynamic object.
-pub(crate) fn kubeadm_control_plane() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("controlplane.cluster.x-k8s.io", "v1beta2", "KubeadmControlPlane"),
-        "kubeadmcontrolplanes",
-    )
-}
-
-/// The domains of the namespace on the host.
-pub(crate) fn domains(stack: &Stack, ns: &str) -> Result<Vec<String>> {
-    stack.libvirt()?.domains_with_prefix(ns)
-}

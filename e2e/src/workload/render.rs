@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail, ensure};
 use testenv::control_plane_versions::KUBERNETES_VERSION;
 use testenv::test_host::{TLS_CA_CERT, TLS_PORT};
 
-use super::CLUSTER;
+use super::cluster::CLUSTER;
 use crate::harness::clusterctl::LocalRepository;
 use crate::harness::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
 

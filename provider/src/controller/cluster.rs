@@ -195,7 +195,7 @@ async fn endpoint_from_network(
             ),
         ));
     };
-    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner, false).await? {
         Ok(opened) => opened,
         Err(unusable) => return Ok(Allocated::Waiting(unusable.reason, unusable.message)),
     };
@@ -238,7 +238,7 @@ async fn release_network_endpoint(ctx: &Context, object: &LibvirtCluster, ns: &s
         ctx.event(object, EventType::Warning, "EndpointReleaseFailed", "Delete", &message).await;
         Ok(Some(Action::requeue(std::time::Duration::from_secs(20))))
     };
-    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, ns, host, &owner, true).await? {
         Ok(opened) => opened,
         Err(unusable) => return failed(unusable.message).await,
     };
@@ -356,7 +356,7 @@ async fn check_host(object: &LibvirtCluster, host: &ClusterHost, ctx: &Context) 
     let uri = &host.uri;
     let ns = object.namespace().unwrap_or_default();
     let owner = format!("LibvirtCluster {}", object.name_any());
-    let opened = match credentials::host_connection_uri(ctx, &ns, host, &owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, &ns, host, &owner, false).await? {
         Ok(opened) => opened,
         Err(unusable) => {
             return Ok(InfraCheck::Failed {

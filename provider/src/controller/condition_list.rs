@@ -36,9 +36,26 @@ pub struct ConditionUpdate {
     pub message: String,
 }
 
+/// The longest condition message written, in characters. A condition's
+/// message may carry text from a host (a libvirt error, a guest's console)
+/// that has no bound of its own; CAPI copies it into the Machine's
+/// conditions, and an over-long message would make that write, or ours, fail.
+pub const MAX_MESSAGE_CHARS: usize = 10_240;
+
+/// `message` cut to [`MAX_MESSAGE_CHARS`], saying that it was cut.
+fn bounded(message: String) -> String {
+    const CUT: &str = " ... (truncated)";
+    if message.chars().count() <= MAX_MESSAGE_CHARS {
+        return message;
+    }
+    let mut out: String = message.chars().take(MAX_MESSAGE_CHARS - CUT.len()).collect();
+    out.push_str(CUT);
+    out
+}
+
 impl ConditionUpdate {
     pub fn new(type_: &'static str, status: Status, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { type_, status, reason, message: message.into() }
+        Self { type_, status, reason, message: bounded(message.into()) }
     }
 
     pub fn true_(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
@@ -133,6 +150,16 @@ mod tests {
         apply(&mut list, &[ConditionUpdate::true_("DomainRunning", "DomainRunning", "")], Some(2), at(300));
         assert_eq!(list[0].last_transition_time, Time(at(300)));
         assert_eq!(status_of(&list, "DomainRunning"), Some(Status::True));
+    }
+
+    #[test]
+    fn a_long_message_is_cut_and_says_so() {
+        let long = "é".repeat(MAX_MESSAGE_CHARS + 1);
+        let update = ConditionUpdate::false_("HostReachable", "HostUnreachable", long);
+        assert_eq!(update.message.chars().count(), MAX_MESSAGE_CHARS);
+        assert!(update.message.ends_with(" ... (truncated)") && update.message.starts_with("éé"));
+        let exact = "x".repeat(MAX_MESSAGE_CHARS);
+        assert_eq!(ConditionUpdate::false_("A", "B", exact.clone()).message, exact);
     }
 
     #[test]

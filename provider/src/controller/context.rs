@@ -16,7 +16,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
 use super::error::Error;
-use super::{machine_decision, metrics, own_changes, placement};
+use super::reservations::Reservations;
+use super::{machine_decision, metrics, own_changes};
 use crate::api::LibvirtCluster;
 use crate::api::capi::{Cluster, Machine};
 
@@ -82,7 +83,7 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: metrics::Metrics,
     /// The credentials of `credentialsRef` Secrets, written as files for libvirt.
-    pub credentials: CredentialStore,
+    pub credentials: Arc<CredentialStore>,
     /// Since when a running domain has been waiting for its lease, per LibvirtMachine UID.
     pub(super) lease_waits: Mutex<HashMap<String, std::time::Instant>>,
     /// When a reservation on a network (URI, network) was last written again
@@ -100,7 +101,7 @@ pub struct Context {
     /// The lifecycle events the LibvirtMachine reconciler's own host actions bring.
     pub(crate) expected_events: Arc<own_changes::ExpectedEvents>,
     /// Memory of machines placed on a host and not yet counted by it.
-    pub placements: placement::Reservations,
+    pub placements: Reservations,
 }
 
 /// Reflector stores of the objects a LibvirtMachine's reconcile reads: its
@@ -144,7 +145,7 @@ impl Context {
     pub fn new(client: Client, connections: Arc<Connections>, settings: Settings, metrics: metrics::Metrics) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
-        let credentials = CredentialStore::new(&settings.credentials_scratch_dir);
+        let credentials = Arc::new(CredentialStore::new(&settings.credentials_scratch_dir));
         Self {
             client,
             connections,
@@ -158,7 +159,7 @@ impl Context {
             inputs: OnceLock::new(),
             seen_machines: Arc::default(),
             expected_events: Arc::default(),
-            placements: placement::Reservations::default(),
+            placements: Reservations::default(),
         }
     }
 

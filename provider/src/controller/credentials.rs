@@ -49,27 +49,35 @@ pub async fn connection_uri(
     };
     let data: BTreeMap<String, Vec<u8>> =
         found.data.unwrap_or_default().into_iter().map(|(key, value)| (key, value.0)).collect();
-    Ok(ctx.credentials.apply(uri, namespace, secret, &data).map_err(|why| Unusable {
+    // Files are written and synced: on the blocking pool, not a runtime worker.
+    let store = ctx.credentials.clone();
+    let (uri, namespace, secret) = (uri.to_string(), namespace.to_string(), secret.to_string());
+    let applied = tokio::task::spawn_blocking(move || store.apply(&uri, &namespace, &secret, &data))
+        .await
+        .unwrap_or_else(|e| Err(format!("writing the credentials did not complete: {e}").into()));
+    Ok(applied.map_err(|refused| Unusable {
         reason: reasons::INVALID_CREDENTIALS,
-        message: format!("{owner}: {why}"),
-        transient: false,
+        message: format!("{owner}: {}", refused.message),
+        transient: refused.retry_later,
     }))
 }
 
-/// The URI to open for `host` of a LibvirtCluster (not deleting), named by
-/// `owner`: refused by the manager's URI policy, or [`connection_uri`] with
-/// the host's credentials Secret.
+/// The URI to open for `host` of a LibvirtCluster, named by `owner`: refused
+/// by the manager's URI policy, or [`connection_uri`] with the host's
+/// credentials Secret (while `deleting`, the credentials last read when the
+/// Secret is gone: `kubectl delete -f` deletes both at once).
 pub async fn host_connection_uri(
     ctx: &Context,
     namespace: &str,
     host: &crate::api::ClusterHost,
     owner: &str,
+    deleting: bool,
 ) -> Result<Result<String, Unusable>, Error> {
     if let Err(message) = ctx.settings.uri_policy.check(&host.uri) {
         // Never connected: opening this URI is what the policy refuses.
         return Ok(Err(Unusable { reason: reasons::URI_NOT_ALLOWED, message, transient: false }));
     }
-    connection_uri(ctx, namespace, &host.uri, host.credentials.as_deref(), owner, false).await
+    connection_uri(ctx, namespace, &host.uri, host.credentials.as_deref(), owner, deleting).await
 }
 
 /// `message` with the URI that was opened written as the URI the user gave:

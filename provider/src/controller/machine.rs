@@ -271,25 +271,76 @@ fn host_view(result: &Result<Option<MachineReport>, HostError>, object: &Libvirt
 
 async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Action, Error> {
     let ns = object.namespace().ok_or_else(|| Error::NoNamespace(object.name_any()))?;
-    let api: Api<LibvirtMachine> = Api::namespaced(ctx.client.clone(), &ns);
     let mut g = gather(object, ctx, &ns).await?;
     let uid = object.uid().unwrap_or_default();
     let identity = machine_identity(object);
     // With a provider ID we never set, the UID stands in for the host lookups: it finds nothing of ours.
     let host_identity = identity.clone().unwrap_or_else(|_| uid.clone());
-    let deleting = object.meta().deletion_timestamp.is_some();
     let recorded = HostLocation::recorded(object);
-    // Where the machine lives: where the status recorded before anything was
-    // created, once it did (it never moves); else, while the LibvirtCluster
-    // exists, the host placement chooses (nothing is created before the
-    // choice is recorded); else nowhere.
-    let mut unplaced = None;
     let paused = paused_reason(object, g.cluster.as_ref());
+    let (location, unplaced) = locate(object, ctx, &ns, &g, recorded.as_ref(), paused.is_none()).await?;
+    let mut snapshot = snapshot_of(object, ctx, &g, &ns, &host_identity, paused, &recorded, location.as_ref());
+    if let Some(why) = unplaced {
+        snapshot.host = Host::Failed { reason: why.reason, message: why.message, transient: why.transient };
+    }
+    if let Err(message) = identity
+        && !snapshot.deleting
+    {
+        // Nothing of ours can exist under an identity we never set: report and wait for a new object.
+        snapshot.host = Host::Failed { reason: reasons::INVALID_MACHINE_SPEC, message, transient: false };
+    }
+    let opened = connect(object, ctx, &ns, location.as_ref(), &mut snapshot).await?;
+    claim_addresses(object, ctx, &ns, &mut g, location.as_ref(), &mut snapshot).await?;
+    let user_uri = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
+    if location.is_some() && !matches!(snapshot.host, Host::Failed { .. }) {
+        // A reconnect is announced under the URI opened; its machines record the user's.
+        ctx.note_opened_uri(&opened, &user_uri);
+    }
+    let mut acting = Acting {
+        object,
+        ctx,
+        api: Api::namespaced(ctx.client.clone(), &ns),
+        ns,
+        uid,
+        host_identity,
+        g,
+        location,
+        opened,
+        user_uri,
+        snapshot,
+        report: None,
+        user_data: Vec::new(),
+        held: None,
+    };
+    let plan = loop {
+        let plan = decide(&acting.snapshot);
+        match act(&mut acting, plan).await? {
+            Step::Again => {}
+            Step::Report(plan) => break plan,
+            Step::Finished(action) => return Ok(action),
+        }
+    };
+    report(&acting, &plan).await
+}
+
+/// Where the machine lives: where the status recorded before anything was
+/// created, once it did (it never moves); else, while the LibvirtCluster
+/// exists, the host placement chooses (nothing is created before the choice
+/// is recorded), or why no host can take it; else nowhere.
+async fn locate(
+    object: &LibvirtMachine,
+    ctx: &Context,
+    ns: &str,
+    g: &Gathered,
+    recorded: Option<&HostLocation>,
+    not_paused: bool,
+) -> Result<(Option<HostLocation>, Option<placement::Unplaced>), Error> {
+    let deleting = object.meta().deletion_timestamp.is_some();
     // Hosts are asked for their memory only once the machine would record one,
     // and the host is chosen only once the owner Machine is known: its
     // spec.failureDomain names the host, and KubeadmControlPlane and
     // MachineSets create the LibvirtMachine before the Machine that owns it.
-    let placement_due = paused.is_none()
+    let placement_due = not_paused
         && g.machine.is_some()
         && g.cluster
             .as_ref()
@@ -297,23 +348,36 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             .and_then(|s| s.initialization.as_ref())
             .and_then(|i| i.infrastructure_provisioned)
             == Some(true);
-    let location = match (&recorded, &g.libvirt_cluster) {
+    let location = match (recorded, &g.libvirt_cluster) {
         (Some(r), lc) if deleting || lc.is_some() => Some(r.clone().with_current_credentials(lc.as_ref())),
         (None, Some(lc)) if !deleting && placement_due => {
-            match placement::place(ctx, &ns, object, g.machine.as_ref(), lc).await? {
+            match placement::place(ctx, ns, object, g.machine.as_ref(), lc).await? {
                 Ok(host) => Some(HostLocation::of_host(&host)),
-                Err(why) => {
-                    unplaced = Some(why);
-                    None
-                }
+                Err(why) => return Ok((None, Some(why))),
             }
         }
         // A machine that recorded no host (made before hosts were recorded) on the one-host form.
         (None, Some(lc)) if lc.spec.hosts.is_none() => lc.spec.hosts().first().map(HostLocation::of_host),
         _ => None,
     };
+    Ok((location, None))
+}
 
-    let mut snapshot = MachineSnapshot {
+/// The facts [`decide`] starts from, before the host is looked at.
+#[allow(clippy::too_many_arguments)]
+fn snapshot_of(
+    object: &LibvirtMachine,
+    ctx: &Context,
+    g: &Gathered,
+    ns: &str,
+    host_identity: &str,
+    paused: Option<String>,
+    recorded: &Option<HostLocation>,
+    location: Option<&HostLocation>,
+) -> MachineSnapshot {
+    let deleting = object.meta().deletion_timestamp.is_some();
+    let uid = object.uid().unwrap_or_default();
+    MachineSnapshot {
         deleting,
         has_finalizer: object.finalizers().iter().any(|f| f == MACHINE_FINALIZER),
         paused,
@@ -324,7 +388,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             (c.name_any(), provisioned == Some(true))
         }),
         libvirt_cluster_found: g.libvirt_cluster.is_some(),
-        location_recorded: location.is_some() && recorded == location,
+        location_recorded: location.is_some() && recorded.as_ref() == location,
         host_known: location.is_some(),
         skip_host_cleanup: object.annotations().contains_key(SKIP_HOST_CLEANUP_ANNOTATION),
         deleting_for: object
@@ -338,19 +402,22 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         provisioned: object.spec.provider_id.is_some()
             || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
         lease_refresh_due: !deleting && ctx.lease_waited(&uid) >= LEASE_REFRESH_AFTER,
-        domain: capl_host::naming::domain_name(&ns, &object.name_any(), &host_identity),
-        host_uri: location.as_ref().map(|l| l.uri.clone()).unwrap_or_default(),
-    };
-    if let Some(why) = unplaced {
-        snapshot.host = Host::Failed { reason: why.reason, message: why.message, transient: why.transient };
+        domain: capl_host::naming::domain_name(ns, &object.name_any(), host_identity),
+        host_uri: location.map(|l| l.uri.clone()).unwrap_or_default(),
     }
-    if let Err(message) = identity
-        && !snapshot.deleting
-    {
-        // Nothing of ours can exist under an identity we never set: report and wait for a new object.
-        snapshot.host = Host::Failed { reason: reasons::INVALID_MACHINE_SPEC, message, transient: false };
-    }
-    if let Some(l) = &location
+}
+
+/// The URI to open: the host's, with the files of its credentials Secret.
+/// A host the URI policy refuses, or credentials that cannot be used, are a
+/// failure in the snapshot.
+async fn connect(
+    object: &LibvirtMachine,
+    ctx: &Context,
+    ns: &str,
+    location: Option<&HostLocation>,
+    snapshot: &mut MachineSnapshot,
+) -> Result<String, Error> {
+    if let Some(l) = location
         && let Err(message) = ctx.settings.uri_policy.check(&l.uri)
     {
         // The manager does not open this URI, not even to delete (also when it
@@ -358,13 +425,12 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         // report it (the LibvirtCluster reports it too) and wait.
         snapshot.host = Host::Failed { reason: reasons::URI_NOT_ALLOWED, message, transient: false };
     }
-    // The URI to open: the host's, with the files of its credentials Secret.
-    let mut opened = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
-    if let Some(l) = &location
+    let mut opened = location.map(|l| l.uri.clone()).unwrap_or_default();
+    if let Some(l) = location
         && !matches!(snapshot.host, Host::Failed { .. })
     {
         let owner = format!("LibvirtMachine {}", object.name_any());
-        match credentials::connection_uri(ctx, &ns, &l.uri, l.credentials.as_deref(), &owner, deleting).await? {
+        match credentials::connection_uri(ctx, ns, &l.uri, l.credentials.as_deref(), &owner, snapshot.deleting).await? {
             Ok(uri) => opened = uri,
             Err(unusable) => {
                 snapshot.host =
@@ -372,11 +438,25 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
         }
     }
-    if addresses::uses_ipam(object) && !deleting && location.is_some() && !matches!(snapshot.host, Host::Failed { .. })
+    Ok(opened)
+}
+
+/// Addresses from IPAM: claimed once the machine has a host, known before anything is created.
+async fn claim_addresses(
+    object: &LibvirtMachine,
+    ctx: &Context,
+    ns: &str,
+    g: &mut Gathered,
+    location: Option<&HostLocation>,
+    snapshot: &mut MachineSnapshot,
+) -> Result<(), Error> {
+    if addresses::uses_ipam(object)
+        && !snapshot.deleting
+        && location.is_some()
+        && !matches!(snapshot.host, Host::Failed { .. })
     {
-        // Addresses from IPAM: claimed once the machine has a host, known before anything is created.
         let cluster = g.cluster.as_ref().map(|c| c.name_any());
-        match addresses::claim(ctx, object, &ns, cluster.as_deref()).await? {
+        match addresses::claim(ctx, object, ns, cluster.as_deref()).await? {
             Claimed::Ready(found) => g.addresses = found,
             Claimed::Waiting { reason, message } => {
                 snapshot.host = Host::Failed { reason, message, transient: true };
@@ -386,241 +466,315 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
             }
         }
     }
-    let user_uri = location.as_ref().map(|l| l.uri.clone()).unwrap_or_default();
-    if location.is_some() && !matches!(snapshot.host, Host::Failed { .. }) {
-        // A reconnect is announced under the URI opened; its machines record the user's.
-        ctx.note_opened_uri(&opened, &user_uri);
+    Ok(())
+}
+
+/// One reconcile between its decisions: what it gathered, where the machine
+/// lives, and what its steps have found out so far.
+struct Acting<'a> {
+    object: &'a LibvirtMachine,
+    ctx: &'a Context,
+    api: Api<LibvirtMachine>,
+    ns: String,
+    uid: String,
+    host_identity: String,
+    g: Gathered,
+    location: Option<HostLocation>,
+    /// The URI opened (with the files of the credentials Secret) and the one the user wrote.
+    opened: String,
+    user_uri: String,
+    snapshot: MachineSnapshot,
+    /// The domain as the host last reported it.
+    report: Option<MachineReport>,
+    /// The bootstrap data, read when the host said the domain is absent.
+    user_data: Vec<u8>,
+    /// The object as this reconcile's last metadata write left it, once there is one.
+    held: Option<LibvirtMachine>,
+}
+
+impl Acting<'_> {
+    /// Where the machine lives; decide acts on the host only when it knows that.
+    fn at(&self) -> &HostLocation {
+        self.location.as_ref().expect("decide acts on the host only when it knows the host")
     }
-    let host_view = |result: &Result<Option<MachineReport>, HostError>, object: &LibvirtMachine| {
-        let mut view = host_view(result, object);
+
+    fn host_spec(&self) -> MachineSpec {
+        host_spec(self.object, &self.host_identity, self.at(), &self.g, self.ctx)
+    }
+
+    /// [`host_view`], with the URI in a failure as the user wrote it.
+    fn host_view(&self, result: &Result<Option<MachineReport>, HostError>) -> Host {
+        let mut view = host_view(result, self.object);
         if let Host::Failed { message, .. } = &mut view {
-            *message = credentials::as_user_wrote_it(std::mem::take(message), &opened, &user_uri);
+            *message = credentials::as_user_wrote_it(std::mem::take(message), &self.opened, &self.user_uri);
         }
         view
-    };
-    let mut report: Option<MachineReport> = None;
-    let mut user_data = Vec::new();
-    // The object as this reconcile's last metadata write left it, once there is one.
-    let mut held: Option<LibvirtMachine> = None;
+    }
+}
 
-    let plan = loop {
-        let plan = decide(&snapshot);
-        // decide acts on the host only when it knows where the host is.
-        let at = || location.as_ref().expect("decide acts on the host only when it knows the host");
-        match plan.action {
-            MachineAction::Nothing => break plan,
-            MachineAction::AddFinalizer => {
-                // This reconcile goes on with the finalizer in place; its watch event brings nothing new.
-                let mut expected = object.clone();
-                expected.finalizers_mut().push(MACHINE_FINALIZER.to_string());
-                let before = ctx.seen_machines.will_write(&expected);
-                match object_patch::add_finalizer(&api, object, MACHINE_FINALIZER).await {
-                    Ok(written) => held = written.or(held),
-                    Err(err) => {
-                        ctx.seen_machines.write_failed(&expected, before);
-                        return Err(err);
-                    }
-                }
-                snapshot.has_finalizer = true;
+/// What comes after one step.
+enum Step {
+    /// Decide again on the updated snapshot.
+    Again,
+    /// Stop acting and report this plan.
+    Report(MachinePlan),
+    /// The object is done with (its finalizer removed).
+    Finished(Action),
+}
+
+/// Performs the plan's step. Each `act_*` function below performs the steps
+/// of the `decide_*` function of the same name in `machine_decision`, in the
+/// same order; this one performs those [`decide`] returns itself: the
+/// finalizer, the host recorded, the host looked at. (`decide_lost` returns
+/// no step: a lost domain is only reported.)
+async fn act(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Error> {
+    match plan.action {
+        MachineAction::Nothing => Ok(Step::Report(plan)),
+        MachineAction::AddFinalizer => add_finalizer(a).await,
+        MachineAction::RecordHost => record_host(a).await,
+        MachineAction::ObserveHost => observe_host(a).await,
+        MachineAction::Create => act_creation(a).await,
+        MachineAction::Start | MachineAction::RefreshReservation => act_running(a, plan.action).await,
+        MachineAction::Delete | MachineAction::RemoveFinalizer | MachineAction::SkipHostCleanup => {
+            act_deletion(a, plan).await
+        }
+    }
+}
+
+async fn add_finalizer(a: &mut Acting<'_>) -> Result<Step, Error> {
+    let (object, ctx) = (a.object, a.ctx);
+    // This reconcile goes on with the finalizer in place; its watch event brings nothing new.
+    let mut expected = object.clone();
+    expected.finalizers_mut().push(MACHINE_FINALIZER.to_string());
+    let before = ctx.seen_machines.will_write(&expected);
+    match object_patch::add_finalizer(&a.api, object, MACHINE_FINALIZER).await {
+        Ok(written) => a.held = written.or(a.held.take()),
+        Err(err) => {
+            ctx.seen_machines.write_failed(&expected, before);
+            return Err(err);
+        }
+    }
+    a.snapshot.has_finalizer = true;
+    Ok(Step::Again)
+}
+
+async fn record_host(a: &mut Acting<'_>) -> Result<Step, Error> {
+    let mut status = a.object.status.clone().unwrap_or_default();
+    a.at().write_into(&mut status);
+    let patch = serde_json::json!({
+        "hostURI": status.host_uri, "network": status.network,
+        "basePool": status.base_pool, "domainPool": status.domain_pool,
+        "credentialsRef": status.credentials_ref, "failureDomain": status.failure_domain,
+    });
+    object_patch::patch_status(&a.api, &a.object.name_any(), &patch).await?;
+    a.snapshot.location_recorded = true;
+    Ok(Step::Again)
+}
+
+async fn observe_host(a: &mut Acting<'_>) -> Result<Step, Error> {
+    let ctx = a.ctx;
+    let spec = a.host_spec();
+    let result =
+        timed(ctx, "observe", ctx.connections.host(&a.opened).call(move |h| host_machine::observe_machine(h, &spec)))
+            .await;
+    a.snapshot.host = a.host_view(&result);
+    if let Ok(found) = result {
+        if found.is_some() {
+            // The host counts the domain's memory now.
+            ctx.placements.created(&a.uid);
+        }
+        a.report = found;
+    }
+    // The bootstrap data is read only to create, and a provisioned machine is never created.
+    if a.snapshot.host == Host::Absent
+        && !a.snapshot.provisioned
+        && let Some(machine) = &a.g.machine
+    {
+        let (bootstrap, data) = bootstrap_data(ctx, &a.ns, machine).await?;
+        a.snapshot.bootstrap = bootstrap;
+        a.user_data = data;
+    }
+    Ok(Step::Again)
+}
+
+/// The step of `decide_creation`: create the domain and start it.
+async fn act_creation(a: &mut Acting<'_>) -> Result<Step, Error> {
+    let spec = a.host_spec();
+    let metrics = a.ctx.metrics.clone();
+    // The bootstrap data was read when the host said the domain is absent.
+    let seed = std::mem::take(&mut a.user_data);
+    let create = move |h: &dyn capl_host::hypervisor::Hypervisor| {
+        let mut took = |step: host_machine::CreateStep, d| metrics.create_step(step.name(), d);
+        host_machine::create_machine_timed(h, &spec, &seed, &mut took).map(Some)
+    };
+    let host = a.ctx.connections.host(&a.opened);
+    // The lifecycle events of this action tell this reconcile nothing it will not see.
+    a.ctx.expected_events.expect(&a.snapshot.domain, own_changes::CREATE_EVENTS);
+    let result = timed(a.ctx, "create", host.call(create)).await;
+    created_or_started(a, result).await
+}
+
+/// The steps of `decide_running`: start a stopped domain, or write the DHCP
+/// reservation of a guest that waits long for its lease again.
+async fn act_running(a: &mut Acting<'_>, action: MachineAction) -> Result<Step, Error> {
+    let ctx = a.ctx;
+    if action == MachineAction::Start {
+        let spec = a.host_spec();
+        let host = ctx.connections.host(&a.opened);
+        // The lifecycle events of this action tell this reconcile nothing it will not see.
+        ctx.expected_events.expect(&a.snapshot.domain, own_changes::START_EVENTS);
+        let result = timed(ctx, "start", host.call(move |h| host_machine::start_machine(h, &spec))).await;
+        return created_or_started(a, result).await;
+    }
+    a.snapshot.lease_refresh_due = false;
+    let l = a.at();
+    if ctx.claim_lease_refresh(&l.uri, &l.network) {
+        let spec = a.host_spec();
+        let result = timed(
+            ctx,
+            "refresh_reservation",
+            ctx.connections.host(&a.opened).call(move |h| host_machine::refresh_reservation(h, &spec)),
+        )
+        .await;
+        match result {
+            Ok(refreshed) => tracing::info!(
+                machine = %a.object.name_any(),
+                network = %l.network,
+                uri = %l.uri,
+                refreshed,
+                waited_s = ctx.lease_waited(&a.uid).as_secs(),
+                "the guest waits long for its DHCP lease: wrote its reservation again (libvirt restarts a dead dnsmasq on that)"
+            ),
+            // The look at the host succeeded a moment ago; the next one reports a lasting failure.
+            Err(err) => {
+                tracing::warn!(machine = %a.object.name_any(), %err, "cannot refresh the DHCP reservation")
             }
-            MachineAction::RemoveFinalizer => {
-                ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
-                addresses::release(ctx, object, &ns).await?;
-                object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
-                return Ok(Action::await_change());
-            }
-            MachineAction::SkipHostCleanup => {
-                let note = match &location {
-                    Some(l) => format!(
-                        "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
-                        what_may_remain(
-                            &host_spec(object, &host_identity, l, &g, ctx),
-                            &l.uri,
-                            object.status.as_ref().and_then(|s| s.mac_address.as_deref())
-                        )
-                    ),
-                    None => format!(
-                        "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
-                    ),
-                };
-                ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
-                ctx.lease_found(&uid);
-                addresses::release(ctx, object, &ns).await?;
-                object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
-                return Ok(Action::await_change());
-            }
-            MachineAction::RecordHost => {
-                let l = at();
-                let mut status = object.status.clone().unwrap_or_default();
-                l.write_into(&mut status);
-                let patch = serde_json::json!({
-                    "hostURI": status.host_uri, "network": status.network,
-                    "basePool": status.base_pool, "domainPool": status.domain_pool,
-                    "credentialsRef": status.credentials_ref, "failureDomain": status.failure_domain,
-                });
-                object_patch::patch_status(&api, &object.name_any(), &patch).await?;
-                snapshot.location_recorded = true;
-            }
-            MachineAction::ObserveHost => {
-                let spec = host_spec(object, &host_identity, at(), &g, ctx);
-                let result = timed(
-                    ctx,
-                    "observe",
-                    ctx.connections.host(&opened).call(move |h| host_machine::observe_machine(h, &spec)),
-                )
-                .await;
-                snapshot.host = host_view(&result, object);
-                if let Ok(found) = result {
-                    if found.is_some() {
-                        // The host counts the domain's memory now.
-                        ctx.placements.created(&uid);
-                    }
-                    report = found;
-                }
-                // The bootstrap data is read only to create, and a provisioned machine is never created.
-                if snapshot.host == Host::Absent
-                    && !snapshot.provisioned
-                    && let Some(machine) = &g.machine
-                {
-                    let (bootstrap, data) = bootstrap_data(ctx, &ns, machine).await?;
-                    snapshot.bootstrap = bootstrap;
-                    user_data = data;
-                }
-            }
-            MachineAction::Create | MachineAction::Start => {
-                let spec = host_spec(object, &host_identity, at(), &g, ctx);
-                let host = ctx.connections.host(&opened);
-                // The lifecycle events of this action tell this reconcile nothing it will not see.
-                let kinds = match plan.action {
-                    MachineAction::Create => own_changes::CREATE_EVENTS,
-                    _ => own_changes::START_EVENTS,
-                };
-                ctx.expected_events.expect(&snapshot.domain, kinds);
-                let result = if plan.action == MachineAction::Create {
-                    // The bootstrap data was read when the host said the domain is absent.
-                    let seed = std::mem::take(&mut user_data);
-                    let metrics = ctx.metrics.clone();
-                    let create = move |h: &dyn capl_host::hypervisor::Hypervisor| {
-                        let mut took = |step: host_machine::CreateStep, d| metrics.create_step(step.name(), d);
-                        host_machine::create_machine_timed(h, &spec, &seed, &mut took).map(Some)
-                    };
-                    timed(ctx, "create", host.call(create)).await
-                } else {
-                    timed(ctx, "start", host.call(move |h| host_machine::start_machine(h, &spec))).await
-                };
-                snapshot.host = host_view(&result, object);
-                match result {
-                    Ok(Some(r)) => {
-                        ctx.placements.created(&uid);
-                        let (reason, note) = if r.created {
-                            ("DomainCreated", format!("created and started domain {} on {}", r.domain, at().uri))
-                        } else {
-                            ("DomainStarted", format!("started domain {} on {}", r.domain, at().uri))
-                        };
-                        ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note)
-                            .await;
-                        report = Some(r);
-                    }
-                    Ok(None) => {
-                        // The domain vanished between the look and the start. It existed,
-                        // so the machine was provisioned and is now lost: decide reports
-                        // that, and nothing is created.
-                        ctx.expected_events.forget(&snapshot.domain);
-                        snapshot.provisioned = true;
-                    }
-                    Err(_) => {
-                        // A failed step is decided again below and reported as a
-                        // condition. The events it did not bring are not waited
-                        // for: a start by someone else must reconcile.
-                        ctx.expected_events.forget(&snapshot.domain);
-                    }
-                }
-                if let Host::Failed { .. } = snapshot.host {
-                    // Do not loop on a failed create: report it.
-                    break decide(&snapshot);
-                }
-            }
-            MachineAction::RefreshReservation => {
-                snapshot.lease_refresh_due = false;
-                let l = at();
-                if ctx.claim_lease_refresh(&l.uri, &l.network) {
-                    let spec = host_spec(object, &host_identity, l, &g, ctx);
-                    let result = timed(
-                        ctx,
-                        "refresh_reservation",
-                        ctx.connections.host(&opened).call(move |h| host_machine::refresh_reservation(h, &spec)),
+        }
+    }
+    Ok(Step::Again)
+}
+
+/// What a create or a start came to.
+async fn created_or_started(
+    a: &mut Acting<'_>,
+    result: Result<Option<MachineReport>, HostError>,
+) -> Result<Step, Error> {
+    let (object, ctx) = (a.object, a.ctx);
+    a.snapshot.host = a.host_view(&result);
+    match result {
+        Ok(Some(r)) => {
+            ctx.placements.created(&a.uid);
+            let (reason, note) = if r.created {
+                ("DomainCreated", format!("created and started domain {} on {}", r.domain, a.at().uri))
+            } else {
+                ("DomainStarted", format!("started domain {} on {}", r.domain, a.at().uri))
+            };
+            ctx.event(object, EventType::Normal, reason, if r.created { "Create" } else { "Start" }, &note).await;
+            a.report = Some(r);
+        }
+        Ok(None) => {
+            // The domain vanished between the look and the start. It existed,
+            // so the machine was provisioned and is now lost: decide reports
+            // that, and nothing is created.
+            ctx.expected_events.forget(&a.snapshot.domain);
+            a.snapshot.provisioned = true;
+        }
+        Err(_) => {
+            // A failed step is decided again below and reported as a
+            // condition. The events it did not bring are not waited
+            // for: a start by someone else must reconcile.
+            ctx.expected_events.forget(&a.snapshot.domain);
+        }
+    }
+    if let Host::Failed { .. } = a.snapshot.host {
+        // Do not loop on a failed create: report it.
+        return Ok(Step::Report(decide(&a.snapshot)));
+    }
+    Ok(Step::Again)
+}
+
+/// The steps of `decide_deletion`: remove the machine from the host, or drop
+/// the finalizer without touching it.
+async fn act_deletion(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Error> {
+    let (object, ctx) = (a.object, a.ctx);
+    match plan.action {
+        MachineAction::RemoveFinalizer => {
+            ctx.event(object, EventType::Warning, "HostUnknown", "Delete", &plan.conditions[0].message).await;
+        }
+        MachineAction::SkipHostCleanup => {
+            let note = match &a.location {
+                Some(l) => format!(
+                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. What may remain: {}",
+                    what_may_remain(
+                        &a.host_spec(),
+                        &l.uri,
+                        object.status.as_ref().and_then(|s| s.mac_address.as_deref())
                     )
-                    .await;
-                    match result {
-                        Ok(refreshed) => tracing::info!(
-                            machine = %object.name_any(),
-                            network = %l.network,
-                            uri = %l.uri,
-                            refreshed,
-                            waited_s = ctx.lease_waited(&uid).as_secs(),
-                            "the guest waits long for its DHCP lease: wrote its reservation again (libvirt restarts a dead dnsmasq on that)"
-                        ),
-                        // The look at the host succeeded a moment ago; the next one reports a lasting failure.
-                        Err(err) => {
-                            tracing::warn!(machine = %object.name_any(), %err, "cannot refresh the DHCP reservation")
-                        }
+                ),
+                None => format!(
+                    "{SKIP_HOST_CLEANUP_ANNOTATION} is set: the host was not cleaned up. No host is recorded, so the machine created nothing on one"
+                ),
+            };
+            ctx.event(object, EventType::Warning, "HostCleanupSkipped", "Delete", &note).await;
+            ctx.lease_found(&a.uid);
+        }
+        _ => {
+            let l = a.at();
+            let spec = a.host_spec();
+            let result = timed(
+                ctx,
+                "delete",
+                ctx.connections.host(&a.opened).call(move |h| host_machine::delete_machine(h, &spec)),
+            )
+            .await;
+            match result {
+                Ok(left) => {
+                    if left.is_empty() {
+                        let note = format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
+                        ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
+                    } else {
+                        let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
+                        let note = format!(
+                            "removed what was this LibvirtMachine's from {}; left what is not: {}",
+                            l.uri,
+                            left.join("; ")
+                        );
+                        ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
                     }
+                    ctx.lease_found(&a.uid);
                 }
-            }
-            MachineAction::Delete => {
-                let l = at();
-                let spec = host_spec(object, &host_identity, l, &g, ctx);
-                let result = timed(
-                    ctx,
-                    "delete",
-                    ctx.connections.host(&opened).call(move |h| host_machine::delete_machine(h, &spec)),
-                )
-                .await;
-                match result {
-                    Ok(left) => {
-                        if left.is_empty() {
-                            let note =
-                                format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
-                            ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
-                        } else {
-                            let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
-                            let note = format!(
-                                "removed what was this LibvirtMachine's from {}; left what is not: {}",
-                                l.uri,
-                                left.join("; ")
-                            );
-                            ctx.event(object, EventType::Warning, "ForeignObjectsLeft", "Delete", &note).await;
-                        }
-                        ctx.lease_found(&uid);
-                        addresses::release(ctx, object, &ns).await?;
-                        object_patch::remove_finalizer(&api, object, MACHINE_FINALIZER).await?;
-                        return Ok(Action::await_change());
-                    }
-                    Err(err) => {
-                        snapshot.host = host_view(&Err(err), object);
-                        break decide(&snapshot);
-                    }
+                Err(err) => {
+                    a.snapshot.host = a.host_view(&Err(err));
+                    return Ok(Step::Report(decide(&a.snapshot)));
                 }
             }
         }
-    };
+    }
+    addresses::release(ctx, object, &a.ns).await?;
+    object_patch::remove_finalizer(&a.api, object, MACHINE_FINALIZER).await?;
+    Ok(Step::Finished(Action::await_change()))
+}
 
-    let held = held.as_ref().unwrap_or(object);
-    report_status(object, held, ctx, &api, &plan, report.as_ref(), location.as_ref()).await?;
-    let waiting_for_secret = matches!(snapshot.bootstrap, Bootstrap::SecretMissing(_)) && snapshot.host == Host::Absent;
+/// Conditions, status and events of the plan; then when to look again.
+async fn report(a: &Acting<'_>, plan: &MachinePlan) -> Result<Action, Error> {
+    let (object, ctx, uid) = (a.object, a.ctx, &a.uid);
+    let held = a.held.as_ref().unwrap_or(object);
+    report_status(object, held, ctx, &a.api, plan, a.report.as_ref(), a.location.as_ref()).await?;
+    let waiting_for_secret =
+        matches!(a.snapshot.bootstrap, Bootstrap::SecretMissing(_)) && a.snapshot.host == Host::Absent;
     let requeue = match plan.requeue {
         Requeue::Never if waiting_for_secret => Some(RECHECK_MISSING_SECRET),
         Requeue::Never => {
-            ctx.lease_found(&uid);
+            ctx.lease_found(uid);
             None
         }
-        Requeue::WaitingForAddress => Some(ctx.lease_backoff(&uid)),
+        Requeue::WaitingForAddress => Some(ctx.lease_backoff(uid)),
         Requeue::Resync => {
-            ctx.lease_found(&uid);
+            ctx.lease_found(uid);
             Some(ctx.settings.resync_interval)
         }
         Requeue::After(after) => {
-            ctx.lease_found(&uid);
+            ctx.lease_found(uid);
             Some(after)
         }
     };

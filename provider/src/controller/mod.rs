@@ -29,6 +29,7 @@ mod object_patch;
 pub mod own_changes;
 mod owners;
 pub mod placement;
+pub mod reservations;
 pub mod template;
 mod watch_mapping;
 

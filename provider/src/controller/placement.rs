@@ -9,9 +9,7 @@
 //! a host's answer given after a domain was created counts that domain itself.
 //! The choice is recorded in the LibvirtMachine's status and never made again.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use capl_host::hypervisor::NodeMemory;
 use kube::ResourceExt;
@@ -19,19 +17,13 @@ use kube::ResourceExt;
 use super::context::Context;
 use super::credentials;
 use super::error::Error;
+use super::reservations::{Reservations, Reserved};
 use crate::api::capi::Machine;
 use crate::api::conditions::reasons;
 use crate::api::{ClusterHost, LibvirtCluster, LibvirtMachine};
 
 /// The label CAPI puts on control-plane Machines.
 const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
-
-/// How long a reservation is kept after its domain was created, for the
-/// placements that asked their hosts before that (no host call lasts this long).
-const AFTER_CREATION: Duration = Duration::from_secs(600);
-/// A machine placed but never created (its bootstrap data never came) stops
-/// holding memory after this.
-const UNCREATED: Duration = Duration::from_secs(30 * 60);
 
 /// Why a machine could not be placed: a condition to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,49 +32,6 @@ pub struct Unplaced {
     pub message: String,
     /// Retry on a timer (memory may free up, a host may come back).
     pub transient: bool,
-}
-
-#[derive(Debug)]
-struct Reserved {
-    uri: String,
-    bytes: u64,
-    since: Instant,
-    created: Option<Instant>,
-}
-
-/// Memory of machines placed on a host whose domains the host may not count yet.
-#[derive(Debug, Default)]
-pub struct Reservations {
-    by_machine: Mutex<HashMap<String, Reserved>>,
-}
-
-impl Reservations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Reserved>> {
-        self.by_machine.lock().expect("placement reservations lock")
-    }
-
-    /// The memory reserved on `uri` that an answer asked for at `asked` does not
-    /// count: of machines placed and not created, or created after the question.
-    fn reserved_on(map: &HashMap<String, Reserved>, uri: &str, asked: Instant) -> u64 {
-        map.values().filter(|r| r.uri == uri && r.created.is_none_or(|at| at > asked)).map(|r| r.bytes).sum()
-    }
-
-    /// The machine's domain is defined on its host: answers asked from now on count it.
-    pub fn created(&self, uid: &str) {
-        if let Some(r) = self.lock().get_mut(uid) {
-            r.created.get_or_insert_with(Instant::now);
-        }
-    }
-
-    /// Forgets machines that are gone and reservations that ran out.
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        let now = Instant::now();
-        self.lock().retain(|uid, r| {
-            keep(uid)
-                && r.created.is_none_or(|at| now.duration_since(at) < AFTER_CREATION)
-                && now.duration_since(r.since) < UNCREATED
-        });
-    }
 }
 
 /// Whether CAPI marked the machine as a control-plane one.
@@ -173,8 +122,7 @@ pub async fn place(
     match chosen {
         Ok(i) => {
             let host = candidates[i].clone();
-            reservations
-                .insert(uid, Reserved { uri: host.uri.clone(), bytes: need, since: Instant::now(), created: None });
+            reservations.insert(uid, Reserved::new(host.uri.clone(), need));
             Ok(Ok(host))
         }
         Err(why) => Ok(Err(Unplaced {
@@ -197,7 +145,7 @@ async fn node_memory(
     host: &ClusterHost,
     owner: &str,
 ) -> Result<Result<NodeMemory, String>, Error> {
-    let opened = match credentials::host_connection_uri(ctx, ns, host, owner).await? {
+    let opened = match credentials::host_connection_uri(ctx, ns, host, owner, false).await? {
         Ok(opened) => opened,
         Err(unusable) => return Ok(Err(unusable.message)),
     };

@@ -128,7 +128,7 @@ async fn host_architecture(
     let mut why_not = Vec::new();
     for host in lc.spec.hosts() {
         let uri = &host.uri;
-        let opened = match credentials::host_connection_uri(ctx, ns, &host, &owner).await? {
+        let opened = match credentials::host_connection_uri(ctx, ns, &host, &owner, false).await? {
             Ok(opened) => opened,
             Err(unusable) => {
                 why_not.push(unusable.message);

@@ -4,13 +4,15 @@
 //! in-process against both, scoped to the test's namespace.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::fmt::Debug;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use capl::api::builders::ObjectBuilder;
 use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
-use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl::api::{LibvirtCluster, LibvirtClusterSpec, LibvirtMachine, LibvirtMachineSpec};
 use capl::controller::metrics::Metrics;
 use capl::controller::{self, Context, Settings, UriPolicy};
 use capl_host::DomainTypePreference;
@@ -18,6 +20,7 @@ use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST
 use capl_host::hypervisor::sim::{SimConnector, SimHypervisor};
 use capl_host::hypervisor::{HostAdmin, Hypervisor};
 use capl_host::network_xml::parse_network;
+use capl_testbed::wait::{self, Bound, Check, Stop};
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
@@ -106,11 +109,13 @@ impl World {
         SimHypervisor::connect(&self.uri).unwrap_or_else(|e| panic!("connecting to {}: {e}", self.uri))
     }
 
-    /// Server-side applies `object` (complete, with apiVersion and kind) and returns it as stored.
-    pub async fn apply<K>(&self, object: Value) -> K
+    /// Server-side applies `object` (complete, with apiVersion and kind: a
+    /// typed object or a JSON document) and returns it as stored.
+    pub async fn apply<K>(&self, object: impl serde::Serialize) -> K
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
+        let object = serde_json::to_value(object).expect("an object serializes to JSON");
         let name = object["metadata"]["name"].as_str().expect("object has metadata.name").to_string();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.api::<K>()
@@ -174,24 +179,20 @@ impl World {
             + serde::Serialize,
     {
         let api = self.api::<K>();
-        let started = Instant::now();
-        let mut last: Option<K>;
-        loop {
-            match api.get_opt(name).await {
-                Ok(Some(object)) => {
-                    if ready(&object) {
-                        return object;
-                    }
-                    last = Some(object);
-                }
-                Ok(None) => last = None,
-                Err(e) => panic!("reading {} {name}: {e}", K::kind(&())),
+        let outcome = wait::until(Bound::new(deadline, POLL), || async {
+            Ok::<_, kube::Error>(match api.get_opt(name).await? {
+                Some(object) if ready(&object) => Check::Done(object),
+                Some(object) => Check::Pending(serde_json::to_string_pretty(&object).unwrap()),
+                None => Check::Pending("(absent)".into()),
+            })
+        })
+        .await;
+        match outcome {
+            Ok(object) => object,
+            Err(Stop::Failed(e)) => panic!("reading {} {name}: {e}", K::kind(&())),
+            Err(Stop::TimedOut(seen)) => {
+                panic!("{} {}/{name}: timed out waiting for {what}; last seen:\n{seen}", K::kind(&()), self.ns)
             }
-            if started.elapsed() > deadline {
-                let seen = last.map(|o| serde_json::to_string_pretty(&o).unwrap()).unwrap_or_else(|| "(absent)".into());
-                panic!("{} {}/{name}: timed out waiting for {what}; last seen:\n{seen}", K::kind(&()), self.ns);
-            }
-            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -205,29 +206,26 @@ impl World {
             + serde::Serialize,
     {
         let api = self.api::<K>();
-        let started = Instant::now();
-        while let Some(object) = api.get_opt(name).await.unwrap_or_else(|e| panic!("reading {name}: {e}")) {
-            if started.elapsed() > WAIT {
-                panic!(
-                    "{} {}/{name} was not removed:\n{}",
-                    K::kind(&()),
-                    self.ns,
-                    serde_json::to_string_pretty(&object).unwrap()
-                );
-            }
-            tokio::time::sleep(POLL).await;
+        let outcome = wait::until(Bound::new(WAIT, POLL), || async {
+            Ok::<_, kube::Error>(match api.get_opt(name).await? {
+                Some(object) => Check::Pending(serde_json::to_string_pretty(&object).unwrap()),
+                None => Check::Done(()),
+            })
+        })
+        .await;
+        match outcome {
+            Ok(()) => {}
+            Err(Stop::Failed(e)) => panic!("reading {name}: {e}"),
+            Err(Stop::TimedOut(object)) => panic!("{} {}/{name} was not removed:\n{object}", K::kind(&()), self.ns),
         }
     }
 
     /// Polls the simulated host until `ready` holds.
     pub async fn wait_host(&self, what: &str, ready: impl Fn(&SimHypervisor) -> bool) {
         let hv = self.inspect();
-        let started = Instant::now();
-        while !ready(&hv) {
-            if started.elapsed() > WAIT {
-                panic!("host {}: timed out waiting for {what}; host holds {:?}", self.uri, self.host_objects());
-            }
-            tokio::time::sleep(POLL).await;
+        let outcome = wait::until(Bound::new(WAIT, POLL), || async { Ok::<_, Infallible>(ready(&hv).into()) }).await;
+        if outcome.is_err() {
+            panic!("host {}: timed out waiting for {what}; host holds {:?}", self.uri, self.host_objects());
         }
     }
 
@@ -247,16 +245,17 @@ impl World {
 
     /// Polls until an event regarding `name` with `reason` and `note` exists.
     pub async fn wait_event(&self, name: &str, type_: &str, reason: &str, note: &str) {
-        let started = Instant::now();
-        loop {
+        let outcome = wait::until(Bound::new(WAIT, POLL), || async {
             let events = self.events(name).await;
-            if events.iter().any(|(t, r, n)| t == type_ && r == reason && n == note) {
-                return;
-            }
-            if started.elapsed() > WAIT {
-                panic!("no {type_} event {reason} {note:?} regarding {name}; events: {events:#?}");
-            }
-            tokio::time::sleep(POLL).await;
+            Ok::<_, Infallible>(if events.iter().any(|(t, r, n)| t == type_ && r == reason && n == note) {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{events:#?}"))
+            })
+        })
+        .await;
+        if let Err(Stop::TimedOut(events)) = outcome {
+            panic!("no {type_} event {reason} {note:?} regarding {name}; events: {events}");
         }
     }
 
@@ -459,23 +458,20 @@ pub fn cluster_json(name: &str, lc: &str, endpoint: bool) -> Value {
     cluster
 }
 
-fn owner(kind: &str, name: &str, uid: &str) -> Value {
-    json!([{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind, "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true }])
+/// A LibvirtCluster on host `uri` with the simulated host's network and
+/// pools, owned by Cluster `cluster` (name, uid) as CAPI would set it.
+pub fn libvirt_cluster(name: &str, uri: &str, cluster: Option<(&str, &str)>) -> LibvirtCluster {
+    let lc = LibvirtCluster::from_spec(name, LibvirtClusterSpec::one_host(uri, NETWORK, BASE_POOL, DOMAIN_POOL));
+    match cluster {
+        Some((cluster, uid)) => lc.controlled_by::<Cluster>(cluster, uid).of_cluster(cluster),
+        None => lc,
+    }
 }
 
-/// A LibvirtCluster on host `uri`, owned by Cluster `cluster` (uid) as CAPI would set it.
+/// [`libvirt_cluster`] as a JSON document, for a test that changes it
+/// (into shapes the types may not allow) before applying it.
 pub fn libvirt_cluster_json(name: &str, uri: &str, cluster: Option<(&str, &str)>) -> Value {
-    let mut lc = json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtCluster",
-        "metadata": { "name": name },
-        "spec": { "uri": uri, "network": NETWORK, "basePool": BASE_POOL, "domainPool": DOMAIN_POOL },
-    });
-    if let Some((cluster, uid)) = cluster {
-        lc["metadata"]["ownerReferences"] = owner("Cluster", cluster, uid);
-        lc["metadata"]["labels"] = json!({ CLUSTER_NAME_LABEL: cluster });
-    }
-    lc
+    document(&libvirt_cluster(name, uri, cluster))
 }
 
 /// A Machine of `cluster` whose infrastructure is LibvirtMachine `lm`.
@@ -498,18 +494,26 @@ pub fn machine_json(name: &str, cluster: &str, lm: &str, data_secret: Option<&st
     })
 }
 
-/// A LibvirtMachine of `cluster`, owned by Machine `machine` (name, uid) as CAPI would set it.
-pub fn libvirt_machine_json(name: &str, cluster: &str, machine: Option<(&str, &str)>) -> Value {
-    let mut lm = json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtMachine",
-        "metadata": { "name": name, "labels": { CLUSTER_NAME_LABEL: cluster } },
-        "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": BASE_IMAGE },
-    });
-    if let Some((machine, uid)) = machine {
-        lm["metadata"]["ownerReferences"] = owner("Machine", machine, uid);
+/// A LibvirtMachine of `cluster` (1 vCPU, 512 MiB, a 10 GiB disk over the
+/// simulated host's base image), owned by Machine `machine` (name, uid) as
+/// CAPI would set it.
+pub fn libvirt_machine(name: &str, cluster: &str, machine: Option<(&str, &str)>) -> LibvirtMachine {
+    let lm = LibvirtMachine::from_spec(name, LibvirtMachineSpec::sized(BASE_IMAGE, 1, 512, 10)).of_cluster(cluster);
+    match machine {
+        Some((machine, uid)) => lm.controlled_by::<Machine>(machine, uid),
+        None => lm,
     }
-    lm
+}
+
+/// [`libvirt_machine`] as a JSON document, for a test that changes it
+/// (into shapes the types may not allow) before applying it.
+pub fn libvirt_machine_json(name: &str, cluster: &str, machine: Option<(&str, &str)>) -> Value {
+    document(&libvirt_machine(name, cluster, machine))
+}
+
+/// A typed object as the JSON document it is sent as.
+fn document(object: &impl serde::Serialize) -> Value {
+    serde_json::to_value(object).expect("an object serializes to JSON")
 }
 
 /// A bootstrap data Secret as CAPI's bootstrap providers write it.
@@ -545,7 +549,7 @@ pub async fn provisioned_cluster_on(w: &World, cluster: &str, uri: &str) -> Stri
     let lc_name = format!("{cluster}-lc");
     let c: Cluster = w.apply(cluster_json(cluster, &lc_name, true)).await;
     let uid = c.uid().expect("a stored Cluster has a UID");
-    let _: LibvirtCluster = w.apply(libvirt_cluster_json(&lc_name, uri, Some((cluster, &uid)))).await;
+    let _: LibvirtCluster = w.apply(libvirt_cluster(&lc_name, uri, Some((cluster, &uid)))).await;
     let _: Cluster = w.patch_status(cluster, json!({ "initialization": { "infrastructureProvisioned": true } })).await;
     uid
 }
@@ -560,7 +564,7 @@ pub async fn machine_pair(
 ) -> (Machine, LibvirtMachine) {
     let m: Machine = w.apply(machine_json(name, cluster, name, data_secret)).await;
     let uid = m.uid().expect("a stored Machine has a UID");
-    let lm: LibvirtMachine = w.apply(libvirt_machine_json(name, cluster, Some((name, &uid)))).await;
+    let lm: LibvirtMachine = w.apply(libvirt_machine(name, cluster, Some((name, &uid)))).await;
     (m, lm)
 }
 

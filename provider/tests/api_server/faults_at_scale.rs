@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use capl::api::capi::Cluster;
-use capl::api::{LibvirtCluster, LibvirtMachine};
+use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate};
 use capl::controller::Settings;
 use capl_host::hypervisor::HostAdmin;
 use capl_host::hypervisor::sim::SimHypervisor;
@@ -83,12 +83,11 @@ async fn sixty_machines_converge_through_random_faults_and_a_daemon_restart() {
     let _: serde_json::Value = apply_json(
         &w,
         "LibvirtMachineTemplate",
-        json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-            "kind": "LibvirtMachineTemplate",
-            "metadata": { "name": "big-workers" },
-            "spec": { "template": { "spec": { "vcpu": 1, "memoryMiB": 256, "diskGiB": 2, "image": BASE_IMAGE } } },
-        }),
+        serde_json::to_value(LibvirtMachineTemplate::stamping(
+            "big-workers",
+            LibvirtMachineSpec::sized(BASE_IMAGE, 1, 256, 2),
+        ))
+        .unwrap(),
     )
     .await;
     let labels = json!({ "cluster.x-k8s.io/cluster-name": "big", "cluster.x-k8s.io/deployment-name": "big-workers" });

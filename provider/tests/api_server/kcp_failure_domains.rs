@@ -21,8 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::support::{BASE_IMAGE, BASE_POOL, DOMAIN_POOL, Manager, NETWORK, sim_connections};
-use capl::api::LibvirtMachine;
 use capl::api::capi::CLUSTER_NAME_LABEL;
+use capl::api::{
+    LibvirtCluster, LibvirtClusterSpec, LibvirtHost, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -46,6 +48,11 @@ fn capi(kind: &str, plural: &str) -> ApiResource {
 
 fn kcp_resource() -> ApiResource {
     resource("controlplane.cluster.x-k8s.io", "v1beta2", "KubeadmControlPlane", "kubeadmcontrolplanes")
+}
+
+/// A typed object as the document [`apply`] sends.
+fn document(object: &impl serde::Serialize) -> Value {
+    serde_json::to_value(object).expect("an object serializes to JSON")
 }
 
 async fn apply(client: &Client, ns: &str, ar: &ApiResource, doc: Value) {
@@ -148,7 +155,7 @@ async fn kubeadm_control_plane_of_three_puts_one_machine_on_each_host() {
             capl_host::sim_host::register_with_memory(&uri, 8192).unwrap_or_else(|e| panic!("{uri}: {e}")),
             uri.clone(),
         ));
-        host_list.push(json!({ "name": name, "uri": uri }));
+        host_list.push(LibvirtHost::at(name, &uri));
     }
     let _manager = Manager::start(client.clone(), &ns, sim_connections());
 
@@ -175,25 +182,21 @@ async fn kubeadm_control_plane_of_three_puts_one_machine_on_each_host() {
         &client,
         &ns,
         &infra("LibvirtMachineTemplate", "libvirtmachinetemplates"),
-        json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
-            "metadata": { "name": "trio-control-plane" },
-            "spec": { "template": { "spec": { "vcpu": 1, "memoryMiB": 1024, "diskGiB": 10, "image": BASE_IMAGE } } },
-        }),
+        document(&LibvirtMachineTemplate::stamping(
+            "trio-control-plane",
+            LibvirtMachineSpec::sized(BASE_IMAGE, 1, 1024, 10),
+        )),
     )
     .await;
     apply(
         &client,
         &ns,
         &infra("LibvirtCluster", "libvirtclusters"),
-        json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtCluster",
-            "metadata": { "name": CLUSTER },
-            "spec": {
-                "hosts": host_list, "network": NETWORK, "basePool": BASE_POOL, "domainPool": DOMAIN_POOL,
-                "controlPlaneEndpoint": { "host": "127.0.0.1", "port": endpoint_port },
-            },
-        }),
+        document(&LibvirtCluster::from_spec(
+            CLUSTER,
+            LibvirtClusterSpec::several_hosts(host_list, NETWORK, BASE_POOL, DOMAIN_POOL)
+                .with_endpoint("127.0.0.1", endpoint_port),
+        )),
     )
     .await;
     apply(&client, &ns, &kcp_resource(), json!({

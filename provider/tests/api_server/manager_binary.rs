@@ -3,10 +3,13 @@
 //! (reconcile_manager_binary.rs covers one replica provisioning a machine,
 //! its metrics, logs and SIGTERM.)
 
+use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use capl_testbed::wait::{self, Bound};
 
 use crate::clusterctl_template;
 
@@ -27,11 +30,9 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let bound = Bound::new(timeout, Duration::from_millis(250));
+    let outcome = wait::blocking(bound, || Ok::<_, Infallible>(check().into()));
+    assert!(outcome.is_ok(), "timed out waiting for {what}");
 }
 
 struct Manager {

@@ -182,7 +182,14 @@ async fn the_api_server_enforces_our_schema() {
     );
 
     // Bounds and patterns.
+    let long_name = "w".repeat(65);
     for (name, spec, field) in [
+        (
+            "dns-name",
+            serde_json::json!({"image": "b", "nameservers": ["10.0.0.1", "dns.lab\"\n  x"]}),
+            "spec.nameservers[1]",
+        ),
+        (long_name.as_str(), serde_json::json!({"image": "b"}), "a Linux hostname has at most 64 characters"),
         ("no-vcpu", serde_json::json!({"image": "b", "vcpu": 0}), "spec.vcpu"),
         ("tiny-memory", serde_json::json!({"image": "b", "memoryMiB": 128}), "spec.memoryMiB"),
         ("no-disk", serde_json::json!({"image": "b", "diskGiB": 0}), "spec.diskGiB"),
@@ -213,6 +220,10 @@ async fn the_api_server_enforces_our_schema() {
         let err = machines.create(&Default::default(), &machine(name, spec)).await.unwrap_err().to_string();
         assert!(err.contains(field), "{name}: {err}");
     }
+
+    let longest = "w".repeat(64);
+    let ipv6 = serde_json::json!({"image": "b", "nameservers": ["fd00::53", "10.0.0.1"]});
+    machines.create(&Default::default(), &machine(&longest, ipv6)).await.expect("64 characters and addresses are fine");
 
     // Immutable fields, and providerID that can be set once.
     machines.create(&Default::default(), &machine("m", serde_json::json!({"image": "base.qcow2"}))).await.unwrap();

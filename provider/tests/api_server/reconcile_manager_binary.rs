@@ -11,9 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use capl::api::builders::ObjectBuilder;
 use capl::api::capi::{Cluster, Machine};
 use capl::api::ipam::{IPAddress, IPAddressClaim};
-use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate};
+use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate};
 use capl::manifests::{self, DeploymentSettings};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -144,12 +145,10 @@ async fn manager_binary_with_the_simulated_host_provisions_a_machine() {
     let _: LibvirtMachine = w.apply(libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())))).await;
     // A template of the cluster: the manager writes its capacity and node info.
     let _: LibvirtMachineTemplate = w
-        .apply(json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-            "kind": "LibvirtMachineTemplate",
-            "metadata": { "name": "workers", "labels": { "cluster.x-k8s.io/cluster-name": "demo" } },
-            "spec": { "template": { "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": BASE_IMAGE } } },
-        }))
+        .apply(
+            LibvirtMachineTemplate::stamping("workers", LibvirtMachineSpec::sized(BASE_IMAGE, 1, 512, 10))
+                .of_cluster("demo"),
+        )
         .await;
 
     let started = Instant::now();

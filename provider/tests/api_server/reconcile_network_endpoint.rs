@@ -96,3 +96,70 @@ async fn an_endpoint_from_the_network_needs_one_host_and_one_source() {
     let err = refused(lc).await;
     assert!(err.contains("set pool (an IPAM pool) or network"), "{err}");
 }
+
+/// The simulator under the URI the user wrote: the manager adds `pkipath=`
+/// with the Secret's files to a `qemu+tls` URI, and the simulated host
+/// answers to the URI without it.
+struct WithoutQuery;
+
+impl capl_host::hypervisor::Connector for WithoutQuery {
+    fn connect(&self, uri: &str) -> capl_host::hypervisor::Result<std::sync::Arc<dyn Hypervisor>> {
+        let plain = uri.split('?').next().unwrap_or(uri);
+        capl_host::hypervisor::sim::SimConnector.connect(plain)
+    }
+}
+
+/// `kubectl delete -f` of a cluster's manifests deletes the credentials
+/// Secret together with the LibvirtCluster: the endpoint's DNS host entry is
+/// released with the credentials last read, and the LibvirtCluster goes,
+/// instead of waiting for a Secret that will not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_is_released_when_its_credentials_secret_goes_first() {
+    let w = World::new("rc-net-vip-creds").await;
+    let uri = format!("qemu+tls://sim-tls-{}/system", w.ns);
+    let host = capl_host::sim_host::register(&uri).unwrap();
+    let connections = std::sync::Arc::new(capl_host::hypervisor::connections::Connections::new(
+        std::sync::Arc::new(WithoutQuery),
+        capl_host::hypervisor::connections::DEFAULT_MAX_CALLS_PER_HOST,
+    ));
+    let _manager = Manager::start(w.client.clone(), &w.ns, connections);
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": { "name": "kvm-tls" },
+        "stringData": { "ca.crt": "CA", "tls.crt": "CERT", "tls.key": "KEY" },
+    });
+    let _: k8s_openapi::api::core::v1::Secret = w.apply(secret).await;
+    let c: capl::api::capi::Cluster = w.apply(cluster_json("creds", "creds-lc", false)).await;
+    let lc = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "LibvirtCluster",
+        "metadata": {
+            "name": "creds-lc",
+            "ownerReferences": [{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": "creds", "uid": c.uid().unwrap() }],
+        },
+        "spec": {
+            "uri": uri,
+            "network": capl_host::sim_host::NETWORK,
+            "basePool": capl_host::sim_host::BASE_POOL,
+            "domainPool": capl_host::sim_host::DOMAIN_POOL,
+            "credentialsRef": { "name": "kvm-tls" },
+            "controlPlaneEndpointFrom": { "network": {}, "port": 6443 },
+        },
+    });
+    let _: LibvirtCluster = w.apply(lc).await;
+    w.wait_for::<LibvirtCluster>("creds-lc", "an endpoint from the network", |lc| {
+        has(cluster_conditions(lc), "ControlPlaneEndpointReady", "True", None)
+    })
+    .await;
+    let entries = || {
+        let hv = capl_host::hypervisor::sim::SimHypervisor::connect(&uri).unwrap();
+        parse_network(&hv.network_xml(capl_host::sim_host::NETWORK).unwrap()).unwrap().dns_hosts.len()
+    };
+    assert_eq!(entries(), 1, "the endpoint's entry is on the host");
+
+    w.delete::<k8s_openapi::api::core::v1::Secret>("kvm-tls").await;
+    w.wait_gone::<k8s_openapi::api::core::v1::Secret>("kvm-tls").await;
+    w.delete::<LibvirtCluster>("creds-lc").await;
+    w.wait_gone::<LibvirtCluster>("creds-lc").await;
+    assert_eq!(entries(), 0, "the entry was released with the credentials last read");
+    drop(host);
+}

@@ -2,20 +2,18 @@
 //! capacity from the spec, node info from the host of the template's Cluster.
 
 use crate::support::*;
-use capl::api::LibvirtMachineTemplate;
-use serde_json::json;
+use capl::api::builders::ObjectBuilder;
+use capl::api::{LibvirtMachineSpec, LibvirtMachineTemplate};
 
-fn template_json(name: &str, cluster: Option<&str>) -> serde_json::Value {
-    let labels = match cluster {
-        Some(c) => json!({ "cluster.x-k8s.io/cluster-name": c }),
-        None => json!({}),
-    };
-    json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
-        "kind": "LibvirtMachineTemplate",
-        "metadata": { "name": name, "labels": labels },
-        "spec": { "template": { "spec": { "vcpu": 2, "memoryMiB": 3072, "diskGiB": 25, "image": BASE_IMAGE } } },
-    })
+/// A template of 2 vCPUs, 3 GiB and a 25 GiB disk, of `cluster` when given
+/// (without a cluster its labels are empty, not absent).
+fn template(name: &str, cluster: Option<&str>) -> LibvirtMachineTemplate {
+    let mut t = LibvirtMachineTemplate::stamping(name, LibvirtMachineSpec::sized(BASE_IMAGE, 2, 3072, 25));
+    t.metadata.labels = Some(Default::default());
+    match cluster {
+        Some(c) => t.of_cluster(c),
+        None => t,
+    }
 }
 
 fn quantity(t: &LibvirtMachineTemplate, resource: &str) -> Option<String> {
@@ -35,7 +33,7 @@ async fn a_template_reports_capacity_and_the_architecture_of_its_clusters_host()
     let w = World::new("rc-template").await;
     let _manager = w.start_manager();
     provisioned_cluster(&w, "demo").await;
-    let _: LibvirtMachineTemplate = w.apply(template_json("workers", Some("demo"))).await;
+    let _: LibvirtMachineTemplate = w.apply(template("workers", Some("demo"))).await;
     let t: LibvirtMachineTemplate =
         w.wait_for("workers", "capacity and node info", |t: &LibvirtMachineTemplate| node_info(t).0.is_some()).await;
     assert_eq!(quantity(&t, "cpu").as_deref(), Some("2"));
@@ -44,7 +42,7 @@ async fn a_template_reports_capacity_and_the_architecture_of_its_clusters_host()
     assert_eq!(node_info(&t), (Some("amd64".to_string()), Some("linux".to_string())));
 
     // A template of no Cluster: capacity, and no architecture to guess.
-    let _: LibvirtMachineTemplate = w.apply(template_json("loose", None)).await;
+    let _: LibvirtMachineTemplate = w.apply(template("loose", None)).await;
     let t: LibvirtMachineTemplate =
         w.wait_for("loose", "capacity", |t: &LibvirtMachineTemplate| quantity(t, "cpu").is_some()).await;
     assert_eq!(quantity(&t, "memory").as_deref(), Some("3072Mi"));

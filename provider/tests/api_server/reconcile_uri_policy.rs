@@ -59,3 +59,60 @@ async fn a_uri_that_runs_a_program_is_refused_and_the_program_never_runs() {
     })
     .await;
 }
+
+/// libvirt reads parameter names without regard to case or percent-encoding,
+/// and the `ssh` transport runs `command=` as the ssh program: each spelling
+/// is refused, naming the parameter, and its program never runs; under
+/// `--allow-unsafe-uris` libvirt runs each one, so each is a spelling libvirt
+/// honours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_parameter_in_any_case_or_encoding_is_refused_and_never_runs() {
+    let w = World::new("rc-uri-case").await;
+    let dir = w.env.scratch_dir().join(format!("uri-case-{}", w.ns));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spellings = [("upper", "Command"), ("shout", "COMMAND"), ("encoded", "%43omm%61nd")];
+    let programs: Vec<(&str, String, std::path::PathBuf)> = spellings
+        .iter()
+        .map(|(name, param)| {
+            let marker = dir.join(format!("{name}-ran"));
+            let script = dir.join(format!("{name}-ssh.sh"));
+            std::fs::write(&script, format!("#!/bin/sh\ntouch {}\nexit 1\n", marker.display())).unwrap();
+            std::process::Command::new("chmod").arg("+x").arg(&script).status().unwrap();
+            (*name, format!("qemu+ssh://anyhost/system?{param}={}", script.display()), marker)
+        })
+        .collect();
+
+    let manager =
+        Manager::start_with_policy(w.client.clone(), &w.ns, Arc::new(Connections::libvirt()), UriPolicy::default());
+    for (name, uri, _) in &programs {
+        let c: Cluster = w.apply(cluster_json(name, name, true)).await;
+        let _: LibvirtCluster = w.apply(libvirt_cluster_json(name, uri, Some((name, &c.uid().unwrap())))).await;
+    }
+    for (name, uri, marker) in &programs {
+        let lc = w
+            .wait_for::<LibvirtCluster>(name, "InfrastructureReady False with UriNotAllowed", |lc| {
+                has(cluster_conditions(lc), "InfrastructureReady", "False", Some("UriNotAllowed"))
+            })
+            .await;
+        let message = condition(cluster_conditions(&lc), "InfrastructureReady").unwrap().message.clone();
+        assert!(message.contains(&format!("refuses URI {uri}")), "{message}");
+        let script = uri.split_once('=').unwrap().1;
+        assert!(message.contains(&format!("command={script} runs a program")), "{message}");
+        w.wait_event(name, "Warning", "UriNotAllowed", &message).await;
+        assert!(!marker.exists(), "the manager ran {script} although its policy refuses the URI");
+    }
+    manager.kill().await;
+
+    let _manager =
+        Manager::start_with_policy(w.client.clone(), &w.ns, Arc::new(Connections::libvirt()), UriPolicy::allow_all());
+    let started = std::time::Instant::now();
+    for (name, uri, marker) in &programs {
+        while !marker.exists() {
+            assert!(
+                started.elapsed() < WAIT,
+                "with --allow-unsafe-uris libvirt never ran the program of {name}: {uri}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

@@ -32,8 +32,9 @@ use crate::api_support::{
     Manager, World, cloud_config, create_bootstrap_secret, domain_of, has, libvirt_machine_json, machine_conditions,
     machine_json, machine_ready, manager_settings,
 };
-use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
-use crate::real_support::{CleanUp, connect_checked, demo_cluster, fixture, guest_image_volume, ours_on_host};
+use crate::real_support::demo_cluster;
+use capl_host_test_support::host::{Fixture, IMAGE_BYTES, ensure_base_image};
+use capl_host_test_support::real_host::{CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_file_deleted_at_once_leaves_nothing_on_the_real_libvirtd() {

@@ -37,8 +37,8 @@ use crate::api_support::{
     Manager, World, cloud_config, cluster_conditions, cluster_json, condition, create_bootstrap_secret, has,
     libvirt_cluster_json, libvirt_machine_json, machine_conditions, machine_json,
 };
-use crate::host_support::{Fixture, ensure_base_image};
-use crate::real_support::{CleanUp, connect_checked, fixture, ours_on_host};
+use capl_host_test_support::host::{Fixture, ensure_base_image};
+use capl_host_test_support::real_host::{CleanUp, connect_checked, fixture, ours_on_host};
 
 fn secret_json(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
     let data: BTreeMap<&str, &str> = data.iter().copied().collect();

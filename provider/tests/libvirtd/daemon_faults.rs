@@ -18,6 +18,7 @@
 //! guard starts libvirtd and dnsmasq again however the test ends.
 
 use std::collections::BTreeSet;
+use std::convert::Infallible;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST
 use capl_host::hypervisor::libvirt::LibvirtConnector;
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::{HostAdmin, Hypervisor};
+use capl_testbed::wait::{self, Bound};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::ListParams;
@@ -40,10 +42,12 @@ use crate::api_support::{
     Manager, World, cloud_config, condition, create_bootstrap_secret, libvirt_machine_json, machine_conditions,
     machine_json, machine_ready,
 };
-use crate::host_support::{Fixture, dhcp_hosts};
-use crate::real_support::{
-    CleanUp, connect_checked, demo_cluster, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts,
+use capl_host_test_support::host::{Fixture, dhcp_hosts};
+use capl_host_test_support::real_host::{
+    CleanUp, connect_checked, fixture, guest_image_volume, ours_on_host, persistent_dhcp_hosts,
 };
+
+use crate::real_support::demo_cluster;
 
 const MACHINES: [&str; 3] = ["m0", "m1", "m2"];
 /// Bound of each wait on the daemon's processes.
@@ -91,11 +95,9 @@ fn sigkill(pid: u32) {
 }
 
 fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < PROCESS_WAIT, "timed out after {PROCESS_WAIT:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let bound = Bound::new(PROCESS_WAIT, Duration::from_millis(50));
+    let outcome = wait::blocking(bound, || Ok::<_, Infallible>(done().into()));
+    assert!(outcome.is_ok(), "timed out after {PROCESS_WAIT:?} waiting for {what}");
 }
 
 /// Kills libvirtd with SIGKILL (no clean shutdown) and waits until it is gone.

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 use crate::api_support::*;
-use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image};
+use capl_host_test_support::host::{Fixture, IMAGE_BYTES, ensure_base_image};
 
 const IMAGE: &str = "capl-host-tests-base.qcow2";
 

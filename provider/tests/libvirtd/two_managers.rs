@@ -26,8 +26,8 @@ use crate::api_support::{
     ManagerProcess, WAIT, World, cloud_config, cluster_json, create_bootstrap_secret, has, libvirt_cluster_json,
     libvirt_machine_json, machine_conditions, machine_json,
 };
-use crate::host_support::{dhcp_hosts, ensure_base_image};
-use crate::real_support::{CleanUp, connect_checked, fixture, ours_on_host, persistent_dhcp_hosts};
+use capl_host_test_support::host::{dhcp_hosts, ensure_base_image};
+use capl_host_test_support::real_host::{CleanUp, connect_checked, fixture, ours_on_host, persistent_dhcp_hosts};
 
 const IMAGE: &str = "capl-host-tests-base.qcow2";
 /// Machines each manager creates.

@@ -22,6 +22,8 @@ fn all_errors() -> Vec<HostError> {
             image_bytes: 3_758_096_384,
             min_gib: 4,
         },
+        HostError::NameserverNotAnAddress { value: "dns.lab".into() },
+        HostError::HostnameTooLong { hostname: "w".repeat(70), length: 70, max: 64 },
         HostError::ImageUnusable {
             image: "m1.qcow2".into(),
             pool: "capi-vm-disks".into(),

@@ -1,7 +1,6 @@
-//! Tests that need nothing running: no libvirtd, no API server. They use the
-//! libvirt client library (libvirt's in-process `test:///default` driver),
-//! the simulator, and the ISO readers `cargo xtask test` installs (xorriso,
-//! blkid).
+//! Tests of the provider that need nothing running: no libvirtd, no API
+//! server. (The tests of the host layer alone, its XML, names, seed ISO and
+//! libvirt's `test:///default` driver, are capl-host's `offline` binary.)
 //!
 //! The provider's integration tests are three binaries, by what they need:
 //! - `offline` (this one): nothing;
@@ -15,11 +14,7 @@ use capl_test_support::clusterctl_template;
 
 mod book;
 mod dockerfile;
-mod host_cloud_init_iso;
 mod host_errors;
-mod host_naming;
-mod host_xml_snapshots;
-mod libvirt_test_driver;
 mod manifests;
 mod stock_image;
 mod templates;

@@ -20,8 +20,8 @@ use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::{AdditionalNic, MachineSpec, NicAttachment, create_machine, delete_machine};
 use testenv::lab::{ExtraLibvirtd, LabBridge};
 
-use crate::host_support::{Fixture, IMAGE_BYTES, leftovers, spec};
-use crate::real_support::guest_image_volume_in;
+use capl_host_test_support::host::{Fixture, IMAGE_BYTES, leftovers, spec};
+use capl_host_test_support::real_host::guest_image_volume_in;
 
 /// The lab subnet: `10.78.0.0/24`, gateway `.1` (in the lab namespace), guests `.10` and `.11`.
 const GATEWAY: &str = "10.78.0.1";

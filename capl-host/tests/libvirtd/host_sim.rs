@@ -2,10 +2,10 @@
 //! a steady-state check and a delete, immediate leases, and connection faults.
 //! (The host scenarios both backends run are in `host_scenarios.rs`.)
 
-use crate::host_support::{Fixture, IMAGE_BYTES, ensure_base_image, spec, user_data};
 use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 use capl_host::{CreateStep, MachineAddress, create_machine, delete_machine, run_create_steps, start_machine};
+use capl_host_test_support::host::{Fixture, IMAGE_BYTES, ensure_base_image, spec, user_data};
 use libvirt_sim::Host;
 
 const NETWORK_XML: &str = "<network><name>capl-test-net</name><forward mode='nat'/><bridge name='virbr-sim'/>\
@@ -42,7 +42,7 @@ fn running_machine_reports_its_leased_address() {
     let (_host, hv, fx) = sim("address");
     let spec = spec(&fx, "sim-addr", "addr-0");
     create_machine(&hv, &spec, &user_data(&spec)).unwrap();
-    let reserved = crate::host_support::our_entry(&hv, &fx, &spec.names()).2;
+    let reserved = capl_host_test_support::host::our_entry(&hv, &fx, &spec.names()).2;
     let report = start_machine(&hv, &spec).unwrap().expect("the machine exists");
     assert_eq!(
         report.addresses,
@@ -82,8 +82,8 @@ fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
     let report = create_machine(&hv, &spec, &user_data(&spec)).expect("create beside a guest with the derived MAC");
     let next = names.mac_candidates()[1].clone();
     assert_eq!(report.mac.as_ref(), Some(&next));
-    crate::host_support::assert_created_once(&hv, &fx, &spec);
-    let (mac, _, reserved) = crate::host_support::our_entry(&hv, &fx, &names);
+    capl_host_test_support::host::assert_created_once(&hv, &fx, &spec);
+    let (mac, _, reserved) = capl_host_test_support::host::our_entry(&hv, &fx, &names);
     assert_eq!(mac, next);
     assert_ne!(reserved, foreign_ip, "the machine's reservation is the foreign guest's leased address");
     assert_eq!(parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap().macs, vec![next.clone()]);
@@ -97,7 +97,7 @@ fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
     );
 
     assert_eq!(delete_machine(&hv, &spec).unwrap(), []);
-    assert_eq!(crate::host_support::leftovers(&hv, &fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    assert_eq!(capl_host_test_support::host::leftovers(&hv, &fx, std::slice::from_ref(&spec)), Vec::<String>::new());
     assert_eq!(hv.domain_state(foreign).unwrap(), DomainState::Running, "the foreign guest was touched");
     assert_eq!(parse_domain(&hv.domain_xml(foreign).unwrap()).unwrap().macs, vec![derived.clone()]);
     assert!(hv.network_dhcp_leases(&fx.network).unwrap().iter().any(|l| l.mac == derived && l.ip == foreign_ip));
@@ -183,7 +183,7 @@ fn create_steps_cover_the_readme_flow() {
     let (_host, hv, fx) = sim("steps");
     let spec = spec(&fx, "sim-steps", "steps-0");
     run_create_steps(&hv, &spec, &user_data(&spec), &CreateStep::ALL).unwrap();
-    crate::host_support::assert_created_once(&hv, &fx, &spec);
+    capl_host_test_support::host::assert_created_once(&hv, &fx, &spec);
     delete_machine(&hv, &spec).unwrap();
     let _: &dyn Hypervisor = &hv;
 }

@@ -1,4 +1,4 @@
-//! The host scenarios of `host_support.rs` as one table, run on two backends,
+//! The host scenarios of `host_scenarios/scenarios.rs` as one table, run on two backends,
 //! as the conformance suite does:
 //!
 //! - libvirt-sim, a fresh simulated host per scenario;
@@ -24,7 +24,9 @@ use rstest::rstest;
 use testenv::test_host;
 
 use crate::host_sim::sim;
-use crate::host_support::{self, Fixture, IMAGE_BYTES, ensure_base_image};
+use capl_host_test_support::host::{Fixture, IMAGE_BYTES, ensure_base_image};
+
+mod scenarios;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
@@ -67,45 +69,43 @@ const fn both(name: &'static str, tag: &'static str, run: fn(&Ctx)) -> Scenario 
 }
 
 const SCENARIOS: &[Scenario] = &[
-    both("full_cycle", "full", |c| host_support::full_cycle(c.hv, c.fx, &c.namespace)),
-    both("stopped_machine_is_started", "stopped", |c| {
-        host_support::stopped_machine_is_started(c.hv, c.fx, &c.namespace)
-    }),
-    both("start_never_creates", "start", |c| host_support::start_never_creates(c.hv, c.fx, &c.namespace)),
-    both("crash_after_every_step", "crash", |c| host_support::crash_after_every_step(c.hv, c.fx, &c.namespace)),
+    both("full_cycle", "full", |c| scenarios::full_cycle(c.hv, c.fx, &c.namespace)),
+    both("stopped_machine_is_started", "stopped", |c| scenarios::stopped_machine_is_started(c.hv, c.fx, &c.namespace)),
+    both("start_never_creates", "start", |c| scenarios::start_never_creates(c.hv, c.fx, &c.namespace)),
+    both("crash_after_every_step", "crash", |c| scenarios::crash_after_every_step(c.hv, c.fx, &c.namespace)),
     both("delete_after_partial_create", "partial", |c| {
-        host_support::delete_after_partial_create(c.hv, c.fx, &c.namespace)
+        scenarios::delete_after_partial_create(c.hv, c.fx, &c.namespace)
     }),
-    both("twenty_concurrent_machines", "par", |c| host_support::twenty_concurrent_machines(c.hv, c.fx, &c.namespace)),
+    both("twenty_concurrent_machines", "par", |c| scenarios::twenty_concurrent_machines(c.hv, c.fx, &c.namespace)),
     both("foreign_domain_is_left_alone", "foreign", |c| {
-        host_support::foreign_domain_is_left_alone(c.hv, c.fx, &c.namespace)
+        scenarios::foreign_domain_is_left_alone(c.hv, c.fx, &c.namespace)
     }),
     both("foreign_volume_is_left_alone", "foreign-vol", |c| {
-        host_support::foreign_volume_is_left_alone(c.hv, c.fx, &c.namespace)
+        scenarios::foreign_volume_is_left_alone(c.hv, c.fx, &c.namespace)
     }),
-    both("bad_disk_and_missing_image", "bad", |c| host_support::bad_disk_and_missing_image(c.hv, c.fx, &c.namespace)),
-    both("endpoint_address_is_avoided", "ep", |c| host_support::endpoint_address_is_avoided(c.hv, c.fx, &c.namespace)),
-    both("infra_missing_vs_inactive", "infra", |c| host_support::infra_missing_vs_inactive(c.hv, c.fx, &c.namespace)),
+    both("bad_disk_and_missing_image", "bad", |c| scenarios::bad_disk_and_missing_image(c.hv, c.fx, &c.namespace)),
+    both("endpoint_address_is_avoided", "ep", |c| scenarios::endpoint_address_is_avoided(c.hv, c.fx, &c.namespace)),
+    both("infra_missing_vs_inactive", "infra", |c| scenarios::infra_missing_vs_inactive(c.hv, c.fx, &c.namespace)),
     both("foreign_dhcp_entry_is_left_alone", "fdhcp", |c| {
-        host_support::foreign_dhcp_entry_is_left_alone(c.hv, c.fx, &c.namespace)
+        scenarios::foreign_dhcp_entry_is_left_alone(c.hv, c.fx, &c.namespace)
     }),
     both("recreated_machine_gets_fresh_objects", "reborn", |c| {
-        host_support::recreated_machine_gets_fresh_objects(c.hv, c.fx, &c.namespace)
+        scenarios::recreated_machine_gets_fresh_objects(c.hv, c.fx, &c.namespace)
     }),
     both("unusable_network_fails_before_anything_is_made", "unnet", |c| {
-        host_support::unusable_network_fails_before_anything_is_made(c.hv, c.fx, &c.namespace)
+        scenarios::unusable_network_fails_before_anything_is_made(c.hv, c.fx, &c.namespace)
     }),
     Scenario {
         name: "unsupported_pool_type_is_named",
         tag: "scsi",
-        run: |c| host_support::unsupported_pool_type_is_named(c.hv, c.fx, &c.namespace),
+        run: |c| scenarios::unsupported_pool_type_is_named(c.hv, c.fx, &c.namespace),
         // The simulator models only pools of type dir.
         only_on: Some(Backend::RealLibvirtd),
     },
     both("console_log_file", "log", console_log_file),
     both("static_addresses_on_a_bridge_network", "ipam", static_addresses_on_a_bridge),
     both("additional_nics", "nics", additional_nics),
-    both("endpoint_from_network", "vip", |c| host_support::endpoint_from_network(c.hv, c.fx, &c.namespace)),
+    both("endpoint_from_network", "vip", |c| scenarios::endpoint_from_network(c.hv, c.fx, &c.namespace)),
     Scenario {
         name: "bridge_missing_is_named",
         tag: "nobr",
@@ -118,7 +118,7 @@ const SCENARIOS: &[Scenario] = &[
         tag: "nolog",
         run: |c| {
             let missing = c.scratch.join("not-created");
-            host_support::console_log_dir_missing(c.hv, c.fx, &c.namespace, missing.to_str().unwrap())
+            scenarios::console_log_dir_missing(c.hv, c.fx, &c.namespace, missing.to_str().unwrap())
         },
         // The simulator does not model the host's file system.
         only_on: Some(Backend::RealLibvirtd),
@@ -139,7 +139,7 @@ fn static_addresses_on_a_bridge(c: &Ctx) {
         let _ = std::process::Command::new("ip").args(["link", "set", &bridge, "up"]).status();
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        host_support::static_addresses_on_a_bridge_network(c.hv, c.fx, &c.namespace, &bridge)
+        scenarios::static_addresses_on_a_bridge_network(c.hv, c.fx, &c.namespace, &bridge)
     }));
     if real {
         let _ = std::process::Command::new("ip").args(["link", "del", &bridge]).status();
@@ -163,7 +163,7 @@ fn additional_nics(c: &Ctx) {
         let _ = ip(&["link", "set", &bridge, "up"]);
     }
     let outcome =
-        catch_unwind(AssertUnwindSafe(|| host_support::additional_nics(c.hv, c.fx, &c.namespace, &bridge, &absent)));
+        catch_unwind(AssertUnwindSafe(|| scenarios::additional_nics(c.hv, c.fx, &c.namespace, &bridge, &absent)));
     if real {
         let _ = ip(&["link", "del", &bridge]);
     }
@@ -183,9 +183,8 @@ fn bridge_missing(c: &Ctx) {
         assert!(made.as_ref().is_ok_and(|s| s.success()), "cannot make the Linux bridge {bridge}: {made:?}");
         let _ = ip(&["link", "set", &bridge, "up"]);
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        host_support::bridge_missing_is_named(c.hv, c.fx, &c.namespace, &bridge, &make)
-    }));
+    let outcome =
+        catch_unwind(AssertUnwindSafe(|| scenarios::bridge_missing_is_named(c.hv, c.fx, &c.namespace, &bridge, &make)));
     let _ = ip(&["link", "del", &bridge]);
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
@@ -195,7 +194,7 @@ fn bridge_missing(c: &Ctx) {
 /// The console log goes to `<dir>/<domain>-console.log`; on a real host virtlogd writes the file.
 fn console_log_file(c: &Ctx) {
     let dir = c.scratch.to_str().unwrap();
-    host_support::console_log_file(c.hv, c.fx, &c.namespace, dir);
+    scenarios::console_log_file(c.hv, c.fx, &c.namespace, dir);
     if c.hv.uri().starts_with("sim:") {
         return;
     }
@@ -265,7 +264,7 @@ fn host_scenarios(#[case] backend: Backend) {
         // Fail once, clearly, rather than once per scenario.
         open(backend, "probe");
     }
-    let only = std::env::var("CAPL_HOST_SCENARIO_ONLY").ok();
+    let only = std::env::var(capl_testbed::env::HOST_SCENARIO_ONLY).ok();
     let todo: Vec<&Scenario> = SCENARIOS
         .iter()
         .filter(|s| s.only_on.is_none_or(|b| b == backend))
@@ -300,10 +299,10 @@ fn host_scenarios(#[case] backend: Backend) {
     );
 }
 
-/// Every scenario function of `host_support.rs` is in the table.
+/// Every scenario function of `host_scenarios/scenarios.rs` is in the table.
 #[test]
 fn the_table_lists_every_scenario() {
-    let source = include_str!("host_support.rs");
+    let source = include_str!("host_scenarios/scenarios.rs");
     let missing: Vec<&str> = source
         .lines()
         .filter_map(|l| l.strip_prefix("pub fn "))

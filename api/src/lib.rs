@@ -1,11 +1,18 @@
-//! The `infrastructure.cluster.x-k8s.io/v1alpha1` API: LibvirtCluster,
-//! LibvirtMachine and their templates, plus the slices of CAPI's own
-//! `cluster.x-k8s.io/v1beta2` kinds that the reconcilers read.
+//! capl-api: the `infrastructure.cluster.x-k8s.io/v1alpha1` API of
+//! cluster-api-provider-libvirt: LibvirtCluster, LibvirtMachine and their
+//! templates, their condition types and reasons, plus the slices of CAPI's own
+//! `cluster.x-k8s.io/v1beta2` kinds (Cluster, Machine) and
+//! `ipam.cluster.x-k8s.io/v1beta2` kinds that the reconcilers read and write.
+//!
+//! The provider renders its CRDs from these types ([`crds`]); the e2e suite,
+//! the benchmarks and the test kits build their objects from them with
+//! [`builders`].
 
 // kube's `printcolumn(...)` attributes repeat `type_ = "string"`, which this
 // lint mistakes for a duplicated attribute.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod builders;
 pub mod capi;
 mod cluster;
 pub mod conditions;

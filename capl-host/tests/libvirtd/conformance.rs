@@ -13,7 +13,7 @@
 //!
 //! Each backend is one test that runs every scenario, prints how many ran, passed and
 //! were marked as not modeled (with the reason), and fails listing every failure.
-//! Run: `cargo test -p cluster-api-provider-libvirt --test libvirtd conformance -- --nocapture`.
+//! Run: `cargo test -p capl-host --test libvirtd conformance -- --nocapture`.
 
 mod fixtures;
 mod scenarios;
@@ -151,7 +151,7 @@ fn conformance(#[case] backend: Backend) {
     // same object names, and the errors both gave are compared message by message.
     let twin = backend.is_daemon().then(|| open(Backend::Sim));
     let run = run_id();
-    let only = std::env::var("CAPL_CONFORMANCE_ONLY").ok();
+    let only = std::env::var(capl_testbed::env::CONFORMANCE_ONLY).ok();
     let mut ran = 0;
     let mut marked = Vec::new();
     let mut failures = Vec::new();

@@ -20,6 +20,7 @@ use super::shared::{Initialization, MachineAddress, PoolReference, SecretReferen
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "LibvirtMachine is one virtual machine on the cluster's libvirt host.",
     derive = "PartialEq",
+    validation = Rule::new("self.metadata.name.size() <= 64").message("the name is the guest's hostname, and a Linux hostname has at most 64 characters: use a shorter name (for a MachineDeployment or KubeadmControlPlane, a shorter name of it or of its Cluster)"),
     printcolumn(
         name = "Cluster",
         type_ = "string",
@@ -94,7 +95,7 @@ pub struct LibvirtMachineSpec {
     /// DNS servers the guest uses with addresses from addressesFromPools (the
     /// network's DHCP would otherwise give them). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 3))]
+    #[schemars(length(max = 3), inner(length(min = 2, max = 45), pattern(r"^[0-9A-Fa-f.:]+$")))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("nameservers is immutable: roll out a new LibvirtMachineTemplate instead"))]
     pub nameservers: Option<Vec<String>>,
     /// NICs after the first (the first is on the LibvirtCluster's network),

@@ -2,13 +2,15 @@
 //! and cleanup that runs even when a scenario fails.
 
 use std::cell::RefCell;
+use std::convert::Infallible;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use capl_host::hypervisor::{ErrorKind, HostAdmin, HypervisorError, UndefineFlags};
+use capl_testbed::wait::{self, Bound};
 
-/// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
-pub use crate::real_support::GUEST_IMAGE_ENV;
+// Where the tiny test guest image is (`cargo xtask guest-image` prints it).
+use capl_testbed::env::GUEST_IMAGE;
 
 /// The four backends the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,29 +79,28 @@ impl<'a> Ctx<'a> {
         if !self.backend.is_daemon() {
             return b"stand-in disk: simulated guests boot without an image".to_vec();
         }
-        let path = match std::env::var_os(GUEST_IMAGE_ENV) {
+        let path = match std::env::var_os(GUEST_IMAGE) {
             Some(path) => PathBuf::from(path),
             None => {
                 let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .parent()
-                    .expect("provider lives in the repository");
+                    .expect("capl-host lives in the repository");
                 let out = std::process::Command::new("cargo")
                     .args(["xtask", "guest-image"])
                     .current_dir(root)
                     .stderr(std::process::Stdio::inherit())
                     .output()
-                    .unwrap_or_else(|e| panic!("running `cargo xtask guest-image` (or set {GUEST_IMAGE_ENV}): {e}"));
+                    .unwrap_or_else(|e| panic!("running `cargo xtask guest-image` (or set {GUEST_IMAGE}): {e}"));
                 assert!(
                     out.status.success(),
                     "`cargo xtask guest-image` failed ({}): the real-libvirtd lease scenario needs the tiny test guest; \
-                     build it with `cargo xtask guest-image` or point {GUEST_IMAGE_ENV} at a base.qcow2",
+                     build it with `cargo xtask guest-image` or point {GUEST_IMAGE} at a base.qcow2",
                     out.status
                 );
                 PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
             }
         };
-        std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("read the guest image {} ({GUEST_IMAGE_ENV}): {e}", path.display()))
+        std::fs::read(&path).unwrap_or_else(|e| panic!("read the guest image {} ({GUEST_IMAGE}): {e}", path.display()))
     }
 
     pub fn name(&self, what: &str) -> String {
@@ -268,16 +269,8 @@ pub fn expect_err<T: std::fmt::Debug>(
 
 /// Polls `f` until it returns `Some`, at most `timeout`.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let bound = Bound::new(timeout, Duration::from_millis(200));
+    wait::blocking(bound, || Ok::<_, Infallible>(f().into())).ok()
 }
 
 /// The text of the first `<tag ...>` element's attribute `attr` in `xml` (for read-back checks).

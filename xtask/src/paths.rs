@@ -1,0 +1,13 @@
+//! Where the repository and Cargo's build output are.
+
+use std::path::PathBuf;
+
+/// The repository root (the parent of xtask's manifest directory).
+pub fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR`, else `<repo>/target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), PathBuf::from)
+}
