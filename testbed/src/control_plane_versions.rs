@@ -10,6 +10,9 @@ pub const KUBERNETES_VERSION: &str = "v1.36.3";
 /// Version of the `k8s.io/*` staging modules (api, apimachinery, ...) that match
 /// [`KUBERNETES_VERSION`]: kubernetes `v1.X.Y` publishes them as `v0.X.Y`.
 pub const KUBERNETES_STAGING_VERSION: &str = "v0.36.3";
+/// The latest patch of the previous Kubernetes minor the Go module proxy serves: the
+/// release an upgrade test starts from (`cargo xtask node-image --kubernetes-version`).
+pub const PREVIOUS_KUBERNETES_VERSION: &str = "v1.35.8";
 /// Release of `go.etcd.io/etcd/server/v3` that the `etcd` binary is built from.
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// Release of `sigs.k8s.io/cluster-api` (and its `api` module) for the core manager and CRDs.

@@ -122,7 +122,7 @@ pub fn node_image() -> Result<String> {
         return Ok(image);
     }
     let started = Instant::now();
-    let go = node_image::go_binaries()?;
+    let go = node_image::go_binaries(&node_image::Release::pinned())?;
     let packages = fs::read_to_string(hack.join("packages"))?;
     let rootfs = cache_dir()?.join("debian-root").join(format!("{}.tar", short_hash(&[&packages])));
     let work = target_dir().join("tmp/kind-node-image");

@@ -8,7 +8,8 @@
 //!   tools kubeadm and the kubelet call: `images/node/packages`, installed by
 //!   `mmdebstrap` into a directory (`images/node/rootfs.sh`).
 //! - `kubeadm`, `kubelet`, `kubectl` from `k8s.io/kubernetes` at the control plane's
-//!   pinned [`versions::KUBERNETES_VERSION`].
+//!   pinned [`versions::KUBERNETES_VERSION`], or at the release `--kubernetes-version`
+//!   names (the upgrade tests need the previous minor as well).
 //! - `containerd`, its runc shim and `ctr` from `github.com/containerd/containerd/v2`
 //!   at [`CONTAINERD_VERSION`]: bookworm's containerd is 1.6, and Kubernetes 1.36 needs
 //!   containerd 2.x (1.35 was the last release supporting containerd 1.x).
@@ -61,7 +62,7 @@ use crate::{node_addons, short_hash};
 // including it here keeps that file untouched.
 use capl_testbed::control_plane_versions as versions;
 
-use versions::{KUBERNETES_STAGING_VERSION, KUBERNETES_VERSION, NODE_TEST_IMAGE};
+use versions::{KUBERNETES_VERSION, NODE_TEST_IMAGE};
 
 /// Release of `github.com/containerd/containerd/v2` built for the node.
 pub const CONTAINERD_VERSION: &str = "v2.4.2";
@@ -112,12 +113,55 @@ pub struct Args {
     /// Build again even when the cached image exists.
     #[arg(long)]
     force: bool,
+    /// The Kubernetes release of the node's kubeadm, kubelet, kubectl and control-plane
+    /// images (`vX.Y.Z`, a release of `k8s.io/kubernetes` the Go module proxy serves).
+    /// Default: the pinned release. The previous minor, which upgrade tests start from,
+    /// is `PREVIOUS_KUBERNETES_VERSION` of the pinned versions.
+    #[arg(long, default_value = KUBERNETES_VERSION)]
+    kubernetes_version: String,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let path = build(args.force)?;
+    let release = Release::parse(&args.kubernetes_version)?;
+    let path = build_release(&release, args.force)?;
     println!("{}", path.display());
     Ok(())
+}
+
+/// The Kubernetes release a node image is built for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// `vX.Y.Z` of `k8s.io/kubernetes`.
+    pub version: String,
+    /// Of its staging modules (`k8s.io/api`, `k8s.io/client-go`, ...): `v0.Y.Z`.
+    pub staging: String,
+    major: String,
+    minor: String,
+}
+
+impl Release {
+    /// The pinned release, the one the control plane and the flavors use.
+    pub fn pinned() -> Self {
+        Self::parse(KUBERNETES_VERSION).expect("the pinned Kubernetes version is vX.Y.Z")
+    }
+
+    /// `vX.Y.Z` (`X` = 1), as `kubeadm` and `clusterctl --kubernetes-version` spell it.
+    pub fn parse(version: &str) -> Result<Self> {
+        let numbers: Vec<&str> = version.strip_prefix('v').unwrap_or_default().split('.').collect();
+        let valid =
+            numbers.len() == 3 && numbers.iter().all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !valid || numbers[0] != "1" {
+            bail!(
+                "--kubernetes-version {version:?} is not a Kubernetes release: write it as v1.Y.Z, e.g. {KUBERNETES_VERSION}"
+            );
+        }
+        Ok(Self {
+            version: version.to_string(),
+            staging: format!("v0.{}.{}", numbers[1], numbers[2]),
+            major: numbers[0].to_string(),
+            minor: numbers[1].to_string(),
+        })
+    }
 }
 
 /// One image kubeadm will ask for: `registry.k8s.io/<name>:<tag>`.
@@ -160,18 +204,19 @@ pub struct GoBinaries {
 }
 
 /// Builds (or finds) the Go binaries the node image and the kind node image are made of.
-pub fn go_binaries() -> Result<GoBinaries> {
+pub fn go_binaries(release: &Release) -> Result<GoBinaries> {
     let hack = crate::repo_root().join("images/node");
     let cache = cache_root()?;
     let sh = go_shell()?;
-    let go_dir = cache.join("go").join(format!("k8s-{KUBERNETES_VERSION}_containerd-{CONTAINERD_VERSION}"));
+    let version = &release.version;
+    let go_dir = cache.join("go").join(format!("k8s-{version}_containerd-{CONTAINERD_VERSION}"));
     let bin = go_dir.join("bin");
     fs::create_dir_all(&bin)?;
     let go_started = Instant::now();
-    build_kubernetes(&sh, &go_dir, &bin)?;
+    build_kubernetes(&sh, release, &go_dir, &bin)?;
     build_containerd(&sh, &go_dir, &bin)?;
     let kubeadm = bin.join("kubeadm");
-    let list = cmd!(sh, "{kubeadm} config images list --kubernetes-version {KUBERNETES_VERSION}")
+    let list = cmd!(sh, "{kubeadm} config images list --kubernetes-version {version}")
         .quiet()
         .read()
         .context("`kubeadm config images list` failed")?;
@@ -200,13 +245,19 @@ fn go_shell() -> Result<Shell> {
     Ok(sh)
 }
 
+/// The image of the pinned Kubernetes release.
 pub fn build(force: bool) -> Result<PathBuf> {
+    build_release(&Release::pinned(), force)
+}
+
+/// The image of `release`: built, or found in the cache.
+pub fn build_release(release: &Release, force: bool) -> Result<PathBuf> {
     let started = Instant::now();
     let repo = crate::repo_root();
     let hack = repo.join("images/node");
     let cache = cache_root()?;
     // 1. Go binaries, cached per version.
-    let GoBinaries { bin, list, mut images } = go_binaries()?;
+    let GoBinaries { bin, list, mut images } = go_binaries(release)?;
     let sh = go_shell()?;
     let addons = node_addons::build(&sh, &cache.join("go"))?;
     images.extend(parse_image_list(&node_addons::image_names())?);
@@ -214,8 +265,8 @@ pub fn build(force: bool) -> Result<PathBuf> {
     // 2. The cache key: versions, image list, every file of images/node, this file.
     let mut inputs = vec![
         NODE_TEST_IMAGE.to_string(),
-        KUBERNETES_VERSION.to_string(),
-        KUBERNETES_STAGING_VERSION.to_string(),
+        release.version.clone(),
+        release.staging.clone(),
         CONTAINERD_VERSION.to_string(),
         list.clone(),
         SELF_SOURCE.to_string(),
@@ -227,7 +278,7 @@ pub fn build(force: bool) -> Result<PathBuf> {
         inputs.push(String::from_utf8_lossy(&bytes).into_owned());
     }
     let input_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let key = format!("{KUBERNETES_VERSION}-{}", short_hash(&input_refs));
+    let key = format!("{}-{}", release.version, short_hash(&input_refs));
     let dir = cache.join(&key);
     let image = dir.join(IMAGE_FILE);
     if image.is_file() && !force {
@@ -380,11 +431,12 @@ fn files_under(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
 /// kubernetes' go.mod) are replaced by their published versions. Built with the same
 /// environment as the control plane's kube-apiserver (cgo as Go defaults) so that the
 /// shared Go build cache is reused; the images carry the libc the binaries load.
-fn build_kubernetes(sh: &Shell, go_dir: &Path, bin: &Path) -> Result<()> {
+fn build_kubernetes(sh: &Shell, release: &Release, go_dir: &Path, bin: &Path) -> Result<()> {
+    let Release { version, staging: staging_version, major, minor } = release;
     if KUBERNETES_COMMANDS.iter().all(|c| bin.join(c).is_file()) {
         return Ok(());
     }
-    let kubernetes = format!("k8s.io/kubernetes@{KUBERNETES_VERSION}");
+    let kubernetes = format!("k8s.io/kubernetes@{version}");
     let go_mod_path = {
         let _d = sh.push_dir(std::env::temp_dir());
         let json = cmd!(sh, "go mod download -json {kubernetes}").quiet().read()?;
@@ -405,19 +457,17 @@ fn build_kubernetes(sh: &Shell, go_dir: &Path, bin: &Path) -> Result<()> {
     if staging.is_empty() {
         bail!("the go.mod of {kubernetes} has no ./staging/src/ replace: update build_kubernetes");
     }
-    let replaces: String = staging.iter().map(|m| format!("\t{m} => {m} {KUBERNETES_STAGING_VERSION}\n")).collect();
+    let replaces: String = staging.iter().map(|m| format!("\t{m} => {m} {staging_version}\n")).collect();
     let go_mod = format!(
-        "module capl.local/node-image/kubernetes\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes {KUBERNETES_VERSION}\n\nreplace (\n{replaces})\n"
+        "module capl.local/node-image/kubernetes\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes {version}\n\nreplace (\n{replaces})\n"
     );
     let packages: Vec<String> = KUBERNETES_COMMANDS.iter().map(|c| format!("k8s.io/kubernetes/cmd/{c}")).collect();
     let package_refs: Vec<&str> = packages.iter().map(String::as_str).collect();
     let module = prepare_module(sh, go_dir, "kubernetes", &go_mod, &package_refs, &[])?;
-    let mut parts = KUBERNETES_VERSION.trim_start_matches('v').split('.');
-    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
     let mut ldflags = vec!["-s".to_owned(), "-w".to_owned()];
     for package in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
         for (var, value) in
-            [("gitVersion", KUBERNETES_VERSION), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")]
+            [("gitVersion", version.as_str()), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")]
         {
             ldflags.push(format!("-X {package}.{var}={value}"));
         }
@@ -878,6 +928,20 @@ mod tests {
         assert_eq!(resolve_in_root(&root, "lib64-real/abs").unwrap(), root.join("usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(resolve_in_root(&root, "lib/missing.so").is_err());
         fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn a_release_is_read_with_its_staging_version() {
+        let release = Release::parse("v1.35.4").unwrap();
+        assert_eq!((release.version.as_str(), release.staging.as_str()), ("v1.35.4", "v0.35.4"));
+        assert_eq!((release.major.as_str(), release.minor.as_str()), ("1", "35"));
+        for bad in ["1.35.4", "v1.35", "v2.0.0", "v1.35.x", "v1..4", ""] {
+            let err = Release::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("write it as v1.Y.Z"), "{bad}: {err}");
+        }
+        assert_eq!(Release::pinned().version, KUBERNETES_VERSION);
+        let previous = Release::parse(versions::PREVIOUS_KUBERNETES_VERSION).unwrap();
+        assert_eq!(previous.minor.parse::<u32>().unwrap() + 1, Release::pinned().minor.parse::<u32>().unwrap());
     }
 
     #[test]
