@@ -91,9 +91,10 @@ fn write_config(root: &Path) -> Result<()> {
     let default_flavor = root.join(manifests::DEFAULT_FLAVOR);
     let default_flavor =
         std::fs::read_to_string(&default_flavor).with_context(|| format!("reading {}", default_flavor.display()))?;
-    let flavor = manifests::allocated_endpoint_flavor(&default_flavor).map_err(anyhow::Error::msg)?;
-    write_file(&root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR), &flavor)?;
-    println!("wrote {}", manifests::ALLOCATED_ENDPOINT_FLAVOR);
+    for (path, flavor) in manifests::generated_flavors(&default_flavor).map_err(anyhow::Error::msg)? {
+        write_file(&root.join(path), &flavor)?;
+        println!("wrote {path}");
+    }
     write_file(&root.join(capl::api_reference::PATH), &capl::api_reference::markdown())?;
     println!("wrote {}", capl::api_reference::PATH);
     Ok(())

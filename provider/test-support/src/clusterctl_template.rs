@@ -48,7 +48,9 @@ fn sample_value(name: &str) -> String {
         "KUBERNETES_VERSION" => "v1.34.1".into(),
         "CAPL_LIBVIRT_URI" => "qemu+tls://kvm1.lab/system".into(),
         // base64 of a PEM-looking placeholder ("-----BEGIN ...").
-        n if n.starts_with("CAPL_TLS_") && n.ends_with("_B64") => "LS0tLS1CRUdJTiBQTEFDRUhPTERFUi0tLS0tCg==".into(),
+        n if (n.starts_with("CAPL_TLS_") || n.starts_with("CAPL_SSH_")) && n.ends_with("_B64") => {
+            "LS0tLS1CRUdJTiBQTEFDRUhPTERFUi0tLS0tCg==".into()
+        }
         "CAPL_CONTROL_PLANE_ENDPOINT_HOST" => "192.168.122.10".into(),
         "NAMESPACE" => "default".into(),
         _ => "sample".into(),

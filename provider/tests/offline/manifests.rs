@@ -26,9 +26,10 @@ fn committed_manifests_match_the_code() {
         }
     }
     let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
-    let flavor = manifests::allocated_endpoint_flavor(&default_flavor).unwrap();
-    if std::fs::read_to_string(root.join(manifests::ALLOCATED_ENDPOINT_FLAVOR)).unwrap_or_default() != flavor {
-        stale.push(manifests::ALLOCATED_ENDPOINT_FLAVOR.into());
+    for (path, flavor) in manifests::generated_flavors(&default_flavor).unwrap() {
+        if std::fs::read_to_string(root.join(path)).unwrap_or_default() != flavor {
+            stale.push(path.into());
+        }
     }
     if std::fs::read_to_string(root.join(capl::api_reference::PATH)).unwrap_or_default()
         != capl::api_reference::markdown()
@@ -127,6 +128,61 @@ fn the_allocated_endpoint_flavor_differs_from_the_default_only_in_the_endpoint()
     let changed = default_flavor.replace("controlPlaneEndpoint:\n", "controlPlaneEndpoint: \n");
     let err = manifests::allocated_endpoint_flavor(&changed).unwrap_err();
     assert!(err.contains("exactly once"), "{err}");
+}
+
+/// The ssh and local flavors are the default flavor with other credentials:
+/// ssh a Secret with an SSH key and known_hosts line, local none at all and a
+/// URI that defaults to the manager's own host; nothing else changed.
+#[test]
+fn the_credential_flavors_differ_from_the_default_only_in_the_credentials() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let default_docs = docs(&default_flavor);
+    let is_secret = |d: &Value| d["kind"] == "Secret";
+    let without_credentials = |d: &Value| {
+        let mut d = d.clone();
+        if d["kind"] == "LibvirtCluster" {
+            let spec = d["spec"].as_object_mut().unwrap();
+            spec.remove("credentialsRef");
+            spec.remove("uri");
+        }
+        d
+    };
+    let rest =
+        |list: &[Value]| -> Vec<Value> { list.iter().filter(|d| !is_secret(d)).map(without_credentials).collect() };
+
+    let ssh = manifests::ssh_flavor(&default_flavor).unwrap();
+    let ssh_docs = docs(&ssh);
+    let secret = ssh_docs.iter().find(|d| is_secret(d)).expect("the ssh flavor has its Secret");
+    let keys: Vec<&String> = secret["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["known_hosts", "ssh-privatekey"]);
+    let cluster = ssh_docs.iter().find(|d| d["kind"] == "LibvirtCluster").unwrap();
+    assert_eq!(cluster["spec"]["credentialsRef"]["name"], secret["metadata"]["name"]);
+    assert_eq!(secret["metadata"]["labels"]["clusterctl.cluster.x-k8s.io/move"], "");
+    assert_eq!(rest(&ssh_docs), rest(&default_docs));
+    let (_, variables) = crate::clusterctl_template::substitute(&ssh);
+    assert!(variables.contains("CAPL_SSH_PRIVATE_KEY_B64") && variables.contains("CAPL_SSH_KNOWN_HOSTS_B64"));
+    assert!(!variables.iter().any(|v| v.starts_with("CAPL_TLS_")), "{variables:?}");
+
+    let local = manifests::local_flavor(&default_flavor).unwrap();
+    let local_docs = docs(&local);
+    assert!(!local_docs.iter().any(is_secret), "the local flavor has no Secret");
+    let cluster = local_docs.iter().find(|d| d["kind"] == "LibvirtCluster").unwrap();
+    assert!(cluster["spec"]["credentialsRef"].is_null(), "{cluster}");
+    assert_eq!(rest(&local_docs), rest(&default_docs));
+    let (_, variables) = crate::clusterctl_template::substitute(&local);
+    assert!(!variables.iter().any(|v| v.starts_with("CAPL_TLS_") || v.starts_with("CAPL_SSH_")), "{variables:?}");
+    assert!(local.contains("uri: ${CAPL_LIBVIRT_URI:=qemu:///system}"), "the local URI defaults to qemu:///system");
+
+    // A default flavor the generators do not recognise is an error, not a silent copy.
+    let changed = default_flavor.replace("name: ${CLUSTER_NAME}-libvirt-tls\n", "name: ${CLUSTER_NAME}-tls\n");
+    for err in [manifests::ssh_flavor(&changed).unwrap_err(), manifests::local_flavor(&changed).unwrap_err()] {
+        assert!(err.contains("exactly once"), "{err}");
+    }
 }
 
 fn crd_json(kind: &str) -> Value {
