@@ -1,40 +1,44 @@
 //! The `workload` scenarios: real Kubernetes clusters on libvirt VMs, formed
 //! as a user forms them ([`crate::workload`]) and checked from outside.
 //!
-//! `workload`: `clusterctl generate cluster --flavor allocated-endpoint` (the
-//! default flavor with the control-plane endpoint allocated by the provider)
-//! for one control-plane machine and no worker, with only the variables the
-//! flavors page documents, then `kubectl apply` to the management cluster,
-//! where CAPI core, the kubeadm bootstrap (CABPK) and control plane (KCP)
-//! managers (with their webhooks) and this provider run. The machines boot the
-//! Kubernetes node image (`cargo xtask node-image`) on the private libvirtd
-//! under software emulation and run real `kubeadm init` / `kubeadm join`.
-//! Checked, beside the steps of [`crate::workload::formation`] (which the demo
-//! shares):
-//! - the LibvirtCluster's endpoint is allocated from the test network (outside
-//!   its DHCP range, a DNS host entry on the host that names the LibvirtCluster)
-//!   and CAPI copies it into the Cluster;
-//! - a Pod on the worker fetches a page from a Pod on the control-plane node;
-//! - scaled back to 0, the worker's Node goes (drained, deleted) and its
-//!   domain, disk, seed ISO and DHCP entry are removed;
-//! - deleting the Cluster leaves nothing of the namespace's on the host, the
-//!   endpoint's DNS host entry included.
+//! `workload`: `clusterctl generate cluster` from the default flavor for one
+//! control-plane machine and no worker, with only the variables the flavors
+//! page documents, then `kubectl apply` to the management cluster, where CAPI
+//! core, the kubeadm bootstrap (CABPK) and control plane (KCP) managers (with
+//! their webhooks) and this provider run. The machines boot the Kubernetes node
+//! image (`cargo xtask node-image`) on the private libvirtd under software
+//! emulation and run real `kubeadm init` / `kubeadm join`; kube-vip holds the
+//! endpoint, kube-router (installed by the flavor's ClusterResourceSet) the pod
+//! network. Checked, beside the steps of [`crate::workload::formation`] (which
+//! the demo shares):
+//! - the MachineDeployment scaled 0 -> 1 -> 2 -> 1, each Node Ready with the
+//!   providerID of its own Machine's LibvirtMachine, and the
+//!   KubeadmControlPlane Available at each step and in every state it passed
+//!   through meanwhile (watched);
+//! - a Deployment of 2 replicas that the scheduler spreads over the two
+//!   workers, reached through its ClusterIP Service (kube-proxy) from a Pod on
+//!   the control-plane node that resolves the Service's name and
+//!   `kubernetes.default` (CoreDNS): both replicas answer;
+//! - scaled back to 1, the removed worker's Node goes (drained, deleted) and
+//!   its domain, disk, seed ISO and DHCP entry are removed;
+//! - deleting the Cluster leaves nothing of the namespace's on the host.
 //!
 //! `workload-topology`: a cluster from the ClusterClass flavor, up to its
 //! control plane Available; workers, pod traffic and scaling are the same node
 //! image and machine code as in `workload`, not repeated (each emulated guest
 //! costs CI minutes).
 //!
-//! At most two emulated guests run at once on the 2 host cores. A failure
+//! At most three emulated guests run at once on the 2 host cores. A failure
 //! prints what the workload cluster says, the tail of each guest's serial
 //! console (kernel, cloud-init and kubeadm output), where the full logs are
 //! kept, and keeps the CAPI managers' logs.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, LogParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use testenv::control_plane_versions::NODE_TEST_IMAGE;
@@ -44,10 +48,10 @@ use crate::harness::objects::{self, Kind};
 use crate::harness::progress::say;
 use crate::harness::stack::{Stack, TEST_DISK_POOL, TEST_NETWORK};
 use crate::harness::wait::{Answered, Check, until};
-use crate::workload::client::{is_control_plane, node_names, pod_state, wait_nodes_ready};
-use crate::workload::cluster::{CLUSTER, domains};
-use crate::workload::diagnose::{compact, keep_capi_logs, report_guests, report_workload};
-use crate::workload::formation::{Bounds, Formation};
+use crate::workload::client::{check_provider_ids, is_control_plane, node_names, pod_state, wait_nodes_ready};
+use crate::workload::cluster::domains;
+use crate::workload::diagnose::{keep_capi_logs, report_guests, report_workload};
+use crate::workload::formation::{Bounds, Formation, KcpWatch};
 use crate::workload::render::Flavor;
 
 const ID: &str = "workload";
@@ -99,33 +103,37 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
 }
 
 async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
-    // What a user does: render the template with clusterctl, apply it with kubectl.
-    let formation =
-        Formation::apply(stack, ns, Flavor::AllocatedEndpoint, Bounds::DOCUMENTED, Box::new(|m| say(ID, m)))?;
+    // What a user does: render the default flavor with clusterctl, apply it with kubectl.
+    let formation = Formation::apply(stack, ns, Flavor::Default, Bounds::DOCUMENTED, Box::new(|m| say(ID, m)))?;
     let client = formation.client().clone();
-    let (endpoint, endpoint_entry) = allocated_endpoint(stack, &client, ns).await?;
-    say(ID, format!("control-plane endpoint {endpoint} allocated from network {TEST_NETWORK}"));
 
-    // The control plane alone up to KCP Available, then the worker joins.
+    // The control plane alone up to KCP Available; then the workers join and leave
+    // (1 -> 2 -> 1) while KCP stays Available throughout.
     let cp = formation.control_plane().await?;
-    let grown = formation.add_worker(&cp).await?;
-    say(ID, format!("Machines {:?}", grown.machines));
     let nodes_api: Api<Node> = Api::all(cp.workload.clone());
+    let watch = KcpWatch::start(&formation, &cp.kcp);
+    let one = formation.add_worker(&cp).await?;
+    formation.kcp_available_now(&cp.kcp).await?;
+    let with_one = domains(stack, ns)?;
+    let two = formation.scale_to(&cp, 2).await?;
+    formation.kcp_available_now(&cp.kcp).await?;
+    say(ID, format!("Machines {:?}", two.machines));
 
-    // A Pod on the worker reaches a Pod on the control-plane node.
-    let reply = pod_to_pod(&cp.workload, &grown.nodes).await?;
-    formation.mark("Pod on the worker reached a Pod on the control-plane node");
+    // A Deployment the scheduler spreads over the two workers, reached through its
+    // ClusterIP Service, by name, from a Pod on the control-plane node.
+    let reached = service_from_third_node(&cp.workload, &two.nodes).await?;
+    formation.mark("Service reached by name from the control-plane node, both backends answered");
 
-    // Scaled back to 0: the worker is drained and its machine removed.
-    let with_worker = domains(stack, ns)?;
-    ensure!(with_worker.len() == 2, "two machines must be two domains, found {with_worker:?}");
-    formation.scale_workers(0).await?;
-    let removed = until("the worker's Machine, LibvirtMachine and domain to be removed", SETTLE, || async {
+    // Back to one worker: the one removed is drained and its machine leaves nothing.
+    let with_two = domains(stack, ns)?;
+    ensure!(with_two.len() == 3, "three machines must be three domains, found {with_two:?}");
+    formation.scale_workers(1).await?;
+    let removed = until("one worker's Machine, LibvirtMachine and domain to be removed", SETTLE, || async {
         let machines = objects::list(&client, ns, Kind::Machine).await?;
         let lms = objects::list(&client, ns, Kind::LibvirtMachine).await?;
         let now = domains(stack, ns)?;
-        Ok(if machines.len() == 1 && lms.len() == 1 && now.len() == 1 {
-            Check::Done(with_worker.iter().find(|d| !now.contains(d)).cloned())
+        Ok(if machines.len() == 2 && lms.len() == 2 && now.len() == 2 {
+            Check::Done(with_two.iter().find(|d| !now.contains(d)).cloned())
         } else {
             Check::Pending(format!("{} Machines, {} LibvirtMachines, domains {now:?}", machines.len(), lms.len()))
         })
@@ -133,108 +141,174 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     .await?
     .context("no domain disappeared")?;
     check_nothing_of(stack, &removed)?;
-    wait_nodes_ready(&nodes_api, 1, SETTLE).await?;
-    formation.mark("scaled back to 0 (worker's Node, VM, disk, ISO, reservation gone)");
+    let after = wait_nodes_ready(&nodes_api, 2, SETTLE).await?;
+    check_provider_ids(&client, ns, &after).await?;
+    formation.kcp_available_now(&cp.kcp).await?;
+    watch.finish("the workers went 0 -> 1 -> 2 -> 1")?;
+    formation
+        .mark("scaled back to 1 worker (Node, VM, disk, ISO, reservation of the other gone), KCP Available throughout");
 
     // Deleting the Cluster leaves nothing on the host.
     clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    let entries = endpoint_dns_hosts(stack, &endpoint_entry)?;
-    ensure!(
-        entries.is_empty(),
-        "the endpoint's DNS host entry {endpoint_entry} is left on network {TEST_NETWORK} after the Cluster was deleted: {entries:?}"
-    );
-    formation.mark("Cluster deleted, nothing left on the host (endpoint released)");
+    formation.mark("Cluster deleted, nothing left on the host");
 
     let table = formation.table();
     eprintln!("  [{ID}] timing (seconds since kubectl apply):\n{table}");
     Ok(format!(
-        "endpoint {endpoint} (allocated); nodes {:?}; pod-to-pod reply {reply:?}; removed on scale-down: {removed}\n{table}",
-        node_names(&grown.nodes)
+        "nodes {:?} -> {:?}; domains with one worker {with_one:?}; {reached}; removed on scale-down: {removed}\n{table}",
+        node_names(&one.nodes),
+        node_names(&two.nodes)
     ))
 }
 
-/// An HTTP server Pod (busybox httpd) on the control-plane node and a client Pod
-/// (busybox nc) on a worker; returns what the client fetched.
-async fn pod_to_pod(workload: &Client, nodes: &[Node]) -> Result<String> {
+/// The name of the Deployment and Service of [`service_from_third_node`].
+const WEB: &str = "capl-e2e-web";
+
+/// A Deployment of 2 busybox httpd replicas that the scheduler places (required
+/// anti-affinity on the host name, no nodeName) on the two workers, a ClusterIP
+/// Service in front of them, and a Pod on the control-plane node that resolves the
+/// Service's name and `kubernetes.default` through CoreDNS and fetches the page 16
+/// times through the Service (kube-proxy's rules): both backends must answer.
+async fn service_from_third_node(workload: &Client, nodes: &[Node]) -> Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
     let cp = nodes.iter().find(|n| is_control_plane(n)).context("no control-plane Node")?;
-    let worker = nodes.iter().find(|n| !is_control_plane(n)).context("no worker Node")?;
     let cp_name = cp.metadata.name.clone().unwrap_or_default();
-    let worker_name = worker.metadata.name.clone().unwrap_or_default();
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "default");
+    let services: Api<Service> = Api::namespaced(workload.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
-    let marker = format!("capl-e2e-pong-from-{cp_name}");
-    let server: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "capl-e2e-server" },
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": WEB },
         "spec": {
-            "nodeName": cp_name,
-            "tolerations": [{ "operator": "Exists" }],
-            "containers": [{
-                "name": "httpd", "image": NODE_TEST_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c",
-                    format!("mkdir -p /tmp/www && echo {marker} > /tmp/www/index.html && exec busybox httpd -f -p 8080 -h /tmp/www")],
-                "ports": [{ "containerPort": 8080 }]
-            }]
+            "replicas": 2,
+            "selector": { "matchLabels": { "app": WEB } },
+            "template": {
+                "metadata": { "labels": { "app": WEB } },
+                "spec": {
+                    "affinity": { "podAntiAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": { "matchLabels": { "app": WEB } },
+                        "topologyKey": "kubernetes.io/hostname"
+                    }]}},
+                    "containers": [{
+                        "name": "httpd", "image": NODE_TEST_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c",
+                            "mkdir -p /tmp/www && echo \"capl-e2e-web-from-$(hostname)\" > /tmp/www/index.html && exec busybox httpd -f -p 8080 -h /tmp/www"],
+                        "ports": [{ "containerPort": 8080 }]
+                    }]
+                }
+            }
         }
     }))?;
-    create_pod(&pods, &server).await?;
-    let server_ip = until("the server Pod to run with an IP", SETTLE, || async {
-        let pod = pods.get("capl-e2e-server").await.answered("reading Pod capl-e2e-server")?;
-        let status = pod.status.clone().unwrap_or_default();
-        Ok(match (status.phase.as_deref(), status.pod_ip.clone()) {
-            (Some("Running"), Some(ip)) => Check::Done(ip),
-            _ => Check::Pending(pod_state(&pod)),
+    create_in_workload(&deployments, &deployment).await?;
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": WEB },
+        "spec": { "type": "ClusterIP", "selector": { "app": WEB }, "ports": [{ "port": 80, "targetPort": 8080 }] }
+    }))?;
+    create_in_workload(&services, &service).await?;
+    let backends = until("the Deployment's 2 Pods to run on two different Nodes", SETTLE, || async {
+        let list =
+            pods.list(&ListParams::default().labels(&format!("app={WEB}"))).await.answered("listing Pods")?.items;
+        let running: BTreeMap<String, String> = list
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+            .collect();
+        let on: BTreeSet<&String> = running.values().collect();
+        Ok(if running.len() == 2 && on.len() == 2 && !on.contains(&cp_name) {
+            Check::Done(running)
+        } else {
+            Check::Pending(
+                list.iter().map(|p| format!("{} {}", p.name_any(), pod_state(p))).collect::<Vec<_>>().join("; "),
+            )
         })
     })
     .await?;
-    say(ID, format!("server Pod on {cp_name} at {server_ip}"));
+    let cluster_ip = services
+        .get(WEB)
+        .await
+        .answered("reading the Service")?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("the Service has no clusterIP")?;
+    let kubernetes_ip = Api::<Service>::namespaced(workload.clone(), "default")
+        .get("kubernetes")
+        .await
+        .answered("reading Service default/kubernetes")?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("Service default/kubernetes has no clusterIP")?;
+    say(ID, format!("Pods {backends:?} behind Service {WEB} at {cluster_ip}"));
+    // busybox's own resolver (nslookup), not glibc's: the image's busybox is static
+    // and glibc's NSS cannot load in it. The search path of the Pod's resolv.conf
+    // completes the short names, as it does for any program in a Pod.
+    let script = format!(
+        "set -e; \
+         lookup() {{ busybox nslookup \"$1\" | busybox awk '/^Name:/ {{named=1}} named && /^Address/ {{print $NF; exit}}'; }}; \
+         web=$(lookup {WEB}); api=$(lookup kubernetes.default); \
+         echo \"resolved {WEB}=$web kubernetes.default=$api\"; \
+         i=0; while [ $i -lt 16 ]; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 \"$web\" 80 | busybox tail -n 1; i=$((i+1)); done"
+    );
     let client_pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": { "name": "capl-e2e-client" },
         "spec": {
-            "nodeName": worker_name,
-            "restartPolicy": "OnFailure",
+            "restartPolicy": "Never",
+            "nodeSelector": { "node-role.kubernetes.io/control-plane": "" },
+            "tolerations": [{ "key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule" }],
             "containers": [{
-                // busybox nc, not wget: Debian's static busybox crashes in wget (glibc's
-                // NSS cannot load in a static binary when wget looks up the service).
                 "name": "client", "image": NODE_TEST_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c",
-                    format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 {server_ip} 8080")]
+                "command": ["/bin/sh", "-c", script]
             }]
         }
     }))?;
-    create_pod(&pods, &client_pod).await?;
-    until("the client Pod on the worker to fetch the server's page", SETTLE, || async {
+    create_in_workload(&pods, &client_pod).await?;
+    let phase = until("the client Pod on the control-plane node to finish", SETTLE, || async {
         let pod = pods.get("capl-e2e-client").await.answered("reading Pod capl-e2e-client")?;
         Ok(match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some("Succeeded") => Check::Done(()),
+            Some(phase @ ("Succeeded" | "Failed")) => Check::Done(phase.to_string()),
             _ => Check::Pending(pod_state(&pod)),
         })
     })
     .await?;
-    let reply = until("the client Pod's log", SETTLE, || async {
-        let log = pods.logs("capl-e2e-client", &LogParams::default()).await.answered("reading the client Pod's log")?;
-        Ok(Check::Done(log))
+    let log = until("the client Pod's log", SETTLE, || async {
+        Ok(Check::Done(
+            pods.logs("capl-e2e-client", &LogParams::default()).await.answered("reading the client Pod's log")?,
+        ))
     })
     .await?;
-    let reply = reply.lines().last().unwrap_or_default().to_string();
-    ensure!(reply.contains(&marker), "the client Pod on {worker_name} printed {reply:?}, expected {marker:?}");
-    for name in ["capl-e2e-client", "capl-e2e-server"] {
-        let _ = pods.delete(name, &DeleteParams::default()).await;
-    }
-    say(ID, format!("Pod on {worker_name} fetched {:?} from {server_ip}", reply.trim()));
-    Ok(reply.trim().to_string())
+    ensure!(phase == "Succeeded", "the client Pod on {cp_name} failed; its log:\n{log}");
+    let expected = format!("resolved {WEB}={cluster_ip} kubernetes.default={kubernetes_ip}");
+    ensure!(
+        log.lines().any(|l| l.trim() == expected),
+        "the client Pod on {cp_name} must resolve both names to their Services' addresses ({expected}); its log:\n{log}"
+    );
+    let answered: BTreeSet<&str> = log.lines().filter_map(|l| l.trim().strip_prefix("capl-e2e-web-from-")).collect();
+    let names: BTreeSet<&str> = backends.keys().map(String::as_str).collect();
+    ensure!(
+        answered == names,
+        "16 requests through Service {WEB} ({cluster_ip}) must reach both Pods {names:?}; answered: {answered:?}; log:\n{log}"
+    );
+    let _ = pods.delete("capl-e2e-client", &DeleteParams::default()).await;
+    let _ = services.delete(WEB, &DeleteParams::default()).await;
+    let _ = deployments.delete(WEB, &DeleteParams::default()).await;
+    Ok(format!("Service {WEB} at {cluster_ip} answered from {answered:?}"))
 }
 
-/// Creates `pod` in the workload cluster, repeating the request while the API server
-/// does not answer; a Pod that a request without answer did create counts as created.
-async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    until(&format!("Pod {name} to be created in the workload cluster"), SETTLE, || async {
-        match pods.create(&PostParams::default(), pod).await {
+/// Creates `object` in the workload cluster, repeating the request while the API
+/// server does not answer; one that a request without answer did create counts.
+async fn create_in_workload<K>(api: &Api<K>, object: &K) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    until(&format!("{name} to be created in the workload cluster"), SETTLE, || async {
+        match api.create(&PostParams::default(), object).await {
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Check::Done(())),
-            result => result.answered(&format!("creating Pod {name} in the workload cluster")).map(|_| Check::Done(())),
+            result => result.answered(&format!("creating {name} in the workload cluster")).map(|_| Check::Done(())),
         }
     })
     .await
@@ -255,72 +329,4 @@ fn check_nothing_of(stack: &Stack, domain: &str) -> Result<()> {
         "the removed machine {domain} left volumes {volumes:?} and DHCP reservations {reservations:?}"
     );
     Ok(())
-}
-
-/// The DNS host entries of the test network that carry the host name `name`
-/// (the provider names an endpoint's entry `capl-endpoint-<LibvirtCluster UID>`).
-/// Only this cluster's entry is looked at: the network may be shared with other
-/// clusters, whose entries are theirs.
-fn endpoint_dns_hosts(stack: &Stack, name: &str) -> Result<Vec<(String, Vec<String>)>> {
-    Ok(stack
-        .libvirt()?
-        .dns_hosts(TEST_NETWORK)?
-        .into_iter()
-        .filter(|(_, names)| names.iter().any(|n| n == name))
-        .collect())
-}
-
-/// Waits for the provider to allocate the control-plane endpoint of the
-/// allocated-endpoint flavor and checks it as an admin would: an address of the
-/// test network outside its DHCP range, in the LibvirtCluster and copied by CAPI
-/// into the Cluster, and on the host a DNS host entry for it named after the
-/// LibvirtCluster's UID, and no other entry of the network holding the same address.
-/// Returns the address and the entry's host name.
-async fn allocated_endpoint(stack: &Stack, client: &Client, ns: &str) -> Result<(String, String)> {
-    use testenv::test_host::{DHCP_LAST, SUBNET_PREFIX};
-    let (host, uid) = until(
-        &format!("LibvirtCluster {ns}/{CLUSTER} to be given an endpoint"),
-        Bounds::DOCUMENTED.vm_started,
-        || async {
-            let lc = objects::get(client, ns, Kind::LibvirtCluster, CLUSTER).await?;
-            Ok(match lc {
-                Some(lc) => match lc.data["spec"]["controlPlaneEndpoint"]["host"].as_str() {
-                    Some(host) => Check::Done((host.to_string(), lc.uid().unwrap_or_default())),
-                    None => Check::Pending(format!("status {}", compact(&lc.data["status"]))),
-                },
-                None => Check::Pending("no LibvirtCluster".into()),
-            })
-        },
-    )
-    .await?;
-    let host_number: Option<u8> = host.strip_prefix(&format!("{SUBNET_PREFIX}.")).and_then(|n| n.parse().ok());
-    ensure!(
-        host_number.is_some_and(|n| n > DHCP_LAST && n < 255),
-        "the allocated endpoint {host} is not an address of {SUBNET_PREFIX}.0/24 outside the DHCP range (.2-.{DHCP_LAST})"
-    );
-    until(&format!("Cluster {ns}/{CLUSTER} to take the endpoint {host}"), SETTLE, || async {
-        let cluster = objects::get(client, ns, Kind::Cluster, CLUSTER).await?.context("the Cluster is gone")?;
-        let seen = &cluster.data["spec"]["controlPlaneEndpoint"];
-        Ok(if seen["host"] == host.as_str() && seen["port"] == 6443 {
-            Check::Done(())
-        } else {
-            Check::Pending(format!("spec.controlPlaneEndpoint {}", compact(seen)))
-        })
-    })
-    .await?;
-    let name = format!("capl-endpoint-{uid}");
-    let entries = endpoint_dns_hosts(stack, &name)?;
-    let expected = (host.clone(), vec![name.clone()]);
-    ensure!(
-        entries == [expected.clone()],
-        "network {TEST_NETWORK} must hold exactly one DNS host entry for this cluster's endpoint, {expected:?}; found {entries:?}"
-    );
-    let sharing: Vec<_> = stack
-        .libvirt()?
-        .dns_hosts(TEST_NETWORK)?
-        .into_iter()
-        .filter(|(ip, names)| *ip == host && *names != expected.1)
-        .collect();
-    ensure!(sharing.is_empty(), "the allocated endpoint {host} is also held by other DNS host entries: {sharing:?}");
-    Ok((host, name))
 }

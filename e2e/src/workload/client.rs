@@ -93,20 +93,33 @@ pub(crate) async fn wait_machines_running(
     .await
 }
 
-/// Every Node's providerID equals the LibvirtMachine's whose address it has.
+/// Every Node's providerID is that of its own Machine's LibvirtMachine: the
+/// Machine whose nodeRef names the Node, through its infrastructureRef, and the
+/// Machine's spec.providerID is the same.
 pub(crate) async fn check_provider_ids(client: &Client, ns: &str, nodes: &[Node]) -> Result<()> {
-    let lms = objects::list(client, ns, Kind::LibvirtMachine).await?;
-    let by_id: BTreeMap<String, String> = lms
-        .iter()
-        .filter_map(|lm| Some((objects::str_at(lm, &["spec", "providerID"])?.to_string(), objects::name(lm))))
-        .collect();
+    let machines = objects::list(client, ns, Kind::Machine).await?;
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
         let id = node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        let machine = machines
+            .iter()
+            .find(|m| objects::str_at(m, &["status", "nodeRef", "name"]) == Some(name.as_str()))
+            .with_context(|| format!("no Machine of {ns} has a nodeRef to Node {name}"))?;
+        let machine_name = objects::name(machine);
+        let infra = objects::str_at(machine, &["spec", "infrastructureRef", "name"])
+            .with_context(|| format!("Machine {ns}/{machine_name} has no infrastructureRef"))?;
+        let lm = objects::get(client, ns, Kind::LibvirtMachine, infra)
+            .await?
+            .with_context(|| format!("LibvirtMachine {ns}/{infra} of Machine {machine_name} does not exist"))?;
+        let own = objects::str_at(&lm, &["spec", "providerID"]).unwrap_or_default();
         ensure!(
-            by_id.contains_key(&id),
-            "Node {name} has providerID {id:?}, which no LibvirtMachine of {ns} has (theirs: {:?})",
-            by_id.keys().collect::<Vec<_>>()
+            !own.is_empty() && id == own,
+            "Node {name} has providerID {id:?}, but its Machine {machine_name}'s LibvirtMachine {infra} has {own:?}"
+        );
+        let on_machine = objects::str_at(machine, &["spec", "providerID"]).unwrap_or_default();
+        ensure!(
+            on_machine == own,
+            "Machine {machine_name} has spec.providerID {on_machine:?}, its LibvirtMachine {infra} {own:?}"
         );
     }
     Ok(())

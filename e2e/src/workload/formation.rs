@@ -273,16 +273,29 @@ impl<'a> Formation<'a> {
     /// scaled from 0 to 1) joins: two Nodes Ready with their LibvirtMachines'
     /// providerIDs, two Machines Running with a nodeRef.
     pub(crate) async fn add_worker(&self, cp: &ControlPlane) -> Result<Grown> {
+        self.step(Step::WorkerJoined, |deadline| async move { self.workers_joined(cp, 1, deadline).await }).await
+    }
+
+    /// The workers scaled to `workers` (up or down) within the worker's bound:
+    /// `workers` + 1 Nodes, all Ready with their own LibvirtMachines' providerIDs,
+    /// and as many Machines Running with a nodeRef.
+    pub(crate) async fn scale_to(&self, cp: &ControlPlane, workers: u32) -> Result<Grown> {
+        let deadline = Instant::now() + self.bounds.worker_joined;
+        self.workers_joined(cp, workers, deadline).await
+    }
+
+    async fn workers_joined(&self, cp: &ControlPlane, workers: u32, deadline: Instant) -> Result<Grown> {
         let (stack, client, ns) = (self.stack, &self.client, self.ns.as_str());
         let nodes_api: Api<Node> = Api::all(cp.workload.clone());
-        self.step(Step::WorkerJoined, |deadline| async move {
-            self.scale_workers(1).await?;
-            let nodes = until("exactly 2 Nodes, all Ready, in the workload cluster", left(deadline), || async {
+        let count = workers as usize + 1;
+        self.scale_workers(workers).await?;
+        let nodes =
+            until(&format!("exactly {count} Nodes, all Ready, in the workload cluster"), left(deadline), || async {
                 let domains = domains(stack, ns)?;
                 fail_if_kubeadm_failed(stack, &domains)?;
                 let list = nodes_api.list(&ListParams::default()).await.answered("listing Nodes")?.items;
                 let ready = list.iter().filter(|n| node_ready(n)).count();
-                Ok(if list.len() == 2 && ready == 2 {
+                Ok(if list.len() == count && ready == count {
                     Check::Done(list)
                 } else {
                     let seen: Vec<String> =
@@ -291,13 +304,24 @@ impl<'a> Formation<'a> {
                 })
             })
             .await?;
-            self.mark("worker joined (Node Ready)");
-            let machines = wait_machines_running(client, ns, 2, left(deadline)).await?;
-            check_provider_ids(client, ns, &nodes).await?;
-            self.mark("both Machines Running with a nodeRef");
-            Ok(Grown { nodes, machines })
-        })
-        .await
+        self.mark(format!("{workers} worker(s): {count} Nodes Ready"));
+        let machines = wait_machines_running(client, ns, count, left(deadline)).await?;
+        check_provider_ids(client, ns, &nodes).await?;
+        self.mark(format!("{count} Machines Running with a nodeRef"));
+        Ok(Grown { nodes, machines })
+    }
+
+    /// Fails unless the KubeadmControlPlane `kcp` is Available now, with KCP's own words.
+    pub(crate) async fn kcp_available_now(&self, kcp: &str) -> Result<()> {
+        let object = self.kcps.get_opt(kcp).await?.context("the KubeadmControlPlane is gone")?;
+        match objects::condition(&object, "Available") {
+            Some(("True", _)) => Ok(()),
+            _ => bail!(
+                "KubeadmControlPlane {kcp} is not Available: Available {}; EtcdClusterHealthy {}",
+                condition_text(&object, "Available"),
+                condition_text(&object, "EtcdClusterHealthy")
+            ),
+        }
     }
 
     /// Sets the number of workers: the MachineDeployment's replicas, or with the
@@ -339,6 +363,53 @@ impl<'a> Formation<'a> {
         Fut: Future<Output = Result<T>>,
     {
         run_step(step, self.bounds.of(step), &self.say, run, || diagnose(self.stack, &self.ns)).await
+    }
+}
+
+/// Watches a KubeadmControlPlane's `Available` condition from when it is made
+/// until [`KcpWatch::finish`]: every state the API server reports is looked at,
+/// so a control plane that stops being Available while workers join or leave is
+/// seen even if it recovers before the next step.
+pub(crate) struct KcpWatch {
+    task: tokio::task::JoinHandle<()>,
+    lapses: std::sync::Arc<Mutex<Vec<String>>>,
+    name: String,
+}
+
+impl KcpWatch {
+    pub(crate) fn start(formation: &Formation<'_>, name: &str) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let lapses = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let seen = lapses.clone();
+        let api = formation.kcps.clone();
+        let started = formation.started;
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, config).default_backoff().applied_objects().boxed();
+            while let Some(event) = stream.next().await {
+                let Ok(kcp) = event else { continue };
+                if !matches!(objects::condition(&kcp, "Available"), Some(("True", _))) {
+                    let at = started.elapsed().as_secs();
+                    seen.lock().expect("lapses lock").push(format!(
+                        "at {at} s: Available {}; EtcdClusterHealthy {}",
+                        condition_text(&kcp, "Available"),
+                        condition_text(&kcp, "EtcdClusterHealthy")
+                    ));
+                }
+            }
+        });
+        Self { task, lapses, name: name.to_string() }
+    }
+
+    /// Stops watching; fails with every state seen in which the control plane was not Available.
+    pub(crate) fn finish(self, during: &str) -> Result<()> {
+        self.task.abort();
+        let lapses = self.lapses.lock().expect("lapses lock");
+        if !lapses.is_empty() {
+            bail!("KubeadmControlPlane {} stopped being Available while {during}:\n{}", self.name, lapses.join("\n"));
+        }
+        Ok(())
     }
 }
 

@@ -370,6 +370,23 @@ const CLUSTER_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_TLS_CLIENT_KEY_B64", "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCg=="),
 ];
 
+/// What the `ssh` flavor needs instead of the TLS variables.
+const SSH_VARIABLES: &[(&str, &str)] = &[
+    ("CAPL_LIBVIRT_URI", "qemu+libssh://root@kvm1.lab.example/system"),
+    ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
+    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("KUBERNETES_VERSION", "v1.34.1"),
+    ("CAPL_SSH_PRIVATE_KEY_B64", "LS0tLS1CRUdJTiBPUEVOU1NIIFBSSVZBVEUgS0VZLS0tLS0K"),
+    ("CAPL_SSH_KNOWN_HOSTS_B64", "a3ZtMS5sYWIuZXhhbXBsZSBzc2gtZWQyNTUxOSBBQUFBCg=="),
+];
+
+/// What the `local` flavor needs: no URI (it defaults to the manager's host), no credentials.
+const LOCAL_VARIABLES: &[(&str, &str)] = &[
+    ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
+    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("KUBERNETES_VERSION", "v1.34.1"),
+];
+
 #[tokio::test]
 async fn clusterctl_reads_the_release_as_a_provider_repository() {
     let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
@@ -422,25 +439,37 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
             args.extend(["--flavor", flavor]);
         }
         args.extend(["--worker-machine-count", "2"]);
-        let (ok, out, err) = repo.clusterctl(env, &args, CLUSTER_VARIABLES);
+        let (variables, credentials_key) = match flavor.as_str() {
+            "ssh" => (SSH_VARIABLES, Some("ssh-privatekey")),
+            "local" => (LOCAL_VARIABLES, None),
+            _ => (CLUSTER_VARIABLES, Some("tls.crt")),
+        };
+        let (ok, out, err) = repo.clusterctl(env, &args, variables);
         assert!(ok, "clusterctl generate cluster (flavor {flavor:?}): {err}");
         let docs = parse_documents(&out);
         assert!(docs.iter().any(|d| d["kind"] == "Cluster"), "flavor {flavor:?} makes a Cluster");
-        // The host credentials: a Secret that clusterctl move takes along, named by the cluster.
-        let secret = docs
-            .iter()
-            .find(|d| d["kind"] == "Secret" && d["data"]["tls.crt"].is_string())
-            .unwrap_or_else(|| panic!("flavor {flavor:?} makes the TLS credentials Secret"));
-        assert!(secret["metadata"]["labels"]["clusterctl.cluster.x-k8s.io/move"].is_string(), "{secret}");
-        let secret_name = secret["metadata"]["name"].as_str().unwrap();
-        let named = docs.iter().any(|d| {
-            (d["kind"] == "LibvirtCluster" && d["spec"]["credentialsRef"]["name"] == secret_name)
-                || (d["kind"] == "Cluster"
-                    && d["spec"]["topology"]["variables"].as_array().is_some_and(|v| {
-                        v.iter().any(|v| v["name"] == "credentialsSecret" && v["value"] == secret_name)
-                    }))
-        });
-        assert!(named, "flavor {flavor:?}: the cluster names Secret {secret_name} as its credentials");
+        if let Some(key) = credentials_key {
+            // The host credentials: a Secret that clusterctl move takes along, named by the cluster.
+            let secret = docs
+                .iter()
+                .find(|d| d["kind"] == "Secret" && d["data"][key].is_string())
+                .unwrap_or_else(|| panic!("flavor {flavor:?} makes the credentials Secret with {key}"));
+            assert!(secret["metadata"]["labels"]["clusterctl.cluster.x-k8s.io/move"].is_string(), "{secret}");
+            let secret_name = secret["metadata"]["name"].as_str().unwrap();
+            let named = docs.iter().any(|d| {
+                (d["kind"] == "LibvirtCluster" && d["spec"]["credentialsRef"]["name"] == secret_name)
+                    || (d["kind"] == "Cluster"
+                        && d["spec"]["topology"]["variables"].as_array().is_some_and(|v| {
+                            v.iter().any(|v| v["name"] == "credentialsSecret" && v["value"] == secret_name)
+                        }))
+            });
+            assert!(named, "flavor {flavor:?}: the cluster names Secret {secret_name} as its credentials");
+        } else {
+            assert!(!docs.iter().any(|d| d["kind"] == "Secret"), "flavor {flavor:?} needs no credentials");
+            let cluster = docs.iter().find(|d| d["kind"] == "LibvirtCluster").unwrap();
+            assert_eq!(cluster["spec"]["uri"], "qemu:///system", "flavor {flavor:?}");
+            assert!(cluster["spec"]["credentialsRef"].is_null(), "flavor {flavor:?}");
+        }
         for doc in &docs {
             let api_version = doc["apiVersion"].as_str().unwrap();
             let kind = doc["kind"].as_str().unwrap();
