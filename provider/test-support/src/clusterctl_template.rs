@@ -52,6 +52,8 @@ fn sample_value(name: &str) -> String {
             "LS0tLS1CRUdJTiBQTEFDRUhPTERFUi0tLS0tCg==".into()
         }
         "CAPL_CONTROL_PLANE_ENDPOINT_HOST" => "192.168.122.10".into(),
+        "CAPL_IP_POOL_RANGE" => "10.77.0.10-10.77.0.99".into(),
+        "CAPL_IP_POOL_GATEWAY" | "CAPL_NAMESERVER" => "10.77.0.1".into(),
         "NAMESPACE" => "default".into(),
         _ => "sample".into(),
     }

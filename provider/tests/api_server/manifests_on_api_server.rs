@@ -380,6 +380,14 @@ const SSH_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_SSH_KNOWN_HOSTS_B64", "a3ZtMS5sYWIuZXhhbXBsZSBzc2gtZWQyNTUxOSBBQUFBCg=="),
 ];
 
+/// What the `bridged` flavor needs besides the TLS credentials: the bridge network and the pool.
+const BRIDGED_VARIABLES: &[(&str, &str)] = &[
+    ("CAPL_NETWORK", "lab-lan"),
+    ("CAPL_IP_POOL_RANGE", "192.168.10.100-192.168.10.149"),
+    ("CAPL_IP_POOL_GATEWAY", "192.168.10.1"),
+    ("CAPL_NAMESERVER", "192.168.10.1"),
+];
+
 /// What the `local` flavor needs: no URI (it defaults to the manager's host), no credentials.
 const LOCAL_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
@@ -419,6 +427,7 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
     let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
     env.install_capi_crds().await.unwrap();
     env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    env.install_ipam_crds().await.unwrap();
     let repo = LocalRepository::release("v0.1.0");
     let mut flavors: Vec<String> = std::fs::read_dir(repo.dir())
         .unwrap()
@@ -439,9 +448,11 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
             args.extend(["--flavor", flavor]);
         }
         args.extend(["--worker-machine-count", "2"]);
+        let bridged: Vec<(&str, &str)> = CLUSTER_VARIABLES.iter().chain(BRIDGED_VARIABLES).copied().collect();
         let (variables, credentials_key) = match flavor.as_str() {
             "ssh" => (SSH_VARIABLES, Some("ssh-privatekey")),
             "local" => (LOCAL_VARIABLES, None),
+            "bridged" => (bridged.as_slice(), Some("tls.crt")),
             _ => (CLUSTER_VARIABLES, Some("tls.crt")),
         };
         let (ok, out, err) = repo.clusterctl(env, &args, variables);

@@ -185,6 +185,54 @@ fn the_credential_flavors_differ_from_the_default_only_in_the_credentials() {
     }
 }
 
+/// The bridged flavor is the default flavor on a bridge network, with an
+/// InClusterIPPool that both LibvirtMachineTemplates take their addresses from
+/// (and the LAN's DNS server); nothing else changed.
+#[test]
+fn the_bridged_flavor_adds_an_ip_pool_for_every_machine_and_nothing_else() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::bridged_flavor(&default_flavor).unwrap();
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let (default_docs, flavor_docs) = (docs(&default_flavor), docs(&flavor));
+    let pools: Vec<&Value> = flavor_docs.iter().filter(|d| d["kind"] == "InClusterIPPool").collect();
+    assert_eq!(pools.len(), 1, "one pool");
+    let pool = pools[0];
+    assert_eq!(pool["spec"]["addresses"][0], "10.77.0.10-10.77.0.99");
+    assert_eq!((&pool["spec"]["prefix"], &pool["spec"]["gateway"]), (&Value::from(24), &Value::from("10.77.0.1")));
+    let rest: Vec<&Value> = flavor_docs.iter().filter(|d| d["kind"] != "InClusterIPPool").collect();
+    assert_eq!(rest.len(), default_docs.len());
+    let mut templates = 0;
+    for (before, after) in default_docs.iter().zip(rest) {
+        let mut expected = before.clone();
+        match before["kind"].as_str().unwrap() {
+            "LibvirtCluster" => expected["spec"]["network"] = "sample".into(),
+            "LibvirtMachineTemplate" => {
+                templates += 1;
+                let spec = &mut expected["spec"]["template"]["spec"];
+                spec["addressesFromPools"] = serde_json::json!([
+                    {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": pool["metadata"]["name"]}
+                ]);
+                spec["nameservers"] = serde_json::json!(["10.77.0.1"]);
+            }
+            _ => {}
+        }
+        assert_eq!(&expected, after);
+    }
+    assert_eq!(templates, 2, "the control plane's and the workers' templates");
+    let (_, variables) = crate::clusterctl_template::substitute(&flavor);
+    for name in ["CAPL_NETWORK", "CAPL_IP_POOL_RANGE", "CAPL_IP_POOL_GATEWAY", "CAPL_IP_POOL_PREFIX", "CAPL_NAMESERVER"]
+    {
+        assert!(variables.contains(name), "{name}");
+    }
+    assert!(flavor.contains("network: ${CAPL_NETWORK}\n"), "the bridge network has no default");
+    let changed = default_flavor.replace("      image: ${CAPL_IMAGE}\n", "      image: \"${CAPL_IMAGE}\"\n");
+    assert!(manifests::bridged_flavor(&changed).unwrap_err().contains("both LibvirtMachineTemplates"));
+}
+
 fn crd_json(kind: &str) -> Value {
     let crd = manifests::crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap();
     serde_json::to_value(crd).unwrap()

@@ -76,6 +76,12 @@ fn every_template_parses_and_its_references_resolve() {
             if api_version.starts_with("infrastructure.cluster.x-k8s.io/") {
                 assert_eq!(api_version, "infrastructure.cluster.x-k8s.io/v1alpha1", "{origin}");
                 check_our_kind(doc, &origin);
+            } else if api_version.starts_with("ipam.cluster.x-k8s.io/") {
+                // The in-cluster IPAM provider's pool, at the version its release serves.
+                assert_eq!(
+                    (api_version, doc["kind"].as_str().unwrap()),
+                    ("ipam.cluster.x-k8s.io/v1alpha2", "InClusterIPPool")
+                );
             } else if api_version != "v1" {
                 assert!(api_version.ends_with("/v1beta2"), "{origin}: CAPI objects use v1beta2, got {api_version}");
                 assert!(CAPI_KINDS.contains(&doc["kind"].as_str().unwrap()), "{origin}: unknown kind {}", doc["kind"]);
