@@ -242,6 +242,27 @@ async fn service_from_third_node(workload: &Client, nodes: &[Node]) -> Result<St
         .and_then(|s| s.cluster_ip)
         .context("Service default/kubernetes has no clusterIP")?;
     say(ID, format!("Pods {backends:?} behind Service {WEB} at {cluster_ip}"));
+    // CoreDNS answers once it has listed the Services through the API server's
+    // Service address, which needs kube-proxy's rules on its node: a Pod asks only
+    // when the CoreDNS Deployment is Available, as kubeadm's own checks do.
+    let dns: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    until("CoreDNS (Deployment kube-system/coredns) to be Available", SETTLE, || async {
+        let coredns = dns.get("coredns").await.answered("reading Deployment kube-system/coredns")?;
+        let status = coredns.status.unwrap_or_default();
+        let available =
+            status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Available" && c.status == "True");
+        Ok(if available && status.available_replicas.unwrap_or(0) > 0 {
+            Check::Done(())
+        } else {
+            let pods: Api<Pod> = Api::namespaced(workload.clone(), "kube-system");
+            let list =
+                pods.list(&ListParams::default().labels("k8s-app=kube-dns")).await.answered("listing CoreDNS Pods")?;
+            Check::Pending(
+                list.items.iter().map(|p| format!("{} {}", p.name_any(), pod_state(p))).collect::<Vec<_>>().join("; "),
+            )
+        })
+    })
+    .await?;
     // busybox's own resolver (nslookup), not glibc's: the image's busybox is static
     // and glibc's NSS cannot load in it. The search path of the Pod's resolv.conf
     // completes the short names, as it does for any program in a Pod.

@@ -227,6 +227,7 @@ impl<'a> Formation<'a> {
                 })
                 .await?;
                 check_on_host(stack, &vm).await?;
+                super::emulation::favour_control_plane(stack.libvirt()?, &vm.domain)?;
                 Ok(vm)
             })
             .await?;
