@@ -206,6 +206,7 @@ enum Outcome<T> {
 /// cluster showed; either way, and on Ctrl-C or SIGTERM, it deletes the cluster
 /// and stops everything. `timeout_factor` multiplies every step's bound.
 pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_factor: f64) -> Result<()> {
+    use crate::harness::objects::{self, Kind};
     use crate::workload::client::{node_names, workload_kubeconfig};
     use crate::workload::diagnose::report_guests;
     use crate::workload::formation::{Bounds, Formation};
@@ -239,10 +240,22 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
     let outcome = {
         let (stack, ns, kubeconfig_path) = (&stack, ns.as_str(), &kubeconfig_path);
         let form = async move {
-            let formation =
-                Formation::apply(stack, ns, Flavor::Default, bounds, Box::new(move |m| println!("{} {m}", at())))?;
+            let formation = Formation::apply(
+                stack,
+                ns,
+                Flavor::AllocatedEndpoint,
+                bounds,
+                Box::new(move |m| println!("{} {m}", at())),
+            )?;
             let cp = formation.control_plane().await?;
-            println!("{} the workload cluster answers at https://{}:6443", at(), stack.placement.endpoint_host);
+            let lc =
+                objects::get(formation.client(), ns, Kind::LibvirtCluster, crate::workload::cluster::CLUSTER).await?;
+            let endpoint = lc.as_ref().and_then(|lc| objects::str_at(lc, &["spec", "controlPlaneEndpoint", "host"]));
+            println!(
+                "{} the workload cluster answers at https://{}:6443 (the address the provider allocated)",
+                at(),
+                endpoint.unwrap_or("?")
+            );
             let grown = formation.add_worker(&cp).await?;
             let (_, text) = workload_kubeconfig(formation.client(), ns, Duration::from_secs(60)).await?;
             std::fs::write(kubeconfig_path, text).with_context(|| format!("writing {}", kubeconfig_path.display()))?;
