@@ -62,6 +62,17 @@ impl HypervisorError {
         Self { kind, code, message: message.into() }
     }
 
+    /// The source of [`super::Hypervisor::volume_upload_from`] failed after
+    /// `offset` bytes: kind `Other`, the message starting "reading the
+    /// upload's source".
+    pub fn upload_source_failed(pool: &str, name: &str, offset: u64, e: std::io::Error) -> Self {
+        Self::new(
+            ErrorKind::Other,
+            0,
+            format!("reading the upload's source for volume {name} in pool {pool} after {offset} bytes: {e}"),
+        )
+    }
+
     /// True for the "no such object" classes, which delete paths tolerate.
     pub fn is_not_found(&self) -> bool {
         matches!(

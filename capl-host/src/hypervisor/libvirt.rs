@@ -275,6 +275,51 @@ impl Hypervisor for LibvirtHypervisor {
         stream.finish().map_err(from_virt)
     }
 
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
+        let vol = self.volume(pool, name)?;
+        let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;
+        if let Err(e) = vol.upload(&stream, 0, length, 0) {
+            let _ = stream.abort();
+            return Err(from_virt(e));
+        }
+        let mut buf = vec![0u8; STREAM_CHUNK];
+        let mut offset = 0u64;
+        loop {
+            let n = match source.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = stream.abort();
+                    return Err(HypervisorError::upload_source_failed(pool, name, offset, e));
+                }
+            };
+            let mut sent = 0;
+            while sent < n {
+                match stream.send(&buf[sent..n]) {
+                    Ok(m) if m > 0 => sent += m as usize,
+                    Ok(_) => {
+                        let _ = stream.abort();
+                        return Err(HypervisorError::new(
+                            ErrorKind::Other,
+                            0,
+                            format!(
+                                "upload to volume {name} in pool {pool}: stream accepted no bytes at offset {}",
+                                offset + sent as u64
+                            ),
+                        ));
+                    }
+                    Err(e) => {
+                        let _ = stream.abort();
+                        return Err(from_virt(e));
+                    }
+                }
+            }
+            offset += n as u64;
+        }
+        stream.finish().map_err(from_virt)
+    }
+
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
         let vol = self.volume(pool, name)?;
         let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;

@@ -279,6 +279,14 @@ pub trait Hypervisor: Send + Sync {
     /// `virStorageVolUpload` through a stream, replacing the volume's content
     /// from offset 0.
     fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()>;
+    /// `virStorageVolUpload` of `length` bytes from offset 0 through a
+    /// stream, sent in chunks as `source` yields them until it is at its end
+    /// (never all in memory). A `source` that fails aborts the stream and
+    /// fails the call (kind `Other`, its message prefixed "reading the
+    /// upload's source"); a `source` that ends before `length` bytes fails
+    /// when the stream is finished, as libvirt does; one that goes on after
+    /// `length` bytes fails on the next send.
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()>;
     /// `virStorageVolDownload` through a stream: the whole volume.
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>>;
     /// `virStorageVolDelete` (flags 0).
