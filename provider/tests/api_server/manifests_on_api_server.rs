@@ -136,7 +136,7 @@ async fn machine_templates_are_immutable_but_topology_dry_runs_pass() {
         "spec": {"template": {"spec": {"image": "other.qcow2"}}}
     });
     let out = api.patch("workers", &PatchParams::default().dry_run(), &Patch::Merge(&topology_dry_run)).await.unwrap();
-    assert_eq!(out.spec.template.spec.image, "other.qcow2");
+    assert_eq!(out.spec.template.spec.image.as_deref(), Some("other.qcow2"));
     // A real (not dry-run) write with the annotation is still refused.
     assert!(api.patch("workers", &PatchParams::default(), &Patch::Merge(&topology_dry_run)).await.is_err());
     // Labels and annotations may change.

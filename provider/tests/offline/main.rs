@@ -15,5 +15,6 @@ use capl_test_support::clusterctl_template;
 mod book;
 mod dockerfile;
 mod host_errors;
+mod image_download;
 mod manifests;
 mod templates;
