@@ -26,6 +26,9 @@ pub enum Route {
     Stall { bytes: Arc<Vec<u8>>, sent: usize },
     /// 200 announcing `length` bytes and sending none (a body over any limit).
     Declared { length: u64 },
+    /// 200 with all of `bytes`: the first `sent`, then the rest once the test
+    /// opens `gate` (adds permits), so that a download under way can be seen.
+    Gated { bytes: Arc<Vec<u8>>, sent: usize, gate: Arc<tokio::sync::Semaphore> },
 }
 
 /// The running server; dropping it stops the server and every connection.
@@ -127,6 +130,19 @@ async fn serve(mut stream: TcpStream, routes: Arc<HashMap<String, Route>>, gets:
             Ok(())
         }
         Some(Route::Declared { length }) => stream.write_all(ok(*length).as_bytes()).await,
+        Some(Route::Gated { bytes, sent, gate }) => {
+            let out = stream.write_all(ok(bytes.len() as u64).as_bytes()).await;
+            let out = match out {
+                Ok(()) => stream.write_all(&bytes[..*sent]).await,
+                err => err,
+            };
+            let _ = stream.flush().await;
+            let _open = gate.acquire().await;
+            match out {
+                Ok(()) => stream.write_all(&bytes[*sent..]).await,
+                err => err,
+            }
+        }
     };
 }
 
