@@ -261,12 +261,16 @@ impl ImageDownloads {
         let s = &self.settings;
         self.requests.fetch_add(1, Ordering::SeqCst);
         let response = fetch::get(&self.client, url, s.idle_timeout).await.map_err(|e| {
-            Failure::download(format!(
-                "downloading the image from {url}: {}: check that the URL is right and the server reachable from the manager (connect timeout {} s, idle timeout {} s)",
-                e.0,
-                s.connect_timeout.as_secs_f64(),
-                s.idle_timeout.as_secs_f64()
-            ))
+            let fix = if e.0.contains("certificate") {
+                "the server's certificate does not verify against the manager's system root certificates: serve the image with a certificate of a public CA".to_string()
+            } else {
+                format!(
+                    "check that the URL is right and the server reachable from the manager (--image-connect-timeout {} s, --image-idle-timeout {} s)",
+                    s.connect_timeout.as_secs_f64(),
+                    s.idle_timeout.as_secs_f64()
+                )
+            };
+            Failure::download(format!("downloading the image from {url}: {}: {fix}", e.0))
         })?;
         let status = response.status();
         if status != hyper::StatusCode::OK {
@@ -287,10 +291,10 @@ impl ImageDownloads {
             })?;
         if length > s.max_bytes {
             return Err(Failure::download(format!(
-                "downloading the image from {url}: it is {length} bytes ({:.1} GiB), more than the manager's limit of {} bytes ({:.1} GiB): use a smaller image or raise the manager's --image-max-size",
-                length as f64 / (1u64 << 30) as f64,
+                "downloading the image from {url}: it is {length} bytes ({}), more than the manager's limit of {} bytes ({}): use a smaller image or raise the manager's --image-max-size",
+                human(length),
                 s.max_bytes,
-                s.max_bytes as f64 / (1u64 << 30) as f64
+                human(s.max_bytes)
             )));
         }
         if length == 0 {
@@ -409,6 +413,15 @@ impl ImageDownloads {
             });
         }
         Ok(())
+    }
+}
+
+/// A size in GiB, or in MiB below 1 GiB.
+fn human(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB)
     }
 }
 

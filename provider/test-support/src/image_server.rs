@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use sha2::Digest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 /// How one path answers.
 #[derive(Debug, Clone)]
@@ -34,6 +34,7 @@ pub enum Route {
 /// The running server; dropping it stops the server and every connection.
 pub struct ImageServer {
     addr: SocketAddr,
+    tls: bool,
     gets: Arc<Mutex<HashMap<String, u64>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -41,27 +42,59 @@ pub struct ImageServer {
 impl ImageServer {
     /// Serves `routes` on a free port of 127.0.0.1; other paths answer 404.
     pub async fn start(routes: Vec<(&str, Route)>) -> Self {
+        Self::start_with(routes, None).await
+    }
+
+    /// [`ImageServer::start`] over TLS with this certificate and key (PEM):
+    /// [`ImageServer::url`] then gives https URLs.
+    pub async fn start_tls(routes: Vec<(&str, Route)>, cert_pem: &str, key_pem: &str) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().unwrap();
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("a usable certificate and key");
+        Self::start_with(routes, Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(routes: Vec<(&str, Route)>, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0 for the image server");
         let addr = listener.local_addr().expect("the image server's address");
         let routes: Arc<HashMap<String, Route>> =
             Arc::new(routes.into_iter().map(|(path, route)| (path.to_string(), route)).collect());
         let gets = Arc::new(Mutex::new(HashMap::new()));
         let counted = gets.clone();
+        let tls_used = tls.is_some();
         let task = tokio::spawn(async move {
             // Owned by this task: aborting it drops every connection too.
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
-                connections.spawn(serve(stream, routes.clone(), counted.clone()));
+                let (routes, counted, tls) = (routes.clone(), counted.clone(), tls.clone());
+                connections.spawn(async move {
+                    match tls {
+                        None => serve(stream, routes, counted).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                serve(stream, routes, counted).await;
+                            }
+                        }
+                    }
+                });
                 while connections.try_join_next().is_some() {}
             }
         });
-        Self { addr, gets, task }
+        Self { addr, tls: tls_used, gets, task }
     }
 
-    /// `http://127.0.0.1:<port><path>`.
+    /// `http://127.0.0.1:<port><path>` (https with TLS).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.addr)
     }
 
     /// GET requests `path` received so far.
@@ -76,7 +109,11 @@ impl Drop for ImageServer {
     }
 }
 
-async fn serve(mut stream: TcpStream, routes: Arc<HashMap<String, Route>>, gets: Arc<Mutex<HashMap<String, u64>>>) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    routes: Arc<HashMap<String, Route>>,
+    gets: Arc<Mutex<HashMap<String, u64>>>,
+) {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -146,7 +183,7 @@ async fn serve(mut stream: TcpStream, routes: Arc<HashMap<String, Route>>, gets:
     };
 }
 
-async fn status(stream: &mut TcpStream, code: u16) -> std::io::Result<()> {
+async fn status<S: AsyncWrite + Unpin>(stream: &mut S, code: u16) -> std::io::Result<()> {
     let body = format!("status {code}\n");
     let reason = match code {
         404 => "Not Found",

@@ -197,8 +197,13 @@ async fn a_body_over_the_size_limit_is_refused_before_anything_is_stored() {
     let server = ImageServer::start(vec![("/huge.qcow2", Route::Declared { length: 40 << 30 })]).await;
     let (reason, message) = failed(rig.settled(&request(server.url("/huge.qcow2"), "ef".repeat(32))).await);
     assert_eq!(reason, reasons::IMAGE_DOWNLOAD_FAILED);
-    for part in [MACHINE, &server.url("/huge.qcow2"), "42949672960 bytes", "limit of 8388608 bytes", "--image-max-size"]
-    {
+    for part in [
+        MACHINE,
+        &server.url("/huge.qcow2"),
+        "42949672960 bytes (40.0 GiB)",
+        "limit of 8388608 bytes (8.0 MiB)",
+        "--image-max-size",
+    ] {
         assert!(message.contains(part), "{part:?} not in: {message}");
     }
     assert!(rig.image_volumes().is_empty());
@@ -245,4 +250,28 @@ async fn an_image_with_another_checksum_is_not_stored() {
         assert!(message.contains(part), "{part:?} not in: {message}");
     }
     assert!(rig.image_volumes().is_empty(), "the unchecked image is removed: {:?}", rig.image_volumes());
+}
+
+/// https is verified against the system's root certificates: a server whose
+/// certificate comes from a CA they do not hold is refused, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_server_with_an_unknown_certificate_authority_is_refused() {
+    let rig = Rig::new("https");
+    let ca = capl_testbed::certificates::Pki::new_ca("capl image test CA").unwrap();
+    let (cert, key) = ca.serving_cert("127.0.0.1").unwrap();
+    let image = Arc::new(qcow2_like(64 * 1024));
+    let server =
+        ImageServer::start_tls(vec![("/n.qcow2", Route::Body { bytes: image.clone(), chunk: 4096 })], &cert, &key)
+            .await;
+    let url = server.url("/n.qcow2");
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let (reason, message) = failed(rig.settled(&request(url.clone(), sha256_hex(&image))).await);
+    assert_eq!(reason, reasons::IMAGE_DOWNLOAD_FAILED);
+    for part in
+        [MACHINE, url.as_str(), "UnknownIssuer", "does not verify against the manager's system root certificates"]
+    {
+        assert!(message.contains(part), "{part:?} not in: {message}");
+    }
+    assert!(rig.image_volumes().is_empty());
+    assert_eq!(server.gets("/n.qcow2"), 0, "no request is sent over an unverified connection");
 }
