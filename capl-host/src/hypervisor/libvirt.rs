@@ -75,8 +75,8 @@ use super::{
     HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
 };
 
-/// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
-const STREAM_CHUNK: usize = 256 * 1024;
+// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
+use super::STREAM_CHUNK;
 
 /// A connection to one libvirt host through the `virt` crate.
 ///
@@ -282,24 +282,12 @@ impl Hypervisor for LibvirtHypervisor {
             let _ = stream.abort();
             return Err(from_virt(e));
         }
-        let mut buf = vec![0u8; STREAM_CHUNK];
-        let mut offset = 0u64;
-        loop {
-            let n = match source.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let _ = stream.abort();
-                    return Err(HypervisorError::upload_source_failed(pool, name, offset, e));
-                }
-            };
+        let mut send = |chunk: &[u8], offset: u64| -> Result<()> {
             let mut sent = 0;
-            while sent < n {
-                match stream.send(&buf[sent..n]) {
+            while sent < chunk.len() {
+                match stream.send(&chunk[sent..]) {
                     Ok(m) if m > 0 => sent += m as usize,
                     Ok(_) => {
-                        let _ = stream.abort();
                         return Err(HypervisorError::new(
                             ErrorKind::Other,
                             0,
@@ -309,15 +297,18 @@ impl Hypervisor for LibvirtHypervisor {
                             ),
                         ));
                     }
-                    Err(e) => {
-                        let _ = stream.abort();
-                        return Err(from_virt(e));
-                    }
+                    Err(e) => return Err(from_virt(e)),
                 }
             }
-            offset += n as u64;
+            Ok(())
+        };
+        match super::stream_source(pool, name, length, source, &mut send) {
+            Ok(()) => stream.finish().map_err(from_virt),
+            Err(e) => {
+                let _ = stream.abort();
+                Err(e)
+            }
         }
-        stream.finish().map_err(from_virt)
     }
 
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {

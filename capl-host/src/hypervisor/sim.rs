@@ -81,9 +81,6 @@ fn state_of(s: libvirt_sim::DomainState) -> DomainState {
     }
 }
 
-/// The chunk of a simulated upload stream (libvirt's client sends at most 256 KiB a message).
-const SIM_STREAM_CHUNK: usize = 256 * 1024;
-
 impl Hypervisor for SimHypervisor {
     fn uri(&self) -> &str {
         self.conn.uri()
@@ -167,31 +164,20 @@ impl Hypervisor for SimHypervisor {
 
     fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
         let mut stream = self.conn.storage_vol_upload_stream(pool, name, 0, length).map_err(|e| self.err(e))?;
-        let mut buf = vec![0u8; SIM_STREAM_CHUNK];
-        let mut offset = 0u64;
-        loop {
-            let n = match source.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    stream.abort();
-                    return Err(HypervisorError::upload_source_failed(pool, name, offset, e));
-                }
-            };
+        let mut send = |chunk: &[u8], _offset: u64| -> Result<()> {
             let mut sent = 0;
-            while sent < n {
-                match stream.send(&buf[sent..n]) {
-                    Ok(m) => sent += m,
-                    Err(e) => {
-                        stream.abort();
-                        return Err(self.err(e));
-                    }
-                }
+            while sent < chunk.len() {
+                sent += stream.send(&chunk[sent..]).map_err(|e| self.err(e))?;
             }
-            offset += n as u64;
+            Ok(())
+        };
+        match super::stream_source(pool, name, length, source, &mut send) {
+            Ok(()) => stream.finish().map_err(|e| self.err(e)),
+            Err(e) => {
+                stream.abort();
+                Err(e)
+            }
         }
-        stream.finish().map_err(|e| self.err(e))
     }
 
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
