@@ -95,6 +95,10 @@ impl Hypervisor for Counted {
         self.count("volume_upload").volume_upload(pool, name, bytes)
     }
 
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        self.count("volumes_backed_by").volumes_backed_by(path)
+    }
+
     fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
         self.count("volume_upload_from").volume_upload_from(pool, name, length, source)
     }

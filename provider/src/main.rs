@@ -112,6 +112,11 @@ struct Flags {
     /// 500Mi or a number of bytes.
     #[arg(long, value_parser = parse_size, default_value = "64Gi")]
     image_max_size: u64,
+    /// Base images named by URL: delete a downloaded image when the last
+    /// machine on it is deleted and no volume of the host is an overlay on
+    /// it. Off: downloaded images stay until removed by hand.
+    #[arg(long)]
+    image_remove_unused: bool,
 }
 
 /// A size flag: bytes, or a number with Ki, Mi, Gi or Ti; above zero.
@@ -319,6 +324,7 @@ async fn run(flags: Flags) -> Result<()> {
             connect_timeout: flags.image_connect_timeout,
             idle_timeout: flags.image_idle_timeout,
             max_bytes: flags.image_max_size,
+            remove_unused: flags.image_remove_unused,
             ..Default::default()
         },
         ..Settings::default()
@@ -607,5 +613,6 @@ mod tests {
         assert_eq!(flags.image_connect_timeout, images.connect_timeout);
         assert_eq!(flags.image_idle_timeout, images.idle_timeout);
         assert_eq!(flags.image_max_size, images.max_bytes);
+        assert_eq!(flags.image_remove_unused, images.remove_unused);
     }
 }

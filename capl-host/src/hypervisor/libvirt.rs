@@ -335,6 +335,10 @@ impl Hypervisor for LibvirtHypervisor {
         Ok(out)
     }
 
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        super::volumes_backed_by(self, path)
+    }
+
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {
         self.volume(pool, name)?.delete(0).map_err(from_virt)
     }

@@ -294,6 +294,10 @@ pub trait Hypervisor: Send + Sync {
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>>;
     /// `virStorageVolDelete` (flags 0).
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()>;
+    /// Every volume (`pool/name`) of every active pool whose backing store
+    /// is the file `path`: the overlays that still need it
+    /// (`virConnectListAllStoragePools`, then each pool's volumes and their XML).
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>>;
 
     // --- domains ----------------------------------------------------------
 
@@ -320,6 +324,29 @@ pub trait Hypervisor: Send + Sync {
     /// such as [`domain_start`](Self::domain_start) may return before its event is
     /// delivered.
     fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription>;
+}
+
+/// [`Hypervisor::volumes_backed_by`] through the listing calls of [`HostAdmin`],
+/// which both backends have. A volume that vanishes while it is read is skipped.
+pub fn volumes_backed_by(hv: &dyn HostAdmin, path: &str) -> Result<Vec<String>> {
+    let mut users = Vec::new();
+    for pool in hv.pool_list()? {
+        if !hv.pool_is_active(&pool)? {
+            continue;
+        }
+        for volume in hv.volume_list(&pool)? {
+            let xml = match hv.volume_xml(&pool, &volume) {
+                Ok(xml) => xml,
+                Err(e) if e.kind == ErrorKind::NoStorageVol => continue,
+                Err(e) => return Err(e),
+            };
+            let backing = crate::volume_xml::parse_volume(&xml).ok().and_then(|v| v.backing);
+            if backing.is_some_and(|b| b.path == path) {
+                users.push(format!("{pool}/{volume}"));
+            }
+        }
+    }
+    Ok(users)
 }
 
 /// The bytes of an upload stream's message: libvirt's client sends at most 256 KiB at once.

@@ -184,6 +184,10 @@ impl Hypervisor for SimHypervisor {
         self.conn.storage_vol_download(pool, name, 0, 0).map_err(|e| self.err(e))
     }
 
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        super::volumes_backed_by(self, path)
+    }
+
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {
         self.conn.storage_vol_delete(pool, name).map_err(|e| self.err(e))
     }

@@ -769,6 +769,14 @@ async fn act_deletion(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Err
                     if left.is_empty() {
                         let note = format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
                         ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
+                        if let Some(url) = &object.spec.image_url {
+                            let host = ctx.connections.host(&a.opened);
+                            if let Some(note) =
+                                ctx.images.remove_if_unused(&host, &l.base_pool, &ImageRequest::of(url)).await
+                            {
+                                ctx.event(object, EventType::Normal, "ImageRemoved", "Delete", &note).await;
+                            }
+                        }
                     } else {
                         let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
                         let note = format!(

@@ -52,6 +52,12 @@ pub struct DownloadSettings {
     /// How often a machine waiting for a download looks at it again (and
     /// refreshes its condition's progress).
     pub progress_interval: Duration,
+    /// Delete a downloaded image once the last machine on it is deleted and
+    /// no volume of the host is an overlay on it (`--image-remove-unused`).
+    pub remove_unused: bool,
+    /// An image handed to a machine about to be created is not removed for
+    /// this long (the machine's overlay may not exist yet).
+    pub removal_grace: Duration,
 }
 
 impl Default for DownloadSettings {
@@ -61,6 +67,8 @@ impl Default for DownloadSettings {
             idle_timeout: Duration::from_secs(60),
             max_bytes: DEFAULT_MAX_BYTES,
             progress_interval: Duration::from_secs(5),
+            remove_unused: false,
+            removal_grace: Duration::from_secs(300),
         }
     }
 }
@@ -149,6 +157,8 @@ pub struct ImageDownloads {
     settings: DownloadSettings,
     client: fetch::HttpClient,
     running: Mutex<HashMap<Key, Arc<Download>>>,
+    /// When each image was last handed to a machine about to be created.
+    handed_out: Mutex<HashMap<Key, Instant>>,
     requests: AtomicU64,
     uploads: AtomicU64,
 }
@@ -160,6 +170,7 @@ impl ImageDownloads {
             settings,
             client,
             running: Mutex::new(HashMap::new()),
+            handed_out: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
             uploads: AtomicU64::new(0),
         }
@@ -194,6 +205,7 @@ impl ImageDownloads {
             return state;
         }
         if volume_exists(host, pool, &key.volume).await {
+            self.handed_out.lock().expect("handed-out lock").insert(key, Instant::now());
             return ImageState::Ready;
         }
         let download = {
@@ -225,6 +237,49 @@ impl ImageDownloads {
             *download.ended.lock().expect("download lock") = Some((result, Instant::now()));
         });
         ImageState::Downloading(progress)
+    }
+
+    /// With `remove_unused`: deletes the image `request` from `pool` of
+    /// `host` unless a download of it runs, it was handed to a machine less
+    /// than `removal_grace` ago, or a volume of the host is an overlay on it.
+    /// `Some` note for an event when it was removed.
+    pub async fn remove_if_unused(&self, host: &HostHandle, pool: &str, request: &ImageRequest) -> Option<String> {
+        if !self.settings.remove_unused {
+            return None;
+        }
+        let key = Key { uri: host.uri().to_string(), pool: pool.to_string(), volume: request.volume() };
+        if self.running.lock().expect("downloads lock").contains_key(&key) {
+            return None;
+        }
+        let recent = self
+            .handed_out
+            .lock()
+            .expect("handed-out lock")
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < self.settings.removal_grace);
+        if recent {
+            tracing::info!(uri = %key.uri, pool, volume = %key.volume, "kept the downloaded image: a machine was given it lately");
+            return None;
+        }
+        let (p, v) = (pool.to_string(), key.volume.clone());
+        match host.call(move |h| capl_host::image::remove_unused_image(h, &p, &v)).await {
+            Ok(capl_host::image::Removal::Removed) => {
+                self.handed_out.lock().expect("handed-out lock").remove(&key);
+                Some(format!(
+                    "removed the downloaded image {pool}/{} from {}: no volume of the host is an overlay on it (--image-remove-unused)",
+                    key.volume, key.uri
+                ))
+            }
+            Ok(capl_host::image::Removal::InUse(users)) => {
+                tracing::debug!(uri = %key.uri, pool, volume = %key.volume, ?users, "kept the downloaded image: overlays use it");
+                None
+            }
+            Ok(capl_host::image::Removal::Absent) => None,
+            Err(e) => {
+                tracing::warn!(uri = %key.uri, pool, volume = %key.volume, error = %e, "cannot remove the unused downloaded image");
+                None
+            }
+        }
     }
 
     /// What the download of `key` says, when one runs or ended lately; a

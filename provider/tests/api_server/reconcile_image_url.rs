@@ -26,6 +26,7 @@ fn settings(w: &World) -> Settings {
             idle_timeout: Duration::from_secs(60),
             max_bytes: 64 * MIB as u64,
             progress_interval: Duration::from_millis(200),
+            ..DownloadSettings::default()
         },
         ..manager_settings(&w.ns)
     }
@@ -130,4 +131,40 @@ async fn a_missing_image_file_is_a_condition_and_a_warning_event() {
     let hv = w.inspect();
     assert_eq!(hv.volume_list(BASE_POOL).unwrap(), vec![BASE_IMAGE.to_string()]);
     assert_eq!(w.host_objects().domains, Vec::<String>::new());
+}
+
+/// `--image-remove-unused`: deleting the last machine on a downloaded image
+/// removes the image too, with an event saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_remove_unused_the_last_machine_takes_its_downloaded_image_along() {
+    let w = World::new("rc-image-gc").await;
+    let mut settings = settings(&w);
+    settings.image_downloads.remove_unused = true;
+    settings.image_downloads.removal_grace = Duration::ZERO;
+    let _manager = Manager::start_with_settings(w.client.clone(), w.connections(), settings);
+    let image = Arc::new(qcow2_like(MIB));
+    let server = ImageServer::start(vec![("/n.qcow2", Route::Body { bytes: image.clone(), chunk: 64 * 1024 })]).await;
+    let url = server.url("/n.qcow2");
+    let checksum = sha256_hex(&image);
+    provisioned_cluster(&w, "demo").await;
+    machine_from_url(&w, "demo", "worker-0", &url, &checksum).await;
+    let _: LibvirtMachine = w.wait_for("worker-0", "a provisioned, addressed, Ready machine", machine_ready).await;
+    let volume = ImageRequest::of(&capl::api::ImageUrl {
+        url,
+        checksum,
+        checksum_type: ChecksumType::Sha256,
+        format: Default::default(),
+    })
+    .volume();
+    let hv = w.inspect();
+    assert!(hv.volume_list(BASE_POOL).unwrap().contains(&volume));
+
+    w.delete::<LibvirtMachine>("worker-0").await;
+    let note = format!(
+        "removed the downloaded image {BASE_POOL}/{volume} from {}: no volume of the host is an overlay on it (--image-remove-unused)",
+        w.uri
+    );
+    w.wait_event("worker-0", "Normal", "ImageRemoved", &note).await;
+    w.wait_gone::<LibvirtMachine>("worker-0").await;
+    assert_eq!(hv.volume_list(BASE_POOL).unwrap(), vec![BASE_IMAGE.to_string()]);
 }

@@ -29,6 +29,10 @@ struct Rig {
 
 impl Rig {
     fn new(name: &str) -> Self {
+        Self::with(name, |_| {})
+    }
+
+    fn with(name: &str, adjust: impl FnOnce(&mut DownloadSettings)) -> Self {
         let uri = format!("qemu+tcp://sim-image-{name}/system");
         let host = capl_host::sim_host::register(&uri).unwrap_or_else(|e| panic!("building {uri}: {e}"));
         let settings = DownloadSettings {
@@ -37,7 +41,10 @@ impl Rig {
             idle_timeout: Duration::from_millis(500),
             max_bytes: 8 * MIB as u64,
             progress_interval: Duration::from_millis(50),
+            ..DownloadSettings::default()
         };
+        let mut settings = settings;
+        adjust(&mut settings);
         Self {
             uri,
             host,
@@ -274,4 +281,51 @@ async fn an_https_server_with_an_unknown_certificate_authority_is_refused() {
     }
     assert!(rig.image_volumes().is_empty());
     assert_eq!(server.gets("/n.qcow2"), 0, "no request is sent over an unverified connection");
+}
+
+/// `--image-remove-unused`: a downloaded image goes once no overlay uses it,
+/// never while one does, and not at all without the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unused_image_is_removed_only_when_asked_and_no_overlay_uses_it() {
+    let image = Arc::new(qcow2_like(256 * 1024));
+    let server = ImageServer::start(vec![("/n.qcow2", Route::Body { bytes: image.clone(), chunk: 64 * 1024 })]).await;
+    let req = request(server.url("/n.qcow2"), sha256_hex(&image));
+    let overlay = |rig: &Rig| {
+        let hv = SimHypervisor::connect(&rig.uri).unwrap();
+        let base = capl_host::volume_xml::parse_volume(&hv.volume_xml(BASE_POOL, &req.volume()).unwrap()).unwrap();
+        let backing = capl_host::volume_xml::BackingStore { path: base.path, format: Some("qcow2".into()) };
+        let xml = capl_host::volume_xml::overlay_volume_xml("m1.qcow2", 1 << 30, &backing);
+        hv.volume_create(capl_host::sim_host::DOMAIN_POOL, &xml).unwrap();
+        hv
+    };
+
+    // Without the flag: kept.
+    let off = Rig::with("remove-off", |s| s.removal_grace = Duration::ZERO);
+    assert_eq!(off.settled(&req).await, ImageState::Ready);
+    assert_eq!(off.downloads.remove_if_unused(&off.connections.host(&off.uri), BASE_POOL, &req).await, None);
+    assert_eq!(off.image_volumes(), vec![req.volume()]);
+
+    let on = Rig::with("remove-on", |s| {
+        s.remove_unused = true;
+        s.removal_grace = Duration::ZERO;
+    });
+    assert_eq!(on.settled(&req).await, ImageState::Ready);
+    let hv = overlay(&on);
+    let host = on.connections.host(&on.uri);
+    assert_eq!(on.downloads.remove_if_unused(&host, BASE_POOL, &req).await, None, "an overlay uses it");
+    assert_eq!(on.image_volumes(), vec![req.volume()]);
+    hv.volume_delete(capl_host::sim_host::DOMAIN_POOL, "m1.qcow2").unwrap();
+    let note = on.downloads.remove_if_unused(&host, BASE_POOL, &req).await.expect("removed once unused");
+    assert!(
+        note.contains(&format!("{BASE_POOL}/{}", req.volume())) && note.contains("--image-remove-unused"),
+        "{note}"
+    );
+    assert!(on.image_volumes().is_empty());
+
+    // An image just handed to a machine (whose overlay may not exist yet) is kept.
+    let recent = Rig::with("remove-recent", |s| s.remove_unused = true);
+    assert_eq!(recent.settled(&req).await, ImageState::Ready);
+    let host = recent.connections.host(&recent.uri);
+    assert_eq!(recent.downloads.remove_if_unused(&host, BASE_POOL, &req).await, None);
+    assert_eq!(recent.image_volumes(), vec![req.volume()]);
 }
