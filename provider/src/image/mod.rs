@@ -205,6 +205,12 @@ impl ImageDownloads {
             return state;
         }
         if volume_exists(host, pool, &key.volume).await {
+            // A download another reconcile started meanwhile creates the
+            // volume before its first byte: while it runs, the volume is not
+            // the image yet.
+            if let Some(state) = self.known(&key, object) {
+                return state;
+            }
             self.handed_out.lock().expect("handed-out lock").insert(key, Instant::now());
             return ImageState::Ready;
         }
