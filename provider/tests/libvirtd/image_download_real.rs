@@ -15,11 +15,11 @@ use capl::image::{DownloadSettings, ImageDownloads, ImageRequest, ImageState};
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
 use capl_host::hypervisor::libvirt::LibvirtConnector;
 use capl_host::hypervisor::{HostAdmin, Hypervisor};
-use capl_host::volume_xml::parse_volume;
+use capl_host::volume_xml::{BackingStore, overlay_volume_xml, parse_volume};
 use capl_host_test_support::real_host::connect_checked;
 use capl_test_support::image_server::{ImageServer, Route, sha256_hex};
 use capl_testbed::wait::{self, Bound, Check};
-use testenv::test_host::BASE_POOL;
+use testenv::test_host::{BASE_POOL, DISK_POOL};
 
 const VIRTUAL_SIZE: u64 = 64 << 20;
 
@@ -76,7 +76,11 @@ async fn an_image_url_is_streamed_into_the_real_base_pool_and_read_back() {
     let _ = hv.volume_delete(BASE_POOL, &volume);
 
     let connections = Arc::new(Connections::new(Arc::new(LibvirtConnector::default()), DEFAULT_MAX_CALLS_PER_HOST));
-    let downloads = Arc::new(ImageDownloads::new(DownloadSettings::default()));
+    let downloads = Arc::new(ImageDownloads::new(DownloadSettings {
+        remove_unused: true,
+        removal_grace: Duration::ZERO,
+        ..DownloadSettings::default()
+    }));
 
     // A wrong checksum: the stream is aborted before it is finished and the volume removed.
     let wrong = ImageRequest { checksum: "f".repeat(64), ..req.clone() };
@@ -105,5 +109,16 @@ async fn an_image_url_is_streamed_into_the_real_base_pool_and_read_back() {
     // There: no more GETs.
     assert_eq!(settled(&downloads, &connections, &uri, &req).await, ImageState::Ready);
     assert_eq!(server.gets("/small.qcow2"), 2);
-    hv.volume_delete(BASE_POOL, &volume).unwrap();
+
+    // --image-remove-unused: kept while an overlay in the disk pool uses it, removed after.
+    let overlay = format!("capl-image-url-overlay-{}.qcow2", std::process::id());
+    let backing = BackingStore { path: info.path.clone(), format: Some("qcow2".into()) };
+    hv.volume_create(DISK_POOL, &overlay_volume_xml(&overlay, VIRTUAL_SIZE, &backing)).unwrap();
+    let host = connections.host(&uri);
+    assert_eq!(downloads.remove_if_unused(&host, BASE_POOL, &req).await, None, "an overlay uses it");
+    assert!(hv.volume_list(BASE_POOL).unwrap().contains(&volume));
+    hv.volume_delete(DISK_POOL, &overlay).unwrap();
+    let note = downloads.remove_if_unused(&host, BASE_POOL, &req).await.expect("removed once unused");
+    assert!(note.contains(&volume), "{note}");
+    assert!(!hv.volume_list(BASE_POOL).unwrap().contains(&volume));
 }
