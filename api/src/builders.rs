@@ -15,9 +15,9 @@ use kube::Resource;
 
 use crate::capi::CLUSTER_NAME_LABEL;
 use crate::{
-    ApiEndpoint, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterTemplate, LibvirtClusterTemplateResource,
-    LibvirtClusterTemplateSpec, LibvirtHost, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate,
-    LibvirtMachineTemplateResource, LibvirtMachineTemplateSpec, SecretReference,
+    ApiEndpoint, ChecksumType, ImageFormat, ImageUrl, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterTemplate,
+    LibvirtClusterTemplateResource, LibvirtClusterTemplateSpec, LibvirtHost, LibvirtMachine, LibvirtMachineSpec,
+    LibvirtMachineTemplate, LibvirtMachineTemplateResource, LibvirtMachineTemplateSpec, SecretReference,
 };
 
 /// Metadata holding the name only.
@@ -98,12 +98,24 @@ impl LibvirtMachineSpec {
             vcpu,
             memory_mib,
             disk_gib,
-            image: image.into(),
+            image: Some(image.into()),
+            image_url: None,
             addresses_from_pools: None,
             nameservers: None,
             additional_networks: None,
             provider_id: None,
         }
+    }
+}
+
+impl LibvirtMachineSpec {
+    /// This spec with its base image downloaded from `url` (format qcow2)
+    /// instead of a volume of basePool.
+    pub fn from_url(mut self, url: &str, checksum_type: ChecksumType, checksum: &str) -> Self {
+        self.image = None;
+        self.image_url =
+            Some(ImageUrl { url: url.into(), checksum: checksum.into(), checksum_type, format: ImageFormat::Qcow2 });
+        self
     }
 }
 

@@ -107,4 +107,18 @@ pub mod reasons {
     /// Both kinds: the host or the client refused the credentials (a
     /// certificate, a key, an unknown host key); retried after a fix.
     pub const HOST_AUTHENTICATION_FAILED: &str = "HostAuthenticationFailed";
+    /// LibvirtMachine (DomainProvisioningReady): the base image of
+    /// spec.imageURL is being downloaded into the host's basePool; the
+    /// message says how far.
+    pub const DOWNLOADING_IMAGE: &str = "DownloadingImage";
+    /// LibvirtMachine: the download of spec.imageURL failed (the server's
+    /// answer, a timeout, the size limit, or a body that is not the image);
+    /// retried.
+    pub const IMAGE_DOWNLOAD_FAILED: &str = "ImageDownloadFailed";
+    /// LibvirtMachine: the downloaded image does not have spec.imageURL's
+    /// checksum; retried.
+    pub const IMAGE_CHECKSUM_MISMATCH: &str = "ImageChecksumMismatch";
+    /// LibvirtMachine: the downloaded body is not an image of
+    /// spec.imageURL's format; retried.
+    pub const IMAGE_FORMAT_MISMATCH: &str = "ImageFormatMismatch";
 }

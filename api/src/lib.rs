@@ -24,7 +24,9 @@ mod templates;
 pub use cluster::{
     ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost, NetworkEndpoint,
 };
-pub use machine::{AdditionalNetwork, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus};
+pub use machine::{
+    AdditionalNetwork, ChecksumType, ImageFormat, ImageUrl, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
+};
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,
     SecretReference,

@@ -58,6 +58,8 @@ use super::shared::{Initialization, MachineAddress, PoolReference, SecretReferen
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)").message("providerID can be set once and is immutable after that"))]
 #[x_kube(validation = Rule::new("has(self.addressesFromPools) == has(oldSelf.addressesFromPools)").message("addressesFromPools is immutable: the machine's addresses came from where it says; roll out a new LibvirtMachineTemplate instead"))]
+#[x_kube(validation = Rule::new("has(self.image) != has(self.imageURL)").message("set exactly one of image (a volume already in the cluster's basePool) and imageURL (a URL and checksum the provider downloads the image from)"))]
+#[x_kube(validation = Rule::new("has(self.image) == has(oldSelf.image) && has(self.imageURL) == has(oldSelf.imageURL)").message("image and imageURL are immutable: the root disk is an overlay on the image; roll out a new LibvirtMachineTemplate instead"))]
 #[x_kube(validation = Rule::new("has(self.additionalNetworks) == has(oldSelf.additionalNetworks)").message("additionalNetworks is immutable: the machine's NICs are made with its domain; roll out a new LibvirtMachineTemplate instead"))]
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
@@ -76,10 +78,20 @@ pub struct LibvirtMachineSpec {
     #[schemars(range(min = 1, max = 65536))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("diskGiB is immutable: the disk is created once; roll out a new LibvirtMachineTemplate instead"))]
     pub disk_gib: i32,
-    /// Name of a qcow2 volume in the cluster's basePool to boot from. Immutable.
+    /// Name of a qcow2 volume in the cluster's basePool to boot from. Set
+    /// exactly one of image and imageURL. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 255), pattern(r"^[^/\s]+$"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("image is immutable: the root disk is an overlay on it; roll out a new LibvirtMachineTemplate instead"))]
-    pub image: String,
+    pub image: Option<String>,
+    /// Where the provider downloads the base image from, and its checksum: it
+    /// downloads it once per host and basePool into a volume named after the
+    /// checksum (`capl-image-<checksumType>-<first 32 hex digits>.<format>`),
+    /// which machines with the same checksum share. Set exactly one of image
+    /// and imageURL. Immutable.
+    #[serde(default, rename = "imageURL", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("imageURL is immutable: the root disk is an overlay on the image; roll out a new LibvirtMachineTemplate instead"))]
+    pub image_url: Option<ImageUrl>,
     /// IPAM pools (CAPI's IPAM contract) to take the machine's addresses from,
     /// e.g. an InClusterIPPool of the in-cluster IPAM provider: one
     /// IPAddressClaim per pool, named `<LibvirtMachine>-<index>`, owned by the
@@ -114,6 +126,61 @@ pub struct LibvirtMachineSpec {
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub provider_id: Option<String>,
+}
+
+/// A base image the provider downloads over HTTP(S) and checks against its checksum.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.checksumType == 'sha512' ? self.checksum.size() == 128 : self.checksum.size() == 64").message("checksum must be the image's digest as hex: 64 hex digits for checksumType sha256, 128 for sha512 (sha256sum or sha512sum of the image file prints it)"))]
+pub struct ImageUrl {
+    /// An http:// or https:// URL of the image file (https is checked against
+    /// the system's root certificates).
+    #[schemars(length(min = 8, max = 2048), pattern(r"^https?://[^\s/?#]+[^\s]*$"))]
+    pub url: String,
+    /// The image file's digest, hex: the download is checked against it
+    /// before any machine uses the image.
+    #[schemars(length(min = 64, max = 128), pattern(r"^[0-9a-fA-F]+$"))]
+    pub checksum: String,
+    /// The digest's algorithm: sha256 or sha512.
+    pub checksum_type: ChecksumType,
+    /// The image file's format: qcow2 or raw.
+    #[serde(default)]
+    pub format: ImageFormat,
+}
+
+/// The algorithm of an image's checksum.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ChecksumType {
+    Sha256,
+    Sha512,
+}
+
+impl ChecksumType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChecksumType::Sha256 => "sha256",
+            ChecksumType::Sha512 => "sha512",
+        }
+    }
+}
+
+/// The format of a downloaded image file.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    #[default]
+    Qcow2,
+    Raw,
+}
+
+impl ImageFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageFormat::Qcow2 => "qcow2",
+            ImageFormat::Raw => "raw",
+        }
+    }
 }
 
 /// A NIC after the first: where it is plugged in on the machine's host, and

@@ -24,6 +24,7 @@ pub mod domain_xml;
 pub mod endpoint;
 pub mod error;
 pub mod hypervisor;
+pub mod image;
 pub mod infra;
 pub mod machine;
 pub mod naming;

@@ -83,6 +83,31 @@ pub fn is_seed_volume_name(volume: &str) -> bool {
         .is_some_and(is_dns_label)
 }
 
+/// A downloaded base image's volume starts with this.
+pub const IMAGE_VOLUME_PREFIX: &str = "capl-image-";
+/// Hex digits of the checksum in a downloaded image's volume name (128 bits).
+pub const IMAGE_VOLUME_CHECKSUM_DIGITS: usize = 32;
+
+/// The volume of a base image the provider downloads:
+/// `capl-image-<algorithm>-<first 32 hex digits of the checksum>.<format>`,
+/// e.g. `capl-image-sha256-9f86d081884c7d659a2feaa0c55ad015.qcow2`. Images
+/// with the same checksum share it; the name says the provider made it.
+pub fn image_volume_name(algorithm: &str, checksum: &str, format: &str) -> String {
+    let hex: String = checksum.chars().take(IMAGE_VOLUME_CHECKSUM_DIGITS).collect::<String>().to_ascii_lowercase();
+    format!("{IMAGE_VOLUME_PREFIX}{algorithm}-{hex}.{format}")
+}
+
+/// Whether `volume` is named like a base image the provider downloaded.
+pub fn is_image_volume_name(volume: &str) -> bool {
+    let Some(rest) = volume.strip_prefix(IMAGE_VOLUME_PREFIX) else { return false };
+    let Some((algorithm, rest)) = rest.split_once('-') else { return false };
+    let Some((hex, format)) = rest.split_once('.') else { return false };
+    matches!(algorithm, "sha256" | "sha512")
+        && matches!(format, "qcow2" | "raw")
+        && hex.len() == IMAGE_VOLUME_CHECKSUM_DIGITS
+        && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The identity of one LibvirtMachine, and every name derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineNames {

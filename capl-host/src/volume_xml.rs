@@ -43,6 +43,17 @@ pub fn iso_volume_xml(name: &str, size_bytes: u64) -> String {
     )
 }
 
+/// The volume a downloaded base image is streamed into: raw and exactly
+/// `size_bytes` large (sparse), so that the upload fills it to the byte
+/// whatever the image's format (a qcow2 file libvirt made would have its own
+/// layout under the uploaded bytes).
+pub fn image_volume_xml(name: &str, size_bytes: u64) -> String {
+    format!(
+        "<volume type='file'>\n  <name>{}</name>\n  <capacity unit='bytes'>{size_bytes}</capacity>\n  <allocation unit='bytes'>0</allocation>\n  <target>\n    <format type='raw'/>\n  </target>\n</volume>\n",
+        escape(name)
+    )
+}
+
 /// Parses `virStorageVolGetXMLDesc` output.
 pub fn parse_volume(xml: &str) -> Result<VolumeInfo, String> {
     let root = XmlElement::parse(xml)?;

@@ -16,7 +16,7 @@ mod storage;
 mod xml_scan;
 
 pub use capabilities::{Capabilities, NodeInfo};
-pub use connection::{Connection, DomainInfo, NetworkInfo, PoolInfo, VolumeInfo, connect};
+pub use connection::{Connection, DomainInfo, NetworkInfo, PoolInfo, VolumeInfo, VolumeUploadStream, connect};
 pub use counters::{Counters, Op};
 pub use domain::{DomainState, undefine_flags};
 pub use error::{Error, ErrorCode, Result};

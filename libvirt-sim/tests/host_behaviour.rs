@@ -352,3 +352,27 @@ fn nvram_needs_its_undefine_flag_and_transient_domains_vanish() {
     conn.domain_destroy("eph").unwrap();
     assert_eq!(conn.domain_lookup_by_uuid(&info.uuid.to_string()).unwrap_err().code(), ErrorCode::NoDomain);
 }
+
+#[test]
+fn an_upload_stream_writes_as_it_goes_and_stops_at_its_length() {
+    let host = host("sim:///behaviour-upload-stream");
+    let conn = connect(host.uri()).unwrap();
+    conn.storage_vol_create_xml("disks", "<volume><name>img.raw</name><capacity>4</capacity></volume>").unwrap();
+    let mut stream = conn.storage_vol_upload_stream("disks", "img.raw", 0, 10).unwrap();
+    assert_eq!(stream.send(b"hello ").unwrap(), 6);
+    assert_eq!(conn.storage_vol_download("disks", "img.raw", 0, 0).unwrap(), b"hello ", "bytes land as they are sent");
+    assert_eq!(stream.send(b"world!").unwrap(), 4, "only what fits before the length is taken");
+    let err = stream.send(b"!").unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SystemError, "{err}");
+    assert_eq!(err.message(), "cannot write to stream: No space left on device");
+    stream.finish().unwrap();
+    assert_eq!(conn.storage_vol_lookup_by_name("disks", "img.raw").unwrap().capacity, 10, "a raw volume grows");
+
+    // A finish short of the length is accepted, as libvirtd accepts it.
+    let mut short = conn.storage_vol_upload_stream("disks", "img.raw", 0, 100).unwrap();
+    short.send(b"HELLO").unwrap();
+    short.finish().unwrap();
+    assert_eq!(conn.storage_vol_download("disks", "img.raw", 0, 0).unwrap(), b"HELLO worl");
+    assert_eq!(host.counters().calls(Op::VolumeUpload), 2);
+    assert_eq!(conn.storage_vol_upload_stream("disks", "none.raw", 0, 1).unwrap_err().code(), ErrorCode::NoStorageVol);
+}

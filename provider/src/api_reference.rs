@@ -227,8 +227,11 @@ mod tests {
         let provider_id = fields.iter().find(|f| f.path == "spec.providerID").unwrap();
         assert_eq!(provider_id.mutability.as_deref(), Some("set once, then immutable"));
         let image = fields.iter().find(|f| f.path == "spec.image").unwrap();
-        assert!(image.allowed.iter().any(|a| a == "required"), "{image:?}");
+        assert!(!image.allowed.iter().any(|a| a == "required"), "one of image and imageURL: {image:?}");
         assert!(image.allowed.iter().any(|a| a.starts_with("pattern")), "{image:?}");
+        let url = fields.iter().find(|f| f.path == "spec.imageURL.url").unwrap();
+        assert!(url.allowed.iter().any(|a| a == "required"), "{url:?}");
+        assert!(url.allowed.iter().any(|a| a.starts_with("pattern")), "{url:?}");
         assert!(fields.iter().any(|f| f.path == "spec.additionalNetworks[].bridge"));
     }
 

@@ -94,6 +94,14 @@ impl Hypervisor for Counted {
     fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()> {
         self.count("volume_upload").volume_upload(pool, name, bytes)
     }
+
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        self.count("volumes_backed_by").volumes_backed_by(path)
+    }
+
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
+        self.count("volume_upload_from").volume_upload_from(pool, name, length, source)
+    }
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
         self.count("volume_download").volume_download(pool, name)
     }

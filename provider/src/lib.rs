@@ -16,4 +16,5 @@ pub use capl_api as api;
 pub mod api_reference;
 pub mod controller;
 pub mod counted_host;
+pub mod image;
 pub mod manifests;

@@ -100,6 +100,44 @@ struct Flags {
     /// covers events that were lost. E.g. 10m, 1h.
     #[arg(long, value_parser = parse_timeout, default_value = "10m")]
     resync_interval: Duration,
+    /// Base images named by URL (spec.imageURL): how long opening the TCP
+    /// connection to the image's server may take.
+    #[arg(long, value_parser = parse_timeout, default_value = "30s")]
+    image_connect_timeout: Duration,
+    /// Base images named by URL: a download that receives no byte for this
+    /// long (its response's head included) fails and is tried again.
+    #[arg(long, value_parser = parse_timeout, default_value = "60s")]
+    image_idle_timeout: Duration,
+    /// Base images named by URL: the largest image downloaded, e.g. 64Gi,
+    /// 500Mi or a number of bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64Gi")]
+    image_max_size: u64,
+    /// Base images named by URL: delete a downloaded image when the last
+    /// machine on it is deleted and no volume of the host is an overlay on
+    /// it. Off: downloaded images stay until removed by hand.
+    #[arg(long)]
+    image_remove_unused: bool,
+}
+
+/// A size flag: bytes, or a number with Ki, Mi, Gi or Ti; above zero.
+fn parse_size(value: &str) -> Result<u64, String> {
+    let value = value.trim();
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{value:?} is not a size such as 64Gi, 500Mi or 1048576"))?;
+    let factor: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(format!("{value:?}: the unit must be Ki, Mi, Gi or Ti (or none, for bytes)")),
+    };
+    match number.checked_mul(factor) {
+        Some(0) => Err("a size must be above zero".into()),
+        Some(size) => Ok(size),
+        None => Err(format!("{value:?} is too large")),
+    }
 }
 
 /// A duration flag: a number with the unit ms, s, m or h ("30s", "500ms", "2m", "1h"); above zero.
@@ -282,6 +320,13 @@ async fn run(flags: Flags) -> Result<()> {
         },
         credentials_scratch_dir: flags.credentials_scratch_dir.clone(),
         resync_interval: flags.resync_interval,
+        image_downloads: capl::image::DownloadSettings {
+            connect_timeout: flags.image_connect_timeout,
+            idle_timeout: flags.image_idle_timeout,
+            max_bytes: flags.image_max_size,
+            remove_unused: flags.image_remove_unused,
+            ..Default::default()
+        },
         ..Settings::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), connections, settings, metrics.clone()));
@@ -495,6 +540,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sizes_take_a_binary_unit_or_bytes() {
+        assert_eq!(parse_size("64Gi"), Ok(64 << 30));
+        assert_eq!(parse_size("500Mi"), Ok(500 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("0").unwrap_err().contains("above zero"));
+        assert!(parse_size("10GB").unwrap_err().contains("Ki, Mi, Gi or Ti"));
+    }
+
+    #[test]
     fn timeouts_take_a_unit_and_must_be_above_zero() {
         assert_eq!(parse_timeout("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
@@ -555,5 +609,10 @@ mod tests {
         assert_eq!(flags.libvirt_call_timeout, DEFAULT_CALL_TIMEOUT);
         assert_eq!(flags.libvirt_connect_timeout, DEFAULT_CONNECT_TIMEOUT);
         assert_eq!(flags.resync_interval, capl::controller::DEFAULT_RESYNC_INTERVAL);
+        let images = capl::image::DownloadSettings::default();
+        assert_eq!(flags.image_connect_timeout, images.connect_timeout);
+        assert_eq!(flags.image_idle_timeout, images.idle_timeout);
+        assert_eq!(flags.image_max_size, images.max_bytes);
+        assert_eq!(flags.image_remove_unused, images.remove_unused);
     }
 }

@@ -551,6 +551,16 @@ impl HostHandle {
         ))
     }
 
+    /// The host's connection for a stream that lasts as long as its source
+    /// does (a volume upload fed by a download): run it on a blocking thread
+    /// of the caller's own, outside the host's call bound and call timeout,
+    /// which are for calls that answer at once. The caller bounds it (e.g. by
+    /// an idle timeout on what it sends). Opens the connection like
+    /// [`HostHandle::call`] does, within the connect timeout.
+    pub async fn stream_connection(&self) -> Result<Arc<dyn Hypervisor>, HypervisorError> {
+        self.connection::<HypervisorError>().await
+    }
+
     /// The host's cached connection, or the one being opened: at most one
     /// connect per host runs at a time, outside any lock, and every caller
     /// waits for it at most until the connect timeout since it started. A

@@ -62,6 +62,32 @@ impl HypervisorError {
         Self { kind, code, message: message.into() }
     }
 
+    /// The source of [`super::Hypervisor::volume_upload_from`] failed after
+    /// `offset` bytes: kind `Other`, the message starting "reading the
+    /// upload's source".
+    pub fn upload_source_failed(pool: &str, name: &str, offset: u64, e: std::io::Error) -> Self {
+        Self::new(
+            ErrorKind::Other,
+            0,
+            format!("reading the upload's source for volume {name} in pool {pool} after {offset} bytes: {e}"),
+        )
+    }
+
+    /// The source of [`super::Hypervisor::volume_upload_from`] gave `given`
+    /// bytes (or more, when past), not the `length` announced.
+    pub fn upload_length_mismatch(pool: &str, name: &str, length: u64, given: u64, past: bool) -> Self {
+        let what = if past {
+            format!("more than the {length} bytes announced (the rest was not sent)")
+        } else {
+            format!("{given} of the {length} bytes announced")
+        };
+        Self::new(
+            ErrorKind::Other,
+            0,
+            format!("upload to volume {name} in pool {pool}: its source gave {what}; the stream was aborted"),
+        )
+    }
+
     /// True for the "no such object" classes, which delete paths tolerate.
     pub fn is_not_found(&self) -> bool {
         matches!(

@@ -75,8 +75,8 @@ use super::{
     HostAdmin, Hypervisor, HypervisorError, NetworkUpdateCommand, NodeMemory, Result, UndefineFlags, kind_of,
 };
 
-/// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
-const STREAM_CHUNK: usize = 256 * 1024;
+// Chunk size for stream transfers (libvirt's own stream packets carry at most 256 KiB).
+use super::STREAM_CHUNK;
 
 /// A connection to one libvirt host through the `virt` crate.
 ///
@@ -275,6 +275,42 @@ impl Hypervisor for LibvirtHypervisor {
         stream.finish().map_err(from_virt)
     }
 
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
+        let vol = self.volume(pool, name)?;
+        let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;
+        if let Err(e) = vol.upload(&stream, 0, length, 0) {
+            let _ = stream.abort();
+            return Err(from_virt(e));
+        }
+        let mut send = |chunk: &[u8], offset: u64| -> Result<()> {
+            let mut sent = 0;
+            while sent < chunk.len() {
+                match stream.send(&chunk[sent..]) {
+                    Ok(m) if m > 0 => sent += m as usize,
+                    Ok(_) => {
+                        return Err(HypervisorError::new(
+                            ErrorKind::Other,
+                            0,
+                            format!(
+                                "upload to volume {name} in pool {pool}: stream accepted no bytes at offset {}",
+                                offset + sent as u64
+                            ),
+                        ));
+                    }
+                    Err(e) => return Err(from_virt(e)),
+                }
+            }
+            Ok(())
+        };
+        match super::stream_source(pool, name, length, source, &mut send) {
+            Ok(()) => stream.finish().map_err(from_virt),
+            Err(e) => {
+                let _ = stream.abort();
+                Err(e)
+            }
+        }
+    }
+
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
         let vol = self.volume(pool, name)?;
         let stream = Stream::new(&self.conn, 0).map_err(from_virt)?;
@@ -297,6 +333,10 @@ impl Hypervisor for LibvirtHypervisor {
         }
         stream.finish().map_err(from_virt)?;
         Ok(out)
+    }
+
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        super::volumes_backed_by(self, path)
     }
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {

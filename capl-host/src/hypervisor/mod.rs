@@ -279,10 +279,25 @@ pub trait Hypervisor: Send + Sync {
     /// `virStorageVolUpload` through a stream, replacing the volume's content
     /// from offset 0.
     fn volume_upload(&self, pool: &str, name: &str, bytes: &[u8]) -> Result<()>;
+    /// `virStorageVolUpload` of `length` bytes from offset 0 through a
+    /// stream, sent in chunks as `source` yields them until it is at its end
+    /// (never all in memory). The stream is finished only when `source` gave
+    /// exactly `length` bytes; otherwise it is aborted and the call fails
+    /// (kind `Other`, code 0): a `source` that fails (the message starts
+    /// "reading the upload's source"), ends short of `length` (libvirtd
+    /// would finish such a stream without a word) or goes on past it (what
+    /// goes past is never sent: libvirtd 11 exits on it). Bytes already
+    /// sent stay in the volume. Like libvirt, an upload larger than the
+    /// volume's capacity grows a file-based volume.
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()>;
     /// `virStorageVolDownload` through a stream: the whole volume.
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>>;
     /// `virStorageVolDelete` (flags 0).
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()>;
+    /// Every volume (`pool/name`) of every active pool whose backing store
+    /// is the file `path`: the overlays that still need it
+    /// (`virConnectListAllStoragePools`, then each pool's volumes and their XML).
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>>;
 
     // --- domains ----------------------------------------------------------
 
@@ -309,6 +324,64 @@ pub trait Hypervisor: Send + Sync {
     /// such as [`domain_start`](Self::domain_start) may return before its event is
     /// delivered.
     fn subscribe_domain_events(&self, callback: DomainEventCallback) -> Result<EventSubscription>;
+}
+
+/// [`Hypervisor::volumes_backed_by`] through the listing calls of [`HostAdmin`],
+/// which both backends have. A volume that vanishes while it is read is skipped.
+pub fn volumes_backed_by(hv: &dyn HostAdmin, path: &str) -> Result<Vec<String>> {
+    let mut users = Vec::new();
+    for pool in hv.pool_list()? {
+        if !hv.pool_is_active(&pool)? {
+            continue;
+        }
+        for volume in hv.volume_list(&pool)? {
+            let xml = match hv.volume_xml(&pool, &volume) {
+                Ok(xml) => xml,
+                Err(e) if e.kind == ErrorKind::NoStorageVol => continue,
+                Err(e) => return Err(e),
+            };
+            let backing = crate::volume_xml::parse_volume(&xml).ok().and_then(|v| v.backing);
+            if backing.is_some_and(|b| b.path == path) {
+                users.push(format!("{pool}/{volume}"));
+            }
+        }
+    }
+    Ok(users)
+}
+
+/// The bytes of an upload stream's message: libvirt's client sends at most 256 KiB at once.
+pub const STREAM_CHUNK: usize = 256 * 1024;
+
+/// Reads `source` in chunks of at most [`STREAM_CHUNK`] and hands each to
+/// `send` with its offset, exactly `length` bytes in all: the shared half of
+/// [`Hypervisor::volume_upload_from`]. Errs, sending nothing more, when the
+/// source fails, ends short of `length` or goes past it.
+pub fn stream_source(
+    pool: &str,
+    name: &str,
+    length: u64,
+    source: &mut dyn std::io::Read,
+    send: &mut dyn FnMut(&[u8], u64) -> Result<()>,
+) -> Result<()> {
+    let mut buf = vec![0u8; STREAM_CHUNK];
+    let mut offset = 0u64;
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(HypervisorError::upload_source_failed(pool, name, offset, e)),
+        };
+        if offset + n as u64 > length {
+            return Err(HypervisorError::upload_length_mismatch(pool, name, length, offset + n as u64, true));
+        }
+        send(&buf[..n], offset)?;
+        offset += n as u64;
+    }
+    if offset < length {
+        return Err(HypervisorError::upload_length_mismatch(pool, name, length, offset, false));
+    }
+    Ok(())
 }
 
 /// Opens a new connection to a host: one implementation per backend

@@ -162,8 +162,30 @@ impl Hypervisor for SimHypervisor {
         self.conn.storage_vol_upload(pool, name, 0, bytes).map_err(|e| self.err(e))
     }
 
+    fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
+        let mut stream = self.conn.storage_vol_upload_stream(pool, name, 0, length).map_err(|e| self.err(e))?;
+        let mut send = |chunk: &[u8], _offset: u64| -> Result<()> {
+            let mut sent = 0;
+            while sent < chunk.len() {
+                sent += stream.send(&chunk[sent..]).map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        };
+        match super::stream_source(pool, name, length, source, &mut send) {
+            Ok(()) => stream.finish().map_err(|e| self.err(e)),
+            Err(e) => {
+                stream.abort();
+                Err(e)
+            }
+        }
+    }
+
     fn volume_download(&self, pool: &str, name: &str) -> Result<Vec<u8>> {
         self.conn.storage_vol_download(pool, name, 0, 0).map_err(|e| self.err(e))
+    }
+
+    fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
+        super::volumes_backed_by(self, path)
     }
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {

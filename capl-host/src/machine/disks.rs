@@ -80,7 +80,7 @@ impl MachineRun<'_> {
         }
         let backing = BackingStore {
             path: base.path.clone(),
-            format: Some(base.format.clone().unwrap_or_else(|| "qcow2".into())),
+            format: Some(spec.image_format.clone().or_else(|| base.format.clone()).unwrap_or_else(|| "qcow2".into())),
         };
         let created = self.create_volume(&spec.domain_pool, &name, &overlay_volume_xml(&name, capacity, &backing))?;
         self.check_overlay_is_ours(&created, Some(&base))?;

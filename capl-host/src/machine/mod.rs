@@ -99,6 +99,10 @@ pub struct MachineSpec {
     pub disk_gib: u64,
     /// The base image volume in `base_pool`.
     pub image: String,
+    /// The base image's format when the provider knows it (an image it
+    /// downloaded and checked): the root disk's backing format. `None`: the
+    /// format libvirt reports for the volume.
+    pub image_format: Option<String>,
     pub network: String,
     pub base_pool: String,
     pub domain_pool: String,
@@ -514,6 +518,7 @@ mod tests {
             memory_mib: 128,
             disk_gib: 2,
             image: sim_host::BASE_IMAGE.into(),
+            image_format: None,
             network: sim_host::NETWORK.into(),
             base_pool: sim_host::BASE_POOL.into(),
             domain_pool: sim_host::DOMAIN_POOL.into(),

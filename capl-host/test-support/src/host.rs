@@ -79,6 +79,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         memory_mib: 128,
         disk_gib: 1,
         image: fx.image.clone(),
+        image_format: None,
         network: fx.network.clone(),
         base_pool: fx.base_pool.clone(),
         domain_pool: fx.domain_pool.clone(),

@@ -165,3 +165,23 @@ fn dns_label_check(#[case] label: &str, #[case] valid: bool) {
     assert_eq!(is_dns_label(label), valid);
     assert!(!is_dns_label(&"a".repeat(64)));
 }
+
+#[test]
+fn a_downloaded_image_is_named_after_its_checksum() {
+    let sha256 = "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08";
+    let name = capl_host::naming::image_volume_name("sha256", sha256, "qcow2");
+    assert_eq!(name, "capl-image-sha256-9f86d081884c7d659a2feaa0c55ad015.qcow2");
+    assert!(capl_host::naming::is_image_volume_name(&name));
+    assert!(capl_host::naming::is_image_volume_name(&capl_host::naming::image_volume_name(
+        "sha512",
+        &"a".repeat(128),
+        "raw"
+    )));
+    for other in [
+        "ubuntu-noble-base.qcow2",
+        "capl-image-md5-9f86d081884c7d659a2feaa0c55ad015.qcow2",
+        "capl-image-sha256-9f86.qcow2",
+    ] {
+        assert!(!capl_host::naming::is_image_volume_name(other), "{other}");
+    }
+}

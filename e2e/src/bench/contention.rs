@@ -55,6 +55,7 @@ fn spec(i: usize) -> MachineSpec {
         memory_mib: 256,
         disk_gib: 2,
         image: "unused.qcow2".into(),
+        image_format: None,
         network: NETWORK.into(),
         base_pool: "unused".into(),
         domain_pool: "unused".into(),

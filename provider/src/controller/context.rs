@@ -20,6 +20,7 @@ use super::reservations::Reservations;
 use super::{machine_decision, metrics, own_changes};
 use crate::api::LibvirtCluster;
 use crate::api::capi::{Cluster, Machine};
+use crate::image::{DownloadSettings, ImageDownloads};
 
 /// How often [`super::forget_unused`] runs by default.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
@@ -58,6 +59,8 @@ pub struct Settings {
     /// Where the credentials of `credentialsRef` Secrets are written
     /// (`--credentials-scratch-dir`); see [`capl_host::credentials`].
     pub credentials_scratch_dir: std::path::PathBuf,
+    /// The bounds of base image downloads (spec.imageURL).
+    pub image_downloads: DownloadSettings,
 }
 
 impl Default for Settings {
@@ -71,6 +74,7 @@ impl Default for Settings {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             resync_interval: DEFAULT_RESYNC_INTERVAL,
             credentials_scratch_dir: capl_host::credentials::DEFAULT_SCRATCH_DIR.into(),
+            image_downloads: DownloadSettings::default(),
         }
     }
 }
@@ -102,6 +106,8 @@ pub struct Context {
     pub(crate) expected_events: Arc<own_changes::ExpectedEvents>,
     /// Memory of machines placed on a host and not yet counted by it.
     pub placements: Reservations,
+    /// The base images being downloaded (spec.imageURL), one download per host, pool and checksum.
+    pub images: Arc<ImageDownloads>,
 }
 
 /// Reflector stores of the objects a LibvirtMachine's reconcile reads: its
@@ -146,6 +152,7 @@ impl Context {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
         let credentials = Arc::new(CredentialStore::new(&settings.credentials_scratch_dir));
+        let images = Arc::new(ImageDownloads::new(settings.image_downloads.clone()));
         Self {
             client,
             connections,
@@ -160,6 +167,7 @@ impl Context {
             seen_machines: Arc::default(),
             expected_events: Arc::default(),
             placements: Reservations::default(),
+            images,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::api::{
     ClusterHost, Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER,
     MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
+use crate::image::{ImageRequest, ImageState};
 use capl_host::error::HostError;
 use capl_host::machine::{self as host_machine, AdditionalNic, MachineReport, MachineSpec, NicAttachment};
 
@@ -197,6 +198,15 @@ fn host_spec(
         .as_ref()
         .and_then(|lc| lc.spec.control_plane_endpoint.clone())
         .or_else(|| cluster.and_then(|c| c.spec.control_plane_endpoint.clone()));
+    let (image, image_format) = match (&object.spec.image, &object.spec.image_url) {
+        (_, Some(url)) => {
+            let request = ImageRequest::of(url);
+            (request.volume(), Some(request.format.as_str().to_string()))
+        }
+        (Some(image), None) => (image.clone(), None),
+        // The API server's validation refuses this; a volume of that name cannot exist.
+        (None, None) => (String::new(), None),
+    };
     MachineSpec {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
@@ -205,7 +215,8 @@ fn host_spec(
         vcpu: object.spec.vcpu.max(1) as u32,
         memory_mib: object.spec.memory_mib.max(1) as u64,
         disk_gib: object.spec.disk_gib.max(1) as u64,
-        image: object.spec.image.clone(),
+        image,
+        image_format,
         network: location.network.clone(),
         base_pool: location.base_pool.clone(),
         domain_pool: location.domain_pool.clone(),
@@ -599,6 +610,9 @@ async fn observe_host(a: &mut Acting<'_>) -> Result<Step, Error> {
 
 /// The step of `decide_creation`: create the domain and start it.
 async fn act_creation(a: &mut Acting<'_>) -> Result<Step, Error> {
+    if let Some(step) = wait_for_image(a).await {
+        return Ok(step);
+    }
     let spec = a.host_spec();
     let metrics = a.ctx.metrics.clone();
     // The bootstrap data was read when the host said the domain is absent.
@@ -612,6 +626,29 @@ async fn act_creation(a: &mut Acting<'_>) -> Result<Step, Error> {
     a.ctx.expected_events.expect(&a.snapshot.domain, own_changes::CREATE_EVENTS);
     let result = timed(a.ctx, "create", host.call(create)).await;
     created_or_started(a, result).await
+}
+
+/// A machine whose image comes from a URL is created once the image is in
+/// its basePool: until then it reports the download's progress (looking
+/// again every `progress_interval`) or its failure. `None`: go on.
+async fn wait_for_image(a: &mut Acting<'_>) -> Option<Step> {
+    let url = a.object.spec.image_url.as_ref()?;
+    let request = ImageRequest::of(url);
+    let host = a.ctx.connections.host(&a.opened);
+    let object = format!("LibvirtMachine {}/{}", a.ns, a.object.name_any());
+    let (reason, message, requeue) = match a.ctx.images.ensure(&host, &a.at().base_pool, &request, &object).await {
+        ImageState::Ready => return None,
+        ImageState::Downloading(message) => {
+            (reasons::DOWNLOADING_IMAGE, message, Some(a.ctx.images.settings().progress_interval))
+        }
+        ImageState::Failed { reason, message } => (reason, message, None),
+    };
+    a.snapshot.host = Host::Failed { reason, message, transient: true };
+    let mut plan = decide(&a.snapshot);
+    if let Some(after) = requeue {
+        plan.requeue = Requeue::After(after);
+    }
+    Some(Step::Report(plan))
 }
 
 /// The steps of `decide_running`: start a stopped domain, or write the DHCP
@@ -732,6 +769,14 @@ async fn act_deletion(a: &mut Acting<'_>, plan: MachinePlan) -> Result<Step, Err
                     if left.is_empty() {
                         let note = format!("removed the domain, its volumes and its DHCP reservation from {}", l.uri);
                         ctx.event(object, EventType::Normal, "DomainDeleted", "Delete", &note).await;
+                        if let Some(url) = &object.spec.image_url {
+                            let host = ctx.connections.host(&a.opened);
+                            if let Some(note) =
+                                ctx.images.remove_if_unused(&host, &l.base_pool, &ImageRequest::of(url)).await
+                            {
+                                ctx.event(object, EventType::Normal, "ImageRemoved", "Delete", &note).await;
+                            }
+                        }
                     } else {
                         let left: Vec<String> = left.iter().map(|o| o.to_string()).collect();
                         let note = format!(
@@ -875,7 +920,10 @@ async fn report_status(
     // One Warning event per new failure message: a failed provisioning, or a lost domain.
     let failure = plan.conditions.iter().filter(|u| u.status == Status::False).find_map(|u| match u.type_ {
         DOMAIN_PROVISIONING_READY
-            if !matches!(u.reason, reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING) =>
+            if !matches!(
+                u.reason,
+                reasons::WAITING_FOR_BOOTSTRAP_DATA | reasons::DOMAIN_PROVISIONING | reasons::DOWNLOADING_IMAGE
+            ) =>
         {
             Some((u, "Provision"))
         }

@@ -20,6 +20,7 @@ mod reconcile_events;
 mod reconcile_gates;
 mod reconcile_hosts;
 mod reconcile_hung_host;
+mod reconcile_image_url;
 mod reconcile_ipam;
 mod reconcile_machine;
 mod reconcile_manager_binary;

@@ -136,7 +136,7 @@ async fn machine_templates_are_immutable_but_topology_dry_runs_pass() {
         "spec": {"template": {"spec": {"image": "other.qcow2"}}}
     });
     let out = api.patch("workers", &PatchParams::default().dry_run(), &Patch::Merge(&topology_dry_run)).await.unwrap();
-    assert_eq!(out.spec.template.spec.image, "other.qcow2");
+    assert_eq!(out.spec.template.spec.image.as_deref(), Some("other.qcow2"));
     // A real (not dry-run) write with the annotation is still refused.
     assert!(api.patch("workers", &PatchParams::default(), &Patch::Merge(&topology_dry_run)).await.is_err());
     // Labels and annotations may change.
@@ -613,4 +613,86 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     let worker = &worker_config.data["spec"]["template"]["spec"];
     assert!(worker["files"].is_null(), "{worker}");
     assert!(worker["preKubeadmCommands"].is_null(), "{worker}");
+}
+
+#[tokio::test]
+async fn the_api_server_enforces_the_image_url_rules() {
+    use capl::api::LibvirtMachine;
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace("image-url").await.unwrap();
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()));
+    let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let url =
+        |u: &str, checksum: &str, kind: &str| serde_json::json!({"url": u, "checksum": checksum, "checksumType": kind});
+
+    // Accepted: https or http, a checksum of its algorithm's length; qcow2 by default.
+    let created = raw
+        .create(
+            &Default::default(),
+            &machine("ok", serde_json::json!({"imageURL": url("https://images.example/n.qcow2", sha256, "sha256")})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"]["imageURL"]["format"], "qcow2");
+    let sha512 = "ab".repeat(64);
+    raw.create(
+        &Default::default(),
+        &machine("ok-512", serde_json::json!({"imageURL": url("http://10.0.0.1:8000/n.img", &sha512, "sha512")})),
+    )
+    .await
+    .unwrap();
+
+    let one_of = "set exactly one of image";
+    for (name, spec, says) in [
+        ("neither", serde_json::json!({"vcpu": 1}), one_of),
+        (
+            "both",
+            serde_json::json!({"image": "b.qcow2", "imageURL": url("https://i/n.qcow2", sha256, "sha256")}),
+            one_of,
+        ),
+        ("ftp", serde_json::json!({"imageURL": url("ftp://i/n.qcow2", sha256, "sha256")}), "spec.imageURL.url"),
+        ("file", serde_json::json!({"imageURL": url("file:///var/n.qcow2", sha256, "sha256")}), "spec.imageURL.url"),
+        (
+            "short",
+            serde_json::json!({"imageURL": url("https://i/n.qcow2", &sha256[..40], "sha256")}),
+            "spec.imageURL.checksum",
+        ),
+        (
+            "not-hex",
+            serde_json::json!({"imageURL": url("https://i/n.qcow2", &"zz".repeat(32), "sha256")}),
+            "spec.imageURL.checksum",
+        ),
+        (
+            "512-as-256",
+            serde_json::json!({"imageURL": url("https://i/n.qcow2", &sha512, "sha256")}),
+            "64 hex digits for checksumType sha256",
+        ),
+        ("256-as-512", serde_json::json!({"imageURL": url("https://i/n.qcow2", sha256, "sha512")}), "128 for sha512"),
+        ("md5", serde_json::json!({"imageURL": url("https://i/n.qcow2", sha256, "md5")}), "spec.imageURL.checksumType"),
+        (
+            "vmdk",
+            serde_json::json!({"imageURL": {"url": "https://i/n.vmdk", "checksum": sha256, "checksumType": "sha256", "format": "vmdk"}}),
+            "spec.imageURL.format",
+        ),
+    ] {
+        let err = raw.create(&Default::default(), &machine(name, spec)).await.unwrap_err().to_string();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+
+    // Immutable: the URL, and the choice between image and imageURL.
+    let change = serde_json::json!({"spec": {"imageURL": {"url": "https://images.example/other.qcow2"}}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap_err().to_string();
+    assert!(err.contains("imageURL is immutable"), "{err}");
+    let swap = serde_json::json!({"spec": {"imageURL": null, "image": "b.qcow2"}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&swap)).await.unwrap_err().to_string();
+    assert!(err.contains("image and imageURL are immutable"), "{err}");
 }

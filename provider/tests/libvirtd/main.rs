@@ -29,6 +29,7 @@ mod controllers_real;
 mod credentials_controllers;
 mod daemon_faults;
 mod hung_host_manager;
+mod image_download_real;
 mod real_support;
 mod two_managers;
 

@@ -15,6 +15,7 @@ use capl_test_support::clusterctl_template;
 mod book;
 mod dockerfile;
 mod host_errors;
+mod image_download;
 mod manifests;
 mod stock_image;
 mod templates;

@@ -285,8 +285,14 @@ fn machine_defaults_and_bounds() {
         assert_eq!(node["default"], default, "{field} default");
         assert_eq!(node["minimum"].as_f64(), Some(minimum as f64), "{field} minimum");
     }
-    let required = schema(&crd, &["spec"])["required"].as_array().unwrap();
-    assert_eq!(required, &vec![Value::from("image")]);
+    // The base image is required as exactly one of image and imageURL, which
+    // a rule says (a schema's required list cannot say "one of").
+    let spec = schema(&crd, &["spec"]);
+    assert!(spec.get("required").is_none(), "{spec}");
+    assert!(rules(spec).contains(&"has(self.image) != has(self.imageURL)".to_string()), "{spec}");
+    let url = schema(&crd, &["spec", "imageURL"]);
+    assert_eq!(url["required"], serde_json::json!(["checksum", "checksumType", "url"]));
+    assert_eq!(url["properties"]["format"]["default"], "qcow2");
 }
 
 fn rules(node: &Value) -> Vec<String> {

@@ -62,6 +62,31 @@ pub const ALL: &[Scenario] = &[
         run: volume_upload_download,
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
     },
+    Scenario {
+        name: "volume streamed upload in chunks",
+        run: volume_upload_streamed,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
+    },
+    Scenario {
+        name: "volume streamed upload short of its length",
+        run: volume_upload_short,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
+    },
+    Scenario {
+        name: "volume streamed upload past its length",
+        run: volume_upload_past_length,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
+    },
+    Scenario {
+        name: "volume streamed upload larger than the volume",
+        run: volume_upload_larger_than_volume,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
+    },
+    Scenario {
+        name: "volume streamed upload whose source fails",
+        run: volume_upload_source_fails,
+        not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_STREAMS)],
+    },
     Scenario { name: "volume delete", run: volume_delete, not_on: &[] },
     Scenario { name: "dhcp host add", run: dhcp_host_add, not_on: &[] },
     Scenario { name: "dhcp host duplicate", run: dhcp_host_duplicate, not_on: &[] },
@@ -324,6 +349,110 @@ fn volume_upload_download(ctx: &Ctx) {
     let back = ctx.hv.volume_download(&pool, &vol).unwrap();
     assert_eq!(back.len(), bytes.len());
     assert!(back == bytes, "downloaded bytes differ from uploaded ones");
+}
+
+/// A source that gives `data` at most `step` bytes a read, then fails with
+/// `fail` if set, else ends.
+struct Chunked<'a> {
+    data: &'a [u8],
+    step: usize,
+    fail: Option<&'static str>,
+}
+
+impl std::io::Read for Chunked<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.data.is_empty()
+            && let Some(why) = self.fail
+        {
+            return Err(std::io::Error::other(why));
+        }
+        let n = self.step.min(buf.len()).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+fn raw_volume_xml(name: &str, bytes: usize) -> String {
+    format!(
+        "<volume><name>{name}</name><capacity unit='bytes'>{bytes}</capacity><allocation unit='bytes'>0</allocation><target><format type='raw'/></target></volume>"
+    )
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect()
+}
+
+/// A few MiB sent in odd-sized chunks read back byte for byte.
+fn volume_upload_streamed(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let bytes = pattern(3 * 1024 * 1024 + 4321);
+    let vol = ctx.volume(&pool, &raw_volume_xml("streamed.img", bytes.len()));
+    let mut source = Chunked { data: &bytes, step: 100_003, fail: None };
+    ctx.hv.volume_upload_from(&pool, &vol, bytes.len() as u64, &mut source).unwrap();
+    let back = ctx.hv.volume_download(&pool, &vol).unwrap();
+    assert_eq!(back.len(), bytes.len());
+    assert!(back == bytes, "downloaded bytes differ from the streamed ones");
+}
+
+/// A source that ends before the announced length: the upload fails and the
+/// stream is aborted, not finished (libvirtd would finish it without a word).
+fn volume_upload_short(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let bytes = pattern(512 * 1024);
+    let vol = ctx.volume(&pool, &raw_volume_xml("short.img", 1024 * 1024));
+    let mut source = Chunked { data: &bytes, step: 64 * 1024, fail: None };
+    let err = ctx.hv.volume_upload_from(&pool, &vol, 1024 * 1024, &mut source).unwrap_err();
+    let err = expect_err::<()>(Err(err), ErrorKind::Other, Some(0), "a source short of the stream's length");
+    assert!(err.message.contains("524288 of the 1048576 bytes announced"), "{err}");
+    ctx.hv.volume_xml(&pool, &vol).unwrap();
+}
+
+/// A source that goes on past the announced length: what goes past is never
+/// sent (libvirtd 11 exits on it) and the upload fails; the daemon answers.
+fn volume_upload_past_length(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let bytes = pattern(256 * 1024);
+    let vol = ctx.volume(&pool, &raw_volume_xml("long.img", 256 * 1024));
+    let mut source = Chunked { data: &bytes, step: 48 * 1024, fail: None };
+    let err = ctx.hv.volume_upload_from(&pool, &vol, 128 * 1024, &mut source).unwrap_err();
+    let err = expect_err::<()>(Err(err), ErrorKind::Other, Some(0), "a source past the stream's length");
+    assert!(err.message.contains("more than the 131072 bytes announced"), "{err}");
+    ctx.hv.volume_xml(&pool, &vol).unwrap();
+}
+
+/// An upload larger than the volume is not refused: the file, and so the raw
+/// volume's capacity, grows to what was written.
+fn volume_upload_larger_than_volume(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let bytes = pattern(64 * 1024);
+    let vol = ctx.volume(&pool, &raw_volume_xml("small.img", 4096));
+    let mut source = Chunked { data: &bytes, step: 16 * 1024, fail: None };
+    ctx.hv.volume_upload_from(&pool, &vol, bytes.len() as u64, &mut source).unwrap();
+    let back = ctx.hv.volume_download(&pool, &vol).unwrap();
+    assert!(back == bytes, "{} bytes read back, not the {} uploaded", back.len(), bytes.len());
+    // libvirtd refreshes the pool when the upload's stream closes, on a thread of its own.
+    let grown = wait_for(Duration::from_secs(10), || {
+        let xml = ctx.hv.volume_xml(&pool, &vol).unwrap();
+        (text_of(&xml, "capacity").as_deref() == Some("65536")).then_some(())
+    });
+    assert!(grown.is_some(), "{}", ctx.hv.volume_xml(&pool, &vol).unwrap());
+}
+
+/// A source that fails aborts the stream: the call fails with the source's error.
+fn volume_upload_source_fails(ctx: &Ctx) {
+    let pool = ctx.pool("pool");
+    let bytes = pattern(300 * 1024);
+    let vol = ctx.volume(&pool, &raw_volume_xml("failing.img", 1024 * 1024));
+    let mut source = Chunked { data: &bytes, step: 64 * 1024, fail: Some("the download broke off") };
+    let err = ctx.hv.volume_upload_from(&pool, &vol, 1024 * 1024, &mut source).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Other, "{err}");
+    assert!(
+        err.message.starts_with("reading the upload's source") && err.message.contains("the download broke off"),
+        "{err}"
+    );
+    // The call returned: the connection still works.
+    ctx.hv.volume_xml(&pool, &vol).unwrap();
 }
 
 fn volume_delete(ctx: &Ctx) {
