@@ -264,11 +264,16 @@ async fn service_from_third_node(workload: &Client, nodes: &[Node]) -> Result<St
     })
     .await?;
     // busybox's own resolver (nslookup), not glibc's: the image's busybox is static
-    // and glibc's NSS cannot load in it. The search path of the Pod's resolv.conf
-    // completes the short names, as it does for any program in a Pod.
+    // and glibc's NSS cannot load in it. busybox completes only names without a dot
+    // with the search path of the Pod's resolv.conf, so `lookup` walks that path the
+    // way glibc does for a dotted name such as `kubernetes.default`: as given, then
+    // with each search domain, until one resolves.
     let script = format!(
         "set -e; \
-         lookup() {{ busybox nslookup \"$1\" | busybox awk '/^Name:/ {{named=1}} named && /^Address/ {{print $NF; exit}}'; }}; \
+         first_address() {{ busybox awk '/^Name:/ {{named=1}} named && /^Address/ {{print $NF; exit}}'; }}; \
+         lookup() {{ for d in '' $(busybox awk '/^search/ {{$1=\"\"; print}}' /etc/resolv.conf); do \
+           a=$(busybox nslookup \"$1${{d:+.$d}}\" 2>/dev/null | first_address); \
+           if [ -n \"$a\" ]; then echo \"$a\"; return; fi; done; }}; \
          web=$(lookup {WEB}); api=$(lookup kubernetes.default); \
          echo \"resolved {WEB}=$web kubernetes.default=$api\"; \
          i=0; while [ $i -lt 16 ]; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 \"$web\" 80 | busybox tail -n 1; i=$((i+1)); done"
