@@ -405,12 +405,19 @@ impl KcpWatch {
 
     /// Stops watching; fails with every state seen in which the control plane was not Available.
     pub(crate) fn finish(self, during: &str) -> Result<()> {
-        self.task.abort();
         let lapses = self.lapses.lock().expect("lapses lock");
         if !lapses.is_empty() {
             bail!("KubeadmControlPlane {} stopped being Available while {during}:\n{}", self.name, lapses.join("\n"));
         }
         Ok(())
+    }
+}
+
+/// A scenario that fails before [`KcpWatch::finish`] drops the watch: its task
+/// stops then too, rather than watching a deleted namespace until the process ends.
+impl Drop for KcpWatch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
