@@ -47,6 +47,9 @@ fn sample_value(name: &str) -> String {
         "CONTROL_PLANE_MACHINE_COUNT" | "WORKER_MACHINE_COUNT" => "1".into(),
         "KUBERNETES_VERSION" => "v1.34.1".into(),
         "CAPL_LIBVIRT_URI" => "qemu+tls://kvm1.lab/system".into(),
+        "CAPL_IMAGE_URL" => "https://images.lab/ubuntu-2404-kube-v1.36.3.qcow2".into(),
+        // A sha256 as sha256sum prints it (of the empty file).
+        "CAPL_IMAGE_CHECKSUM" => "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
         // base64 of a PEM-looking placeholder ("-----BEGIN ...").
         n if (n.starts_with("CAPL_TLS_") || n.starts_with("CAPL_SSH_")) && n.ends_with("_B64") => {
             "LS0tLS1CRUdJTiBQTEFDRUhPTERFUi0tLS0tCg==".into()

@@ -359,11 +359,18 @@ impl Drop for LocalRepository {
     }
 }
 
+/// Where the flavors' node image is downloaded from, and its sha256.
+const IMAGE_URL: &str = "https://images.lab.example/ubuntu-24.04-kube-v1.34.1.qcow2";
+const IMAGE_SHA256: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+/// The volume the `pool-image` flavor names instead.
+const POOL_IMAGE: &str = "ubuntu-24.04-kube-v1.34.1.qcow2";
+
 /// The variables a user sets for `clusterctl generate cluster` (the required ones).
 const CLUSTER_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_LIBVIRT_URI", "qemu+tls://kvm1.lab.example/system"),
     ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
-    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("CAPL_IMAGE_URL", IMAGE_URL),
+    ("CAPL_IMAGE_CHECKSUM", IMAGE_SHA256),
     ("KUBERNETES_VERSION", "v1.34.1"),
     ("CAPL_TLS_CA_CRT_B64", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="),
     ("CAPL_TLS_CLIENT_CRT_B64", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="),
@@ -374,7 +381,8 @@ const CLUSTER_VARIABLES: &[(&str, &str)] = &[
 const SSH_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_LIBVIRT_URI", "qemu+libssh://root@kvm1.lab.example/system"),
     ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
-    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("CAPL_IMAGE_URL", IMAGE_URL),
+    ("CAPL_IMAGE_CHECKSUM", IMAGE_SHA256),
     ("KUBERNETES_VERSION", "v1.34.1"),
     ("CAPL_SSH_PRIVATE_KEY_B64", "LS0tLS1CRUdJTiBPUEVOU1NIIFBSSVZBVEUgS0VZLS0tLS0K"),
     ("CAPL_SSH_KNOWN_HOSTS_B64", "a3ZtMS5sYWIuZXhhbXBsZSBzc2gtZWQyNTUxOSBBQUFBCg=="),
@@ -391,7 +399,8 @@ const BRIDGED_VARIABLES: &[(&str, &str)] = &[
 /// What the `local` flavor needs: no URI (it defaults to the manager's host), no credentials.
 const LOCAL_VARIABLES: &[(&str, &str)] = &[
     ("CAPL_CONTROL_PLANE_ENDPOINT_HOST", "192.168.122.10"),
-    ("CAPL_IMAGE", "ubuntu-24.04-kube-v1.34.1.qcow2"),
+    ("CAPL_IMAGE_URL", IMAGE_URL),
+    ("CAPL_IMAGE_CHECKSUM", IMAGE_SHA256),
     ("KUBERNETES_VERSION", "v1.34.1"),
 ];
 
@@ -449,16 +458,60 @@ async fn clusterctl_generates_every_flavor_and_the_api_server_accepts_it() {
         }
         args.extend(["--worker-machine-count", "2"]);
         let bridged: Vec<(&str, &str)> = CLUSTER_VARIABLES.iter().chain(BRIDGED_VARIABLES).copied().collect();
+        // The pool-image flavor names a volume: no URL, no checksum.
+        let pool_image: Vec<(&str, &str)> = CLUSTER_VARIABLES
+            .iter()
+            .copied()
+            .filter(|(name, _)| !name.starts_with("CAPL_IMAGE_"))
+            .chain([("CAPL_IMAGE", POOL_IMAGE)])
+            .collect();
         let (variables, credentials_key) = match flavor.as_str() {
             "ssh" => (SSH_VARIABLES, Some("ssh-privatekey")),
             "local" => (LOCAL_VARIABLES, None),
             "bridged" => (bridged.as_slice(), Some("tls.crt")),
+            "pool-image" => (pool_image.as_slice(), Some("tls.crt")),
             _ => (CLUSTER_VARIABLES, Some("tls.crt")),
         };
         let (ok, out, err) = repo.clusterctl(env, &args, variables);
         assert!(ok, "clusterctl generate cluster (flavor {flavor:?}): {err}");
         let docs = parse_documents(&out);
         assert!(docs.iter().any(|d| d["kind"] == "Cluster"), "flavor {flavor:?} makes a Cluster");
+        // Every machine's base image: a volume of the pool in the pool-image
+        // flavor, the URL and checksum (sha256 and qcow2 by default) in the others.
+        let machine_templates: Vec<&serde_json::Value> =
+            docs.iter().filter(|d| d["kind"] == "LibvirtMachineTemplate").collect();
+        if flavor == "topology" {
+            // The ClusterClass clusterctl added: its templates' image is set from
+            // the Cluster's variables (the_clusterclass_renders_the_endpoint_and_the_pod_network).
+            for template in &machine_templates {
+                assert_eq!(template["spec"]["template"]["spec"]["image"], "set-the-image-or-imageURL-variable");
+            }
+            let variables = &docs.iter().find(|d| d["kind"] == "Cluster").unwrap()["spec"]["topology"]["variables"];
+            let image = variables.as_array().unwrap().iter().find(|v| v["name"] == "imageURL");
+            assert_eq!(
+                image.map(|v| v["value"].clone()),
+                Some(
+                    serde_json::json!({"url": IMAGE_URL, "checksum": IMAGE_SHA256, "checksumType": "sha256", "format": "qcow2"})
+                ),
+                "{variables}"
+            );
+        } else {
+            assert_eq!(machine_templates.len(), 2, "flavor {flavor:?}: the control plane's and the workers'");
+        }
+        for template in machine_templates.iter().filter(|_| flavor != "topology") {
+            let spec = &template["spec"]["template"]["spec"];
+            if flavor == "pool-image" {
+                assert_eq!(spec["image"], POOL_IMAGE, "{spec}");
+                assert!(spec["imageURL"].is_null(), "{spec}");
+            } else {
+                assert!(spec["image"].is_null(), "flavor {flavor:?}: {spec}");
+                assert_eq!(
+                    spec["imageURL"],
+                    serde_json::json!({"url": IMAGE_URL, "checksum": IMAGE_SHA256, "checksumType": "sha256", "format": "qcow2"}),
+                    "flavor {flavor:?}"
+                );
+            }
+        }
         if let Some(key) = credentials_key {
             // The host credentials: a Secret that clusterctl move takes along, named by the cluster.
             let secret = docs
@@ -556,6 +609,15 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
     );
     assert!(ok, "clusterctl generate cluster --flavor topology: {err}");
     docs.extend(parse_documents(&out));
+    // A second Cluster of the same class naming a volume of the pool (the
+    // `image` variable) instead of a URL.
+    let mut by_volume = docs.iter().find(|d| d["kind"] == "Cluster").unwrap().clone();
+    by_volume["metadata"]["name"] = "lab-volume".into();
+    by_volume["metadata"]["labels"] = serde_json::json!({});
+    let variables = by_volume["spec"]["topology"]["variables"].as_array_mut().unwrap();
+    variables.retain(|v| v["name"] != "imageURL");
+    variables.push(serde_json::json!({"name": "image", "value": POOL_IMAGE}));
+    docs.push(by_volume);
     for mut doc in docs {
         doc["metadata"]["namespace"] = namespace.clone().into();
         let api_version = doc["apiVersion"].as_str().unwrap().to_string();
@@ -592,6 +654,44 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
+    // Each Cluster's machine templates name its image as its variables do.
+    let (lmt_resource, _) = pinned_kind(
+        &client,
+        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha1", "LibvirtMachineTemplate"),
+    )
+    .await
+    .unwrap();
+    let lmts: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &lmt_resource);
+    let image_url =
+        serde_json::json!({"url": IMAGE_URL, "checksum": IMAGE_SHA256, "checksumType": "sha256", "format": "qcow2"});
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    for (cluster, want_volume) in [("lab", false), ("lab-volume", true)] {
+        let params = kube::api::ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={cluster}"));
+        let templates = loop {
+            let items = lmts.list(&params).await.unwrap().items;
+            if items.len() == 2 {
+                break items;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Cluster {cluster}: {} LibvirtMachineTemplates rendered, expected 2:\n{}",
+                items.len(),
+                capi.log_tail(30)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        };
+        for template in templates {
+            let spec = &template.data["spec"]["template"]["spec"];
+            if want_volume {
+                assert_eq!(spec["image"], POOL_IMAGE, "{spec}");
+                assert!(spec["imageURL"].is_null(), "{spec}");
+            } else {
+                assert_eq!(spec["imageURL"], image_url, "{spec}");
+                assert!(spec["image"].is_null(), "{spec}");
+            }
+        }
+    }
+
     let spec = &kcp.data["spec"]["kubeadmConfigSpec"];
     let super_admin = "if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/admin.conf#path: \
                        /etc/kubernetes/super-admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi";

@@ -229,8 +229,46 @@ fn the_bridged_flavor_adds_an_ip_pool_for_every_machine_and_nothing_else() {
         assert!(variables.contains(name), "{name}");
     }
     assert!(flavor.contains("network: ${CAPL_NETWORK}\n"), "the bridge network has no default");
-    let changed = default_flavor.replace("      image: ${CAPL_IMAGE}\n", "      image: \"${CAPL_IMAGE}\"\n");
+    let changed =
+        default_flavor.replace("format: ${CAPL_IMAGE_FORMAT:=qcow2}\n", "format: \"${CAPL_IMAGE_FORMAT:=qcow2}\"\n");
     assert!(manifests::bridged_flavor(&changed).unwrap_err().contains("both LibvirtMachineTemplates"));
+}
+
+/// The pool-image flavor is the default flavor with each LibvirtMachineTemplate
+/// naming a volume of the base pool instead of a URL and checksum; nothing
+/// else changed, and it asks for no URL variable.
+#[test]
+fn the_pool_image_flavor_names_a_volume_instead_of_a_url_and_nothing_else() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::pool_image_flavor(&default_flavor).unwrap();
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let (default_docs, flavor_docs) = (docs(&default_flavor), docs(&flavor));
+    assert_eq!(default_docs.len(), flavor_docs.len());
+    let mut templates = 0;
+    for (before, after) in default_docs.iter().zip(&flavor_docs) {
+        let mut expected = before.clone();
+        if before["kind"] == "LibvirtMachineTemplate" {
+            templates += 1;
+            let spec = expected["spec"]["template"]["spec"].as_object_mut().unwrap();
+            assert!(spec.remove("imageURL").is_some(), "the default flavor names its image by URL: {before}");
+            spec.insert("image".into(), after["spec"]["template"]["spec"]["image"].clone());
+            assert!(after["spec"]["template"]["spec"]["image"].is_string(), "{after}");
+        }
+        assert_eq!(&expected, after);
+    }
+    assert_eq!(templates, 2, "the control plane's and the workers' templates");
+    let (_, variables) = crate::clusterctl_template::substitute(&flavor);
+    assert!(variables.contains("CAPL_IMAGE"), "{variables:?}");
+    assert!(!variables.iter().any(|v| v.starts_with("CAPL_IMAGE_")), "{variables:?}");
+    assert!(flavor.contains("      image: ${CAPL_IMAGE}\n"), "the volume has no default");
+
+    let changed =
+        default_flavor.replacen("checksumType: ${CAPL_IMAGE_CHECKSUM_TYPE:=sha256}", "checksumType: sha512", 1);
+    assert!(manifests::pool_image_flavor(&changed).unwrap_err().contains("both LibvirtMachineTemplates"));
 }
 
 fn crd_json(kind: &str) -> Value {
