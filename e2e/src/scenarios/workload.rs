@@ -6,7 +6,9 @@
 //! page documents, then `kubectl apply` to the management cluster, where CAPI
 //! core, the kubeadm bootstrap (CABPK) and control plane (KCP) managers (with
 //! their webhooks) and this provider run. The machines boot the Kubernetes node
-//! image (`cargo xtask node-image`) on the private libvirtd under software
+//! image (`cargo xtask node-image`), which the provider downloads into the base
+//! pool from a web server on 127.0.0.1 (named by URL and sha256, as a user
+//! offers an image-builder qcow2), on the private libvirtd under software
 //! emulation and run real `kubeadm init` / `kubeadm join`; kube-vip holds the
 //! endpoint, kube-router (installed by the flavor's ClusterResourceSet) the pod
 //! network. Checked, beside the steps of [`crate::workload::formation`] (which
@@ -21,7 +23,10 @@
 //!   `kubernetes.default` (CoreDNS): both replicas answer;
 //! - scaled back to 1, the removed worker's Node goes (drained, deleted) and
 //!   its domain, disk, seed ISO and DHCP entry are removed;
-//! - deleting the Cluster leaves nothing of the namespace's on the host.
+//! - deleting the Cluster leaves nothing of the namespace's on the host, and
+//!   the downloaded image stays in the base pool for the next cluster, having
+//!   been downloaded once for all the machines (and not again by
+//!   `workload-topology`, which finds it there).
 //!
 //! `workload-topology`: a cluster from the ClusterClass flavor, up to its
 //! control plane Available; workers, pod traffic and scaling are the same node
@@ -96,7 +101,9 @@ async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
     clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    formation.mark("Cluster deleted, nothing left on the host");
+    let kept = formation.image().check_kept(stack)?;
+    say(TOPOLOGY_ID, kept);
+    formation.mark("Cluster deleted, nothing left on the host but the downloaded image");
     let table = formation.table();
     eprintln!("  [{TOPOLOGY_ID}] timing (seconds since kubectl apply):\n{table}");
     Ok(format!("KubeadmControlPlane {}, nodes {:?}\n{table}", cp.kcp, node_names(&cp.nodes)))
@@ -152,7 +159,9 @@ async fn run(stack: &mut Stack, ns: &str) -> Result<String> {
     clean_up(stack, ns).await?;
     let left = domains(stack, ns)?;
     ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    formation.mark("Cluster deleted, nothing left on the host");
+    let kept = formation.image().check_kept(stack)?;
+    say(ID, kept);
+    formation.mark("Cluster deleted, nothing left on the host but the downloaded image");
 
     let table = formation.table();
     eprintln!("  [{ID}] timing (seconds since kubectl apply):\n{table}");

@@ -32,7 +32,7 @@ use serde_json::json;
 use super::client::{check_provider_ids, node_ready, wait_machines_running, wait_nodes_ready, workload_client};
 use super::cluster::{CLUSTER, domains, kubeadm_control_plane};
 use super::diagnose::{compact, condition_text, diagnose, kubeadm_failure};
-use super::render::{Flavor, apply_flavor};
+use super::render::{Flavor, ServedImage, apply_flavor};
 use crate::harness::machines::{Running, check_on_host, describe, running_facts};
 use crate::harness::objects::{self, Kind};
 use crate::harness::stack::Stack;
@@ -176,17 +176,25 @@ pub(crate) struct Formation<'a> {
     started: Instant,
     rows: Mutex<Vec<(String, f64)>>,
     say: Say<'a>,
+    /// The node image's web server, serving while the cluster lives.
+    image: ServedImage,
 }
 
 impl<'a> Formation<'a> {
-    /// Renders `flavor` for one control-plane machine and no worker and applies
-    /// it ([`apply_flavor`]); the clock of the timing table starts here.
+    /// Serves the node image, renders `flavor` for one control-plane machine and
+    /// no worker and applies it ([`apply_flavor`]); the clock of the timing table starts here.
     pub(crate) fn apply(stack: &'a Stack, ns: &str, flavor: Flavor, bounds: Bounds, say: Say<'a>) -> Result<Self> {
         let started = Instant::now();
-        apply_flavor(stack, ns, flavor, &say)?;
+        let image = apply_flavor(stack, ns, flavor, &say)?;
         let client = stack.client();
         let kcps = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
-        Ok(Self { stack, ns: ns.to_string(), flavor, bounds, client, kcps, started, rows: Mutex::new(Vec::new()), say })
+        let rows = Mutex::new(Vec::new());
+        Ok(Self { stack, ns: ns.to_string(), flavor, bounds, client, kcps, started, rows, say, image })
+    }
+
+    /// The node image the machines name by URL.
+    pub(crate) fn image(&self) -> &ServedImage {
+        &self.image
     }
 
     pub(crate) fn client(&self) -> &Client {

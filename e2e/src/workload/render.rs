@@ -11,7 +11,8 @@ use testenv::test_host::{TLS_CA_CERT, TLS_PORT};
 
 use super::cluster::CLUSTER;
 use crate::harness::clusterctl::LocalRepository;
-use crate::harness::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK, upload_base_image};
+use crate::harness::file_server::FileServer;
+use crate::harness::stack::{Stack, TEST_BASE_POOL, TEST_DISK_POOL, TEST_NETWORK};
 
 /// The environment variable with the node image's path (`cargo xtask node-image` prints it).
 pub const NODE_IMAGE_ENV: &str = capl_testbed::env::NODE_IMAGE;
@@ -42,11 +43,12 @@ impl Flavor {
     }
 }
 
-/// Uploads the node image (`$CAPL_NODE_IMAGE`) into the base pool, renders `flavor`
-/// with `clusterctl generate cluster` for cluster [`CLUSTER`] (one control-plane
-/// machine, no worker) in `ns`, and applies it with `kubectl apply`, as a user does.
-/// Returns the rendered manifest.
-pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: &dyn Fn(String)) -> Result<PathBuf> {
+/// Serves the node image (`$CAPL_NODE_IMAGE`) over HTTP on 127.0.0.1, renders
+/// `flavor` with `clusterctl generate cluster` for cluster [`CLUSTER`] (one
+/// control-plane machine, no worker) in `ns` with the image named by its URL
+/// and checksum, and applies it with `kubectl apply`, as a user does. The
+/// returned server must live until every machine has its disk.
+pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: &dyn Fn(String)) -> Result<ServedImage> {
     let image_path = std::env::var_os(NODE_IMAGE_ENV).map(PathBuf::from).with_context(|| {
         format!(
             "a workload cluster needs the Kubernetes node image: run `cargo xtask node-image` (as root) and set \
@@ -54,8 +56,15 @@ pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: &dyn Fn
         )
     })?;
     let t = Instant::now();
-    let image = upload_base_image(stack.libvirt()?, &image_path, "node", "cargo xtask node-image")?;
-    say(format!("node image in pool {TEST_BASE_POOL} as {image} ({:.0} s)", t.elapsed().as_secs_f64()));
+    let image = ServedImage::start(stack, &image_path)?;
+    say(format!(
+        "node image served at {} (sha256 {}; {:.0} s), the provider downloads it into pool {TEST_BASE_POOL} as {}{}",
+        image.url(),
+        image.checksum,
+        t.elapsed().as_secs_f64(),
+        image.volume,
+        if image.was_there { ", which an earlier cluster left there" } else { "" },
+    ));
     let manifest = generate_cluster(stack, ns, &image, flavor)?;
     kubectl_apply(stack, None, &manifest)?;
     let flavor_arg = flavor.name().map(|f| format!(" --flavor {f}")).unwrap_or_default();
@@ -67,7 +76,71 @@ pub(crate) fn apply_flavor(stack: &Stack, ns: &str, flavor: Flavor, say: &dyn Fn
         "clusterctl generate cluster {CLUSTER}{flavor_arg} | kubectl apply: {} (1 control-plane machine, no worker yet, endpoint {endpoint})",
         manifest.display(),
     ));
-    Ok(manifest)
+    Ok(image)
+}
+
+/// The node image as a user offers it: a file on a web server, named in the
+/// flavor by URL and sha256.
+pub(crate) struct ServedImage {
+    server: FileServer,
+    checksum: String,
+    /// The base-pool volume the provider downloads it to, named after its checksum.
+    pub(crate) volume: String,
+    /// The volume was in the base pool before this cluster (left by an earlier
+    /// one): the provider must use it without downloading.
+    pub(crate) was_there: bool,
+}
+
+impl ServedImage {
+    fn start(stack: &Stack, file: &Path) -> Result<Self> {
+        let checksum = sha256_of(file)?;
+        // The provider's name for a downloaded image: `capl-image-<type>-<32 hex>.<format>`.
+        let volume = format!("capl-image-sha256-{}.qcow2", &checksum[..32]);
+        let was_there = stack.libvirt()?.volume_exists(TEST_BASE_POOL, &volume);
+        Ok(Self { server: FileServer::start(file)?, checksum, volume, was_there })
+    }
+
+    pub(crate) fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// What a user expects once the Cluster is deleted: the downloaded image is
+    /// still in the base pool for the next cluster, and it was downloaded once
+    /// for all the machines (not at all when it was there before).
+    pub(crate) fn check_kept(&self, stack: &Stack) -> Result<String> {
+        ensure!(
+            stack.libvirt()?.volume_exists(TEST_BASE_POOL, &self.volume),
+            "the downloaded node image {} is gone from pool {TEST_BASE_POOL} after the Cluster was deleted; \
+             it must stay for the next cluster",
+            self.volume
+        );
+        let (gets, expected) = (self.server.gets(), u64::from(!self.was_there));
+        ensure!(
+            gets == expected,
+            "the node image was downloaded {gets} times for this cluster, expected {expected} (once per host and \
+             pool{})",
+            if self.was_there { ", and not at all while its volume exists" } else { "" }
+        );
+        Ok(format!("node image {} kept in {TEST_BASE_POOL}, downloaded {gets} time(s)", self.volume))
+    }
+}
+
+/// The sha256 of a file as `sha256sum` prints it.
+fn sha256_of(file: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(file)
+        .with_context(|| format!("the node image {} is missing: run `cargo xtask node-image`", file.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).with_context(|| format!("reading {}", file.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// base64 of `bytes`, as Kubernetes writes Secret data.
@@ -79,7 +152,7 @@ fn base64(bytes: &[u8]) -> Result<String> {
 /// Runs `clusterctl generate cluster` against the release of this checkout
 /// with the variables a user sets for the private libvirtd; checks that
 /// `--list-variables` lists every variable without a default it needed.
-fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Result<PathBuf> {
+fn generate_cluster(stack: &Stack, ns: &str, image: &ServedImage, flavor: Flavor) -> Result<PathBuf> {
     let dir = stack.work_dir.join(match flavor {
         Flavor::Default => "workload",
         Flavor::Topology => "workload-topology",
@@ -112,7 +185,8 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &str, flavor: Flavor) -> Res
         ("CAPL_TLS_CA_CRT_B64", base64(&ca)?),
         ("CAPL_TLS_CLIENT_CRT_B64", base64(cert.as_bytes())?),
         ("CAPL_TLS_CLIENT_KEY_B64", base64(key.as_bytes())?),
-        ("CAPL_IMAGE", image.to_string()),
+        ("CAPL_IMAGE_URL", image.url()),
+        ("CAPL_IMAGE_CHECKSUM", image.checksum.clone()),
         ("CAPL_NETWORK", TEST_NETWORK.to_string()),
         ("CAPL_BASE_POOL", TEST_BASE_POOL.to_string()),
         ("CAPL_DOMAIN_POOL", TEST_DISK_POOL.to_string()),
