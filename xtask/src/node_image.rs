@@ -42,7 +42,7 @@
 //! devices, no mounts. It is cached at
 //! `~/.cache/cluster-api-provider-libvirt/node-image/<kubernetes>-<key>/node.qcow2`,
 //! where the key hashes every input: the pinned versions, every file of
-//! `images/node` and this source file. Go binaries are cached per version under
+//! `images/node` but its Markdown and this source file. Go binaries are cached per version under
 //! `.../node-image/go/`, and the Debian root as a tarball under `.../node-image/debian-root/`
 //! (keyed by `packages` and `rootfs.sh`; only the newest is kept). Needs root (mmdebstrap, chroot), Go, `mmdebstrap`,
 //! `syslinux`, `syslinux-common`, `mtools`, `dosfstools`, `e2fsprogs`, `fdisk`, `qemu-utils`.
@@ -262,7 +262,8 @@ pub fn build_release(release: &Release, force: bool) -> Result<PathBuf> {
     let addons = node_addons::build(&sh, &cache.join("go"))?;
     images.extend(parse_image_list(&node_addons::image_names())?);
 
-    // 2. The cache key: versions, image list, every file of images/node, this file.
+    // 2. The cache key: versions, image list, every file of images/node but
+    // its documentation (which changes no byte of the image), this file.
     let mut inputs = vec![
         NODE_TEST_IMAGE.to_string(),
         release.version.clone(),
@@ -273,7 +274,7 @@ pub fn build_release(release: &Release, force: bool) -> Result<PathBuf> {
         ADDONS_SOURCE.to_string(),
         GO_MODULES_SOURCE.to_string(),
     ];
-    for (path, bytes) in files_under(&hack)? {
+    for (path, bytes) in files_under(&hack)?.into_iter().filter(|(path, _)| !path.ends_with(".md")) {
         inputs.push(path);
         inputs.push(String::from_utf8_lossy(&bytes).into_owned());
     }
