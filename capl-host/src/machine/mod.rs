@@ -463,7 +463,8 @@ impl<'a> MachineRun<'a> {
     /// additional NIC's network or bridge is there.
     fn preflight(&self) -> HostResult<()> {
         self.spec.check_guest_settings()?;
-        self.base_image()?;
+        let base = self.base_image()?;
+        self.base_image_unwritten(&base)?;
         if self.spec.is_static() {
             self.host_bridge_present()?
         } else {
