@@ -199,20 +199,8 @@ pub struct DomainInfo {
     pub owner: Option<OwnerMarker>,
     /// `<source file=..>` of every disk and cdrom.
     pub disk_paths: Vec<String>,
-    /// The sources of the disks the guest can write: every `<disk>` but a
-    /// cdrom or one marked `<readonly/>`.
-    pub writable_disks: Vec<DiskSource>,
     /// `<mac address=..>` of every interface, lower case.
     pub macs: Vec<String>,
-}
-
-/// Where a domain's disk comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DiskSource {
-    /// `<source file=..>` (or `dev=` for a block device).
-    Path(String),
-    /// `<source pool=.. volume=..>`.
-    Volume { pool: String, volume: String },
 }
 
 /// Parses `virDomainGetXMLDesc` output.
@@ -236,21 +224,6 @@ pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
         .flat_map(|d| d.children_named("disk"))
         .filter_map(|disk| disk.child("source").and_then(|s| s.attr("file")).map(str::to_string))
         .collect();
-    let writable_disks = devices
-        .into_iter()
-        .flat_map(|d| d.children_named("disk"))
-        .filter(|disk| disk.attr("device") != Some("cdrom") && disk.child("readonly").is_none())
-        .filter_map(|disk| {
-            let source = disk.child("source")?;
-            match (source.attr("file").or(source.attr("dev")), source.attr("pool"), source.attr("volume")) {
-                (Some(path), _, _) => Some(DiskSource::Path(path.to_string())),
-                (None, Some(pool), Some(volume)) => {
-                    Some(DiskSource::Volume { pool: pool.to_string(), volume: volume.to_string() })
-                }
-                _ => None,
-            }
-        })
-        .collect();
     let macs = devices
         .into_iter()
         .flat_map(|d| d.children_named("interface"))
@@ -261,7 +234,6 @@ pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
         uuid: root.path_text(&["uuid"]).unwrap_or_default().to_ascii_lowercase(),
         owner,
         disk_paths,
-        writable_disks,
         macs,
     })
 }
@@ -292,28 +264,6 @@ pub fn choose_domain_type(preference: DomainTypePreference, kvm_offered: bool) -
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn the_disks_a_guest_can_write_are_read_by_file_device_and_volume() {
-        let xml = "<domain type='qemu'><name>vm</name><devices>\
-            <disk type='file' device='disk'><source file='/p/a.qcow2'/><target dev='vda'/></disk>\
-            <disk type='file' device='disk'><source file='/p/ro.qcow2'/><target dev='vdb'/><readonly/></disk>\
-            <disk type='file' device='cdrom'><source file='/p/seed.iso'/><target dev='sda'/></disk>\
-            <disk type='block' device='disk'><source dev='/dev/sdz'/><target dev='vdc'/></disk>\
-            <disk type='volume' device='disk'><source pool='base' volume='data.qcow2'/><target dev='vdd'/></disk>\
-            <disk type='network' device='disk'><source protocol='nbd' name='x'/><target dev='vde'/></disk>\
-            </devices></domain>";
-        let info = parse_domain(xml).unwrap();
-        assert_eq!(
-            info.writable_disks,
-            [
-                DiskSource::Path("/p/a.qcow2".into()),
-                DiskSource::Path("/dev/sdz".into()),
-                DiskSource::Volume { pool: "base".into(), volume: "data.qcow2".into() },
-            ]
-        );
-    }
-
     use super::*;
 
     const CAPS: &str = "<capabilities><host><cpu><arch>x86_64</arch></cpu></host>

@@ -99,10 +99,6 @@ impl Hypervisor for Counted {
         self.count("volumes_backed_by").volumes_backed_by(path)
     }
 
-    fn domains_writing(&self, path: &str, pool: &str, volume: &str) -> Result<Vec<String>> {
-        self.count("domains_writing").domains_writing(path, pool, volume)
-    }
-
     fn volume_upload_from(&self, pool: &str, name: &str, length: u64, source: &mut dyn std::io::Read) -> Result<()> {
         self.count("volume_upload_from").volume_upload_from(pool, name, length, source)
     }

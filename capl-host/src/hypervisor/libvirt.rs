@@ -88,7 +88,6 @@ pub struct LibvirtHypervisor {
     uri: String,
     conn: std::mem::ManuallyDrop<Connect>,
     events: Arc<EventHub>,
-    writer_scans: super::WriterScans,
 }
 
 impl Drop for LibvirtHypervisor {
@@ -120,12 +119,7 @@ impl LibvirtHypervisor {
             err.message = format!("cannot open libvirt connection to {uri}: {}", err.message);
             err
         })?;
-        Ok(Self {
-            uri: uri.to_string(),
-            conn: std::mem::ManuallyDrop::new(conn),
-            events: Arc::default(),
-            writer_scans: Default::default(),
-        })
+        Ok(Self { uri: uri.to_string(), conn: std::mem::ManuallyDrop::new(conn), events: Arc::default() })
     }
 
     /// `virConnectSetKeepAlive`: probe the peer every `interval_secs` and
@@ -343,10 +337,6 @@ impl Hypervisor for LibvirtHypervisor {
 
     fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
         super::volumes_backed_by(self, path)
-    }
-
-    fn domains_writing(&self, path: &str, pool: &str, volume: &str) -> Result<Vec<String>> {
-        self.writer_scans.scan(self, path, pool, volume)
     }
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {

@@ -298,13 +298,6 @@ pub trait Hypervisor: Send + Sync {
     /// is the file `path`: the overlays that still need it
     /// (`virConnectListAllStoragePools`, then each pool's volumes and their XML).
     fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>>;
-    /// Every domain of the host with a disk it can write whose source is the
-    /// file `path` or the volume `volume` of `pool` (`virConnectListAllDomains`,
-    /// then each domain's XML): a volume a guest writes is that guest's data,
-    /// never a base image. A domain that vanishes while it is read is skipped.
-    /// A scan that finds none is trusted for [`WRITER_SCAN_TTL`] on this
-    /// connection (machines created together from one image share one scan).
-    fn domains_writing(&self, path: &str, pool: &str, volume: &str) -> Result<Vec<String>>;
 
     // --- domains ----------------------------------------------------------
 
@@ -354,58 +347,6 @@ pub fn volumes_backed_by(hv: &dyn HostAdmin, path: &str) -> Result<Vec<String>> 
         }
     }
     Ok(users)
-}
-
-/// How long a scan of [`Hypervisor::domains_writing`] that found no domain is trusted.
-pub const WRITER_SCAN_TTL: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// The scans of [`Hypervisor::domains_writing`] on one connection that found
-/// no domain, and when: each backend keeps one.
-#[derive(Debug, Default)]
-pub struct WriterScans(std::sync::Mutex<std::collections::HashMap<(String, String, String), std::time::Instant>>);
-
-impl WriterScans {
-    /// [`domains_writing`], or none without a call while an earlier scan that
-    /// found none is younger than [`WRITER_SCAN_TTL`].
-    pub fn scan(&self, hv: &dyn HostAdmin, path: &str, pool: &str, volume: &str) -> Result<Vec<String>> {
-        let key = (path.to_string(), pool.to_string(), volume.to_string());
-        let fresh = |scans: &std::collections::HashMap<_, std::time::Instant>| {
-            scans.get(&key).is_some_and(|at| at.elapsed() < WRITER_SCAN_TTL)
-        };
-        if fresh(&self.0.lock().expect("writer scans lock")) {
-            return Ok(Vec::new());
-        }
-        let writers = domains_writing(hv, path, pool, volume)?;
-        let mut scans = self.0.lock().expect("writer scans lock");
-        scans.retain(|_, at| at.elapsed() < WRITER_SCAN_TTL);
-        if writers.is_empty() {
-            scans.insert(key, std::time::Instant::now());
-        }
-        Ok(writers)
-    }
-}
-
-/// [`Hypervisor::domains_writing`] through the listing calls of [`HostAdmin`],
-/// which both backends have, without the cache of [`WriterScans`].
-pub fn domains_writing(hv: &dyn HostAdmin, path: &str, pool: &str, volume: &str) -> Result<Vec<String>> {
-    use crate::domain_xml::DiskSource;
-    let mut writers = Vec::new();
-    for domain in hv.domain_list()? {
-        let xml = match hv.domain_xml(&domain) {
-            Ok(xml) => xml,
-            Err(e) if e.kind == ErrorKind::NoDomain => continue,
-            Err(e) => return Err(e),
-        };
-        let Ok(info) = crate::domain_xml::parse_domain(&xml) else { continue };
-        let writes = info.writable_disks.iter().any(|disk| match disk {
-            DiskSource::Path(p) => p == path,
-            DiskSource::Volume { pool: p, volume: v } => p == pool && v == volume,
-        });
-        if writes {
-            writers.push(domain);
-        }
-    }
-    Ok(writers)
 }
 
 /// The bytes of an upload stream's message: libvirt's client sends at most 256 KiB at once.

@@ -23,7 +23,6 @@ use super::{
 #[derive(Debug)]
 pub struct SimHypervisor {
     conn: Arc<Connection>,
-    writer_scans: super::WriterScans,
 }
 
 impl SimHypervisor {
@@ -38,7 +37,7 @@ impl SimHypervisor {
             );
             err
         })?;
-        Ok(Self { conn: Arc::new(conn), writer_scans: Default::default() })
+        Ok(Self { conn: Arc::new(conn) })
     }
 
     /// The underlying simulator connection, for calls the trait does not cover.
@@ -187,10 +186,6 @@ impl Hypervisor for SimHypervisor {
 
     fn volumes_backed_by(&self, path: &str) -> Result<Vec<String>> {
         super::volumes_backed_by(self, path)
-    }
-
-    fn domains_writing(&self, path: &str, pool: &str, volume: &str) -> Result<Vec<String>> {
-        self.writer_scans.scan(self, path, pool, volume)
     }
 
     fn volume_delete(&self, pool: &str, name: &str) -> Result<()> {

@@ -60,26 +60,6 @@ impl MachineRun<'_> {
         }
     }
 
-    /// No domain of the host writes the base image: a volume a guest writes
-    /// is that guest's data (a LibvirtCluster's author picks `basePool`, which
-    /// may hold other VMs' disks), and an overlay on it would let this
-    /// machine read it. Checked before a machine is created.
-    pub(super) fn base_image_unwritten(&self, base: &VolumeInfo) -> HostResult<()> {
-        let spec = self.spec;
-        let writers = self
-            .hv
-            .domains_writing(&base.path, &spec.base_pool, &spec.image)
-            .map_err(|e| self.error("list", ObjectKind::Domain, "the domains using the base image", e))?;
-        if writers.is_empty() {
-            return Ok(());
-        }
-        Err(HostError::ImageUnusable {
-            image: spec.image.clone(),
-            pool: spec.base_pool.clone(),
-            why: format!("is a disk that domain {} writes (that guest's data, not a base image)", writers.join(", ")),
-        })
-    }
-
     pub(super) fn ensure_root_disk(&mut self) -> HostResult<()> {
         let spec = self.spec;
         let base = self.base_image()?;

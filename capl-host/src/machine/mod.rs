@@ -463,8 +463,7 @@ impl<'a> MachineRun<'a> {
     /// additional NIC's network or bridge is there.
     fn preflight(&self) -> HostResult<()> {
         self.spec.check_guest_settings()?;
-        let base = self.base_image()?;
-        self.base_image_unwritten(&base)?;
+        self.base_image()?;
         if self.spec.is_static() {
             self.host_bridge_present()?
         } else {

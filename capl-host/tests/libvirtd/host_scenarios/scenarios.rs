@@ -280,65 +280,6 @@ pub fn bad_disk_and_missing_image(hv: &dyn HostAdmin, fx: &Fixture, namespace: &
     assert_eq!(leftovers(hv, fx, &[small, missing, other]), Vec::<String>::new());
 }
 
-/// A standalone volume of the base pool that another guest writes (a VM's
-/// data disk, attached by file or by pool and volume) is refused as a base
-/// image, naming that guest, before anything is made; attached read-only it
-/// is a base image like any other.
-pub fn another_guests_disk_is_no_base_image(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
-    let data = format!("{namespace}-data.qcow2");
-    let _ = hv.volume_delete(&fx.base_pool, &data);
-    hv.volume_create(
-        &fx.base_pool,
-        &format!(
-            "<volume><name>{data}</name><capacity unit='bytes'>1048576</capacity>\
-             <target><format type='qcow2'/></target></volume>"
-        ),
-    )
-    .expect("create the data volume");
-    let path = capl_host::volume_xml::parse_volume(&hv.volume_xml(&fx.base_pool, &data).unwrap()).unwrap().path;
-    let guest = |name: &str, disk: &str| {
-        format!(
-            "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
-             <os><type arch='x86_64' machine='pc'>hvm</type></os><devices>{disk}</devices></domain>"
-        )
-    };
-    let by_file = format!("{namespace}-vm-file");
-    let by_volume = format!("{namespace}-vm-volume");
-    let file_disk = |readonly: &str| {
-        format!(
-            "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{path}'/>\
-             <target dev='vda' bus='virtio'/>{readonly}</disk>"
-        )
-    };
-    let volume_disk = format!(
-        "<disk type='volume' device='disk'><driver name='qemu' type='qcow2'/>\
-         <source pool='{}' volume='{data}'/><target dev='vdb' bus='virtio'/></disk>",
-        fx.base_pool
-    );
-    let mut refused = Vec::new();
-    for (guest_name, disk) in [(&by_file, file_disk("")), (&by_volume, volume_disk)] {
-        hv.domain_define(&guest(guest_name, &disk)).expect("define the guest that writes the volume");
-        let mut spec = fresh_spec(hv, fx, namespace, &format!("written-{}", refused.len()));
-        spec.image = data.clone();
-        let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("another guest's disk as the image");
-        assert!(matches!(&err, HostError::ImageUnusable { image, .. } if *image == data), "{err}");
-        assert_eq!(err.kind(), FailureKind::InvalidMachineSpec);
-        assert!(err.to_string().contains(&format!("is a disk that domain {guest_name} writes")), "{err}");
-        hv.domain_undefine(guest_name, UndefineFlags::all()).unwrap();
-        refused.push(spec);
-    }
-    assert_eq!(leftovers(hv, fx, &refused), Vec::<String>::new(), "nothing made for a refused machine");
-
-    // Read-only, the volume is a base image like any other.
-    hv.domain_define(&guest(&by_file, &file_disk("<readonly/>"))).unwrap();
-    let spec = refused.pop().unwrap();
-    create_machine(hv, &spec, &user_data(&spec)).expect("a volume other guests only read");
-    delete_machine(hv, &spec).unwrap();
-    hv.domain_undefine(&by_file, UndefineFlags::all()).unwrap();
-    hv.volume_delete(&fx.base_pool, &data).unwrap();
-    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
-}
-
 /// The control-plane endpoint address is never handed out.
 pub fn endpoint_address_is_avoided(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let first = fresh_spec(hv, fx, namespace, "ep-0");
