@@ -94,8 +94,8 @@ pub(crate) struct ServedImage {
 impl ServedImage {
     fn start(stack: &Stack, file: &Path) -> Result<Self> {
         let checksum = sha256_of(file)?;
-        // The provider's name for a downloaded image: `capl-image-<type>-<32 hex>.<format>`.
-        let volume = format!("capl-image-sha256-{}.qcow2", &checksum[..32]);
+        // The provider's name for the downloaded image.
+        let volume = capl_host::naming::image_volume_name("sha256", &checksum, "qcow2");
         let was_there = stack.libvirt()?.volume_exists(TEST_BASE_POOL, &volume);
         Ok(Self { server: FileServer::start(file)?, checksum, volume, was_there })
     }
