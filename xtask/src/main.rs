@@ -4,6 +4,7 @@
 //! command line and dispatches. xtask does not depend on the provider crate,
 //! so it builds before libvirt's development headers are installed.
 
+mod background;
 mod bench;
 mod bench_sim;
 mod bench_tables;

@@ -6,7 +6,11 @@
 //!    the docs book (`cargo xtask docs`: its internal links checked, mdBook
 //!    installed into the cache when missing, the book built);
 //! 2. the local control plane (kube-apiserver, etcd, kubectl, CAPI core),
-//!    built from Go modules into a cache outside the repository, or reused;
+//!    built from Go modules into a cache outside the repository, or reused:
+//!    a [`Background`] job beside steps 1 (the book), 3 and 4, joined before
+//!    step 5; then the node images (`cargo xtask node-image`, `cargo xtask
+//!    kind-node-image`), another job, at a lower priority, beside step 5,
+//!    joined before step 6, the first that needs them;
 //! 3. a private libvirtd with its own network and pools, and the test guest
 //!    image (`cargo xtask guest-image`);
 //! 4. a docker engine (`cargo xtask docker-engine up`: the running one, or
@@ -41,7 +45,11 @@ use std::time::Instant;
 use anyhow::Result;
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, docker_engine, e2e, guest_image, images, libvirt_host, repo_root, step};
+use crate::background::{Background, Priority};
+use crate::{docker_engine, e2e, guest_image, images, libvirt_host, repo_root, step};
+
+/// Tests run at once in each test binary of the workspace.
+const TEST_THREADS: &str = "4";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -82,9 +90,11 @@ impl Drop for Teardown {
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     step("host packages", libvirt_host::deps)?;
+    // The control plane is built (when it is not cached) beside the steps up to the
+    // manager image; the workspace tests need it.
+    let control_plane = Background::start("control plane", Priority::Same, &[&["control-plane", "build"]])?;
     // The book first: a broken link fails in seconds, before the long steps.
     step("docs book", crate::docs::build)?;
-    step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let mut teardown = Teardown { armed: !args.keep_host, dockerd: false };
     let uri = step("private libvirtd", libvirt_host::up)?;
     let image = step("guest image", || guest_image::build(false))?;
@@ -92,12 +102,29 @@ pub fn run(args: Args) -> Result<()> {
     teardown.dockerd = engine == docker_engine::Engine::Ours;
     let libvirtd_image = step("containerized libvirtd image", images::libvirtd_image)?;
     step("manager image, built offline", || images::build_provider_offline(images::TEST_MANAGER_IMAGE))?;
+    step("control plane (background)", || control_plane.join())?;
+    // The Kubernetes node image and kind's node image are needed only by the
+    // end-to-end suites, after the workspace tests, which leave much of the CPU
+    // idle: they are built (when not cached) beside them, at a lower priority. The
+    // node image starts after the control plane, whose compiled Kubernetes
+    // packages it reuses, and kind's after the docker engine is up.
+    let node_images = if args.cargo_test_args.is_empty() {
+        Some(Background::start("node images", Priority::Lower, &[&["node-image"], &["kind-node-image"]])?)
+    } else {
+        None
+    };
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
     sh.set_var(env::TEST_LIBVIRT_URI, &uri);
     sh.set_var(env::GUEST_IMAGE, &image);
     sh.set_var(env::LIBVIRTD_IMAGE, &libvirtd_image);
+    // The integration suites spend most of their time waiting (on the API server,
+    // on libvirtd, on the simulator's retry intervals): four tests at a time keep
+    // the two cores busier than one per core does. A value set by the caller wins.
+    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        sh.set_var("RUST_TEST_THREADS", TEST_THREADS);
+    }
     let extra = &args.cargo_test_args;
     let reports = crate::target_dir().join("tmp/reports");
     let _ = std::fs::remove_dir_all(&reports);
@@ -114,7 +141,9 @@ pub fn run(args: Args) -> Result<()> {
     for path in &summaries {
         let _ = std::fs::remove_file(path);
     }
-    let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
+    let node_images = node_images.map_or(Ok(()), |job| step("node images (background)", || job.join()));
+    let e2e =
+        if extra.is_empty() { node_images.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
     let kind = if extra.is_empty() { e2e::run(e2e::Args::kind_for_test_command()) } else { Ok(()) };
     let e2e = e2e.and(kind);
     let result = workspace.and(e2e_units).and(e2e);
