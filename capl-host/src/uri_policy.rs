@@ -16,7 +16,10 @@
 //!   `name`, `netcat`, or one libvirt may learn later) is refused by name;
 //! - `pkipath=`, `keyfile=` and `known_hosts=` must be absolute paths inside
 //!   one of the credentials directories (`--credentials-dir`, default
-//!   [`DEFAULT_CREDENTIALS_DIR`]), with no `..`;
+//!   [`DEFAULT_CREDENTIALS_DIR`]), with no `..`, that the LibvirtCluster's
+//!   namespace may use: the files there are the operator's, so each directory
+//!   names its namespaces (`--credentials-dir DIR=team-a,team-b`, or `DIR=*`
+//!   for every namespace) and one named without any is usable by none;
 //! - `no_verify` (other than `0`) and `known_hosts_verify` (other than
 //!   `normal`), which turn off the server's identity check, are refused;
 //! - the test driver is allowed only as `test:///default` (in memory).
@@ -37,14 +40,96 @@ pub const DEFAULT_CREDENTIALS_DIR: &str = "/etc/capl";
 pub struct UriPolicy {
     /// `--allow-unsafe-uris`: accept every URI libvirt accepts.
     pub allow_unsafe: bool,
-    /// Directories that file parameters may point into.
-    pub credentials_dirs: Vec<PathBuf>,
+    /// Directories that file parameters may point into, each with the
+    /// namespaces whose LibvirtClusters may do so.
+    pub credentials_dirs: Vec<CredentialsDir>,
 }
 
 impl Default for UriPolicy {
+    /// [`DEFAULT_CREDENTIALS_DIR`], usable by no namespace until the operator names some.
     fn default() -> Self {
-        Self { allow_unsafe: false, credentials_dirs: vec![PathBuf::from(DEFAULT_CREDENTIALS_DIR)] }
+        Self {
+            allow_unsafe: false,
+            credentials_dirs: vec![CredentialsDir::new(DEFAULT_CREDENTIALS_DIR, Namespaces::None)],
+        }
     }
+}
+
+/// A directory of credential files the operator mounted into the manager
+/// (`--credentials-dir DIR[=NAMESPACES]`), and who may name files in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialsDir {
+    pub path: PathBuf,
+    pub namespaces: Namespaces,
+}
+
+/// The namespaces whose LibvirtClusters may name a credentials directory's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Namespaces {
+    /// `DIR` alone: none (the directory is mounted, but no tenant was granted it).
+    None,
+    /// `DIR=*`: every namespace.
+    All,
+    /// `DIR=a,b`: these.
+    Only(Vec<String>),
+}
+
+impl CredentialsDir {
+    pub fn new(path: impl Into<PathBuf>, namespaces: Namespaces) -> Self {
+        Self { path: path.into(), namespaces }
+    }
+
+    /// Reads `--credentials-dir`'s value: `DIR`, `DIR=*` or `DIR=ns1,ns2`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (path, list) = match text.split_once('=') {
+            Some((path, list)) => (path, Some(list)),
+            None => (text, None),
+        };
+        if !Path::new(path).is_absolute() || path == "/" {
+            return Err(format!(
+                "--credentials-dir {text}: {path:?} is not an absolute directory other than /; give e.g. \
+                 /etc/capl/kvm1=team-a"
+            ));
+        }
+        let namespaces = match list.map(str::trim) {
+            None => Namespaces::None,
+            Some("*") => Namespaces::All,
+            Some(list) => {
+                let names: Vec<String> = list.split(',').map(|n| n.trim().to_string()).collect();
+                if let Some(bad) = names.iter().find(|n| !is_namespace_name(n)) {
+                    return Err(format!(
+                        "--credentials-dir {text}: {bad:?} is not a namespace name; list namespaces separated by \
+                         commas (DIR=team-a,team-b), or * for every namespace"
+                    ));
+                }
+                Namespaces::Only(names)
+            }
+        };
+        Ok(Self { path: PathBuf::from(path), namespaces })
+    }
+
+    /// Whether LibvirtClusters in `namespace` may name this directory's files.
+    pub fn allows(&self, namespace: &str) -> bool {
+        match &self.namespaces {
+            Namespaces::None => false,
+            Namespaces::All => true,
+            Namespaces::Only(names) => names.iter().any(|n| n == namespace),
+        }
+    }
+
+    /// Whether `path` is a file inside this directory.
+    fn holds(&self, path: &Path) -> bool {
+        path.starts_with(&self.path) && path != self.path.as_path()
+    }
+}
+
+/// A Kubernetes namespace name: an RFC 1123 label.
+fn is_namespace_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 /// One query parameter of a URI as libvirt reads it: the name lowercased,
@@ -100,9 +185,10 @@ impl UriPolicy {
         Self { allow_unsafe: true, ..Self::default() }
     }
 
-    /// `Ok` when the manager may open `uri`; otherwise what is refused and
-    /// what to do instead, as one sentence for a condition.
-    pub fn check(&self, uri: &str) -> Result<(), String> {
+    /// `Ok` when the manager may open `uri` for a LibvirtCluster in
+    /// `namespace`; otherwise what is refused and what to do instead, as one
+    /// sentence for a condition.
+    pub fn check(&self, uri: &str, namespace: &str) -> Result<(), String> {
         if self.allow_unsafe {
             return Ok(());
         }
@@ -153,11 +239,27 @@ impl UriPolicy {
                 "proxy" if !matches!(value.as_str(), "auto" | "native" | "netcat") => {
                     return refuse(format!("proxy={value} is not one of auto, native, netcat"));
                 }
-                "pkipath" | "keyfile" | "known_hosts" if !self.inside_credentials_dirs(Path::new(&value)) => {
-                    return refuse(format!(
-                        "{name}={value} is not inside the credentials directories ({}); put the files there",
-                        self.dirs_text()
-                    ));
+                "pkipath" | "keyfile" | "known_hosts" => {
+                    let path = Path::new(&value);
+                    let plain = path.is_absolute()
+                        && path.components().all(|c| !matches!(c, Component::ParentDir | Component::CurDir));
+                    let dirs: Vec<&CredentialsDir> =
+                        self.credentials_dirs.iter().filter(|d| plain && d.holds(path)).collect();
+                    if dirs.is_empty() {
+                        return refuse(format!(
+                            "{name}={value} is not inside the credentials directories ({}); put the files there",
+                            self.dirs_text()
+                        ));
+                    }
+                    if !dirs.iter().any(|d| d.allows(namespace)) {
+                        let dir = dirs[0].path.display();
+                        return refuse(format!(
+                            "{name}={value} is in the credentials directory {dir}, which the manager does not let \
+                             namespace {namespace} use (its operator grants it with --credentials-dir \
+                             {dir}={namespace}); or give the LibvirtCluster a credentialsRef to a Secret in its \
+                             own namespace"
+                        ));
+                    }
                 }
                 _ => {}
             }
@@ -165,14 +267,8 @@ impl UriPolicy {
         Ok(())
     }
 
-    fn inside_credentials_dirs(&self, path: &Path) -> bool {
-        path.is_absolute()
-            && path.components().all(|c| !matches!(c, Component::ParentDir | Component::CurDir))
-            && self.credentials_dirs.iter().any(|dir| path.starts_with(dir) && path != dir.as_path())
-    }
-
     fn dirs_text(&self) -> String {
-        self.credentials_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        self.credentials_dirs.iter().map(|d| d.path.display().to_string()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -219,7 +315,12 @@ mod tests {
     #[case("qemu+tls://kvm1.lab/system?tls_priority=NORMAL&mode=direct")]
     #[case("QEMU+TLS://kvm1.lab/system?PkiPath=/etc/capl/pki/kvm1")]
     fn safe_uris_pass(#[case] uri: &str) {
-        assert_eq!(UriPolicy::default().check(uri), Ok(()));
+        assert_eq!(granted("/etc/capl=lab").check(uri, "lab"), Ok(()));
+    }
+
+    /// The default policy with one credentials directory, as `--credentials-dir` reads it.
+    fn granted(flag: &str) -> UriPolicy {
+        UriPolicy { credentials_dirs: vec![CredentialsDir::parse(flag).unwrap()], ..UriPolicy::default() }
     }
 
     #[rstest::rstest]
@@ -271,11 +372,11 @@ mod tests {
         "the parameter keyfile= is not allowed (a local URI allows only these parameters: mode)"
     )]
     fn unsafe_uris_are_refused_with_the_reason(#[case] uri: &str, #[case] why: &str) {
-        let message = UriPolicy::default().check(uri).unwrap_err();
+        let message = granted("/etc/capl=*").check(uri, "lab").unwrap_err();
         assert!(message.contains(why), "{message}");
         assert!(message.contains(&format!("refuses URI {uri}")), "names the URI: {message}");
         assert!(message.contains("--allow-unsafe-uris") && message.contains("new LibvirtCluster"), "{message}");
-        assert_eq!(UriPolicy::allow_all().check(uri), Ok(()), "--allow-unsafe-uris accepts {uri}");
+        assert_eq!(UriPolicy::allow_all().check(uri, "lab"), Ok(()), "--allow-unsafe-uris accepts {uri}");
     }
 
     #[test]
@@ -289,10 +390,64 @@ mod tests {
 
     #[test]
     fn other_credentials_directories_can_be_configured() {
-        let policy = UriPolicy { allow_unsafe: false, credentials_dirs: vec!["/var/run/capl-credentials".into()] };
-        assert_eq!(policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials/ns/c"), Ok(()));
-        assert!(policy.check("qemu+tls://h/system?pkipath=/etc/capl/pki").is_err());
-        assert!(policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials").is_err(), "the directory itself");
-        assert!(policy.check("qemu+tls://h/system?pkipath=var/run/capl-credentials/x").is_err(), "relative");
+        let policy = granted("/var/run/capl-credentials=*");
+        assert_eq!(policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials/ns/c", "lab"), Ok(()));
+        assert!(policy.check("qemu+tls://h/system?pkipath=/etc/capl/pki", "lab").is_err());
+        assert!(
+            policy.check("qemu+tls://h/system?pkipath=/var/run/capl-credentials", "lab").is_err(),
+            "the directory itself"
+        );
+        assert!(policy.check("qemu+tls://h/system?pkipath=var/run/capl-credentials/x", "lab").is_err(), "relative");
+    }
+
+    #[test]
+    fn a_credentials_directory_names_the_namespaces_that_may_use_it() {
+        assert_eq!(CredentialsDir::parse("/etc/capl").unwrap().namespaces, Namespaces::None);
+        assert_eq!(CredentialsDir::parse("/etc/capl=*").unwrap().namespaces, Namespaces::All);
+        assert_eq!(
+            CredentialsDir::parse("/etc/capl/kvm1=team-a, team-b").unwrap(),
+            CredentialsDir::new("/etc/capl/kvm1", Namespaces::Only(vec!["team-a".into(), "team-b".into()]))
+        );
+        for (bad, says) in [
+            ("etc/capl=team-a", "not an absolute directory"),
+            ("/=team-a", "not an absolute directory"),
+            ("/etc/capl=Team_A", "\"Team_A\" is not a namespace name"),
+            ("/etc/capl=team-a,,team-b", "\"\" is not a namespace name"),
+            ("/etc/capl=", "\"\" is not a namespace name"),
+        ] {
+            let err = CredentialsDir::parse(bad).unwrap_err();
+            assert!(err.contains(says) && err.contains(&format!("--credentials-dir {bad}")), "{bad}: {err}");
+        }
+
+        let uri = "qemu+tls://kvm1.lab/system?pkipath=/etc/capl/kvm1/pki";
+        // The default: the directory is known, but no namespace was granted it.
+        let message = UriPolicy::default().check(uri, "team-a").unwrap_err();
+        assert!(
+            message.contains(
+                "pkipath=/etc/capl/kvm1/pki is in the credentials directory /etc/capl, which the manager does not \
+                 let namespace team-a use (its operator grants it with --credentials-dir /etc/capl=team-a)"
+            ),
+            "{message}"
+        );
+        assert!(message.contains("credentialsRef"), "{message}");
+        let policy = UriPolicy {
+            credentials_dirs: vec![
+                CredentialsDir::parse("/etc/capl/kvm1=team-a").unwrap(),
+                CredentialsDir::parse("/etc/capl/kvm2=team-b,team-c").unwrap(),
+                CredentialsDir::parse("/etc/capl/shared=*").unwrap(),
+            ],
+            ..UriPolicy::default()
+        };
+        assert_eq!(policy.check(uri, "team-a"), Ok(()));
+        assert!(policy.check(uri, "team-b").unwrap_err().contains("namespace team-b"));
+        assert!(policy.check(uri, "team-ab").is_err(), "a whole name, not a prefix");
+        let kvm2 = "qemu+libssh://root@kvm2.lab/system?keyfile=/etc/capl/kvm2/id&known_hosts=/etc/capl/kvm2/kh";
+        assert_eq!(policy.check(kvm2, "team-c"), Ok(()));
+        assert!(policy.check(kvm2, "team-a").unwrap_err().contains("keyfile=/etc/capl/kvm2/id"));
+        // One file of another tenant's directory is enough to refuse.
+        let mixed = "qemu+libssh://root@kvm2.lab/system?keyfile=/etc/capl/shared/id&known_hosts=/etc/capl/kvm1/kh";
+        assert!(policy.check(mixed, "team-b").unwrap_err().contains("known_hosts=/etc/capl/kvm1/kh"));
+        assert_eq!(policy.check("qemu+tls://h/system?pkipath=/etc/capl/shared/pki", "anyone"), Ok(()));
+        assert_eq!(UriPolicy::allow_all().check(uri, "team-b"), Ok(()), "--allow-unsafe-uris accepts it");
     }
 }

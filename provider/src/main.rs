@@ -63,9 +63,15 @@ struct Flags {
     /// everyone who may create a LibvirtCluster is trusted with the manager's user.
     #[arg(long)]
     allow_unsafe_uris: bool,
-    /// A directory the URIs' pkipath=, keyfile= and known_hosts= may point into (repeatable).
-    #[arg(long = "credentials-dir", default_value = capl_host::uri_policy::DEFAULT_CREDENTIALS_DIR)]
-    credentials_dirs: Vec<std::path::PathBuf>,
+    /// A directory the URIs' pkipath=, keyfile= and known_hosts= may point into, with the
+    /// namespaces whose LibvirtClusters may use it: DIR=team-a,team-b, DIR=* for every
+    /// namespace, DIR alone for none (repeatable).
+    #[arg(
+        long = "credentials-dir",
+        default_value = capl_host::uri_policy::DEFAULT_CREDENTIALS_DIR,
+        value_parser = capl_host::uri_policy::CredentialsDir::parse
+    )]
+    credentials_dirs: Vec<capl_host::uri_policy::CredentialsDir>,
     /// Where the manager writes the credentials of LibvirtClusters' credentialsRef Secrets
     /// (mode 0700/0600): a private, memory-backed directory (an emptyDir with medium Memory).
     /// URIs may not point into it.
@@ -291,7 +297,7 @@ async fn run(flags: Flags) -> Result<()> {
 
     let client =
         kube::Client::try_default().await.context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
-    for dir in &flags.credentials_dirs {
+    for dir in flags.credentials_dirs.iter().map(|d| &d.path) {
         anyhow::ensure!(
             !flags.credentials_scratch_dir.starts_with(dir) && !dir.starts_with(&flags.credentials_scratch_dir),
             "--credentials-scratch-dir {} and --credentials-dir {} overlap: a URI could then name the files of \
@@ -546,6 +552,32 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("0").unwrap_err().contains("above zero"));
         assert!(parse_size("10GB").unwrap_err().contains("Ki, Mi, Gi or Ti"));
+    }
+
+    /// `--credentials-dir` as an operator writes it: the default directory is
+    /// granted to no namespace, `DIR=NAMESPACES` grants it, and a value that is
+    /// not a directory and namespaces stops the manager with the fix.
+    #[test]
+    fn credentials_directories_name_the_namespaces_that_may_use_them() {
+        use capl_host::uri_policy::{CredentialsDir, Namespaces};
+        let flags = Flags::try_parse_from(["manager"]).unwrap();
+        assert_eq!(flags.credentials_dirs, [CredentialsDir::new("/etc/capl", Namespaces::None)]);
+        let flags = Flags::try_parse_from([
+            "manager",
+            "--credentials-dir=/etc/capl/kvm1=team-a,team-b",
+            "--credentials-dir",
+            "/etc/capl/shared=*",
+        ])
+        .unwrap();
+        assert_eq!(
+            flags.credentials_dirs,
+            [
+                CredentialsDir::new("/etc/capl/kvm1", Namespaces::Only(vec!["team-a".into(), "team-b".into()])),
+                CredentialsDir::new("/etc/capl/shared", Namespaces::All),
+            ]
+        );
+        let err = Flags::try_parse_from(["manager", "--credentials-dir=/etc/capl=Team A"]).unwrap_err().to_string();
+        assert!(err.contains("\"Team A\" is not a namespace name"), "{err}");
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub async fn host_connection_uri(
     owner: &str,
     deleting: bool,
 ) -> Result<Result<String, Unusable>, Error> {
-    if let Err(message) = ctx.settings.uri_policy.check(&host.uri) {
+    if let Err(message) = ctx.settings.uri_policy.check(&host.uri, namespace) {
         // Never connected: opening this URI is what the policy refuses.
         return Ok(Err(Unusable { reason: reasons::URI_NOT_ALLOWED, message, transient: false }));
     }

@@ -429,7 +429,7 @@ async fn connect(
     snapshot: &mut MachineSnapshot,
 ) -> Result<String, Error> {
     if let Some(l) = location
-        && let Err(message) = ctx.settings.uri_policy.check(&l.uri)
+        && let Err(message) = ctx.settings.uri_policy.check(&l.uri, ns)
     {
         // The manager does not open this URI, not even to delete (also when it
         // comes from the status, which is not the LibvirtCluster's to vouch for):

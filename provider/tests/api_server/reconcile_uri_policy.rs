@@ -116,3 +116,60 @@ async fn a_command_parameter_in_any_case_or_encoding_is_refused_and_never_runs()
         }
     }
 }
+
+/// The files under a credentials directory are the operator's: a
+/// LibvirtCluster may name them only when the directory was granted to its
+/// namespace. Another namespace's grant is refused with a condition and an
+/// event that name the directory, the namespace and the flag; granted to its
+/// own namespace, the same object gets past the policy to the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_files_are_usable_only_by_the_namespaces_granted_them() {
+    use capl_host::uri_policy::CredentialsDir;
+    let w = World::new("rc-uri-dir").await;
+    // A TLS listener nobody runs: what matters is whether the manager tries it.
+    let uri = "qemu+tls://127.0.0.1:1/system?pkipath=/etc/capl/kvm1/pki";
+    let policy = |dirs: &[&str]| UriPolicy {
+        credentials_dirs: dirs.iter().map(|d| CredentialsDir::parse(d).unwrap()).collect(),
+        ..UriPolicy::default()
+    };
+
+    let manager = Manager::start_with_policy(
+        w.client.clone(),
+        &w.ns,
+        Arc::new(Connections::libvirt()),
+        policy(&["/etc/capl/kvm1=some-other-team", "/etc/capl/shared=*"]),
+    );
+    let c: Cluster = w.apply(cluster_json("files", "files", true)).await;
+    let _: LibvirtCluster = w.apply(libvirt_cluster_json("files", uri, Some(("files", &c.uid().unwrap())))).await;
+    let lc = w
+        .wait_for::<LibvirtCluster>("files", "InfrastructureReady False with UriNotAllowed", |lc| {
+            has(cluster_conditions(lc), "InfrastructureReady", "False", Some("UriNotAllowed"))
+        })
+        .await;
+    let message = condition(cluster_conditions(&lc), "InfrastructureReady").unwrap().message.clone();
+    let ns = &w.ns;
+    assert!(
+        message.contains(&format!(
+            "pkipath=/etc/capl/kvm1/pki is in the credentials directory /etc/capl/kvm1, which the manager does not let \
+             namespace {ns} use (its operator grants it with --credentials-dir /etc/capl/kvm1={ns})"
+        )),
+        "{message}"
+    );
+    w.wait_event("files", "Warning", "UriNotAllowed", &message).await;
+    manager.kill().await;
+
+    // Granted to this namespace: the policy lets the manager try the host.
+    let _manager = Manager::start_with_policy(
+        w.client.clone(),
+        &w.ns,
+        Arc::new(Connections::libvirt()),
+        policy(&[&format!("/etc/capl/kvm1=some-other-team,{ns}")]),
+    );
+    let lc = w
+        .wait_for::<LibvirtCluster>("files", "a reason other than UriNotAllowed", |lc| {
+            condition(cluster_conditions(lc), "InfrastructureReady").is_some_and(|c| c.reason != "UriNotAllowed")
+        })
+        .await;
+    let message = condition(cluster_conditions(&lc), "InfrastructureReady").unwrap().message.clone();
+    assert!(!message.contains("credentials directory"), "{message}");
+}
