@@ -8,9 +8,10 @@
 //! 2. the local control plane (kube-apiserver, etcd, kubectl, CAPI core),
 //!    built from Go modules into a cache outside the repository, or reused:
 //!    a [`Background`] job beside steps 1 (the book), 3 and 4, joined before
-//!    step 5; then the node images (`cargo xtask node-image`, `cargo xtask
-//!    kind-node-image`), another job, at a lower priority, beside step 5,
-//!    joined before step 6, the first that needs them;
+//!    step 5; the node image (`cargo xtask node-image`) is another, at a
+//!    lower priority, started with it and joined before step 6, the first that
+//!    needs it; kind's node image (`cargo xtask kind-node-image`) is a third,
+//!    beside the suite on the private libvirtd, joined before the one on kind;
 //! 3. a private libvirtd with its own network and pools, and the test guest
 //!    image (`cargo xtask guest-image`);
 //! 4. a docker engine (`cargo xtask docker-engine up`: the running one, or
@@ -92,7 +93,18 @@ pub fn run(args: Args) -> Result<()> {
     step("host packages", libvirt_host::deps)?;
     // The control plane is built (when it is not cached) beside the steps up to the
     // manager image; the workspace tests need it.
-    let control_plane = Background::start("control plane", Priority::Same, &[&["control-plane", "build"]])?;
+    let control_plane = Background::start("control-plane", Priority::Same, &[&["control-plane", "build"]])?;
+    // The Kubernetes node image is needed only by the end-to-end suite, after the
+    // workspace tests: it is built (when not cached) beside everything before
+    // that, at a lower priority, taking the CPU the foreground and the control
+    // plane leave idle (most of it while the workspace suites wait on the API
+    // server and libvirtd). Its Kubernetes packages are mostly found in the Go
+    // build cache, compiled by the control plane's build ahead of it.
+    let node_image = if args.cargo_test_args.is_empty() {
+        Some(Background::start("node-image", Priority::Lower, &[&["node-image"]])?)
+    } else {
+        None
+    };
     // The book first: a broken link fails in seconds, before the long steps.
     step("docs book", crate::docs::build)?;
     let mut teardown = Teardown { armed: !args.keep_host, dockerd: false };
@@ -103,16 +115,6 @@ pub fn run(args: Args) -> Result<()> {
     let libvirtd_image = step("containerized libvirtd image", images::libvirtd_image)?;
     step("manager image, built offline", || images::build_provider_offline(images::TEST_MANAGER_IMAGE))?;
     step("control plane (background)", || control_plane.join())?;
-    // The Kubernetes node image and kind's node image are needed only by the
-    // end-to-end suites, after the workspace tests, which leave much of the CPU
-    // idle: they are built (when not cached) beside them, at a lower priority. The
-    // node image starts after the control plane, whose compiled Kubernetes
-    // packages it reuses, and kind's after the docker engine is up.
-    let node_images = if args.cargo_test_args.is_empty() {
-        Some(Background::start("node images", Priority::Lower, &[&["node-image"], &["kind-node-image"]])?)
-    } else {
-        None
-    };
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
@@ -141,10 +143,17 @@ pub fn run(args: Args) -> Result<()> {
     for path in &summaries {
         let _ = std::fs::remove_file(path);
     }
-    let node_images = node_images.map_or(Ok(()), |job| step("node images (background)", || job.join()));
-    let e2e =
-        if extra.is_empty() { node_images.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
-    let kind = if extra.is_empty() { e2e::run(e2e::Args::kind_for_test_command()) } else { Ok(()) };
+    let node_image = node_image.map_or(Ok(()), |job| step("node image (background)", || job.join()));
+    // kind's node image (made of the node image's binaries) is needed only by the
+    // suite on kind: it is built beside the suite on the private libvirtd.
+    let kind_image = match (&node_image, extra.is_empty()) {
+        (Ok(()), true) => Some(Background::start("kind-node-image", Priority::Lower, &[&["kind-node-image"]])?),
+        _ => None,
+    };
+    let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
+    let kind_image = kind_image.map_or(Ok(()), |job| step("kind node image (background)", || job.join()));
+    let kind =
+        if extra.is_empty() { kind_image.and_then(|()| e2e::run(e2e::Args::kind_for_test_command())) } else { Ok(()) };
     let e2e = e2e.and(kind);
     let result = workspace.and(e2e_units).and(e2e);
 
