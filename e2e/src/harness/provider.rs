@@ -17,8 +17,11 @@ const POD_READY: Duration = Duration::from_secs(180);
 
 pub enum Provider {
     Process(ProviderProcess),
-    /// The manager Deployment of a kind cluster.
-    Pod(Kubectl),
+    /// The manager Deployment of a kind cluster, and the Pods the last kill deleted.
+    Pod {
+        kubectl: Kubectl,
+        killed: Vec<String>,
+    },
 }
 
 impl Provider {
@@ -26,7 +29,7 @@ impl Provider {
     pub fn log_hint(&self) -> String {
         match self {
             Provider::Process(p) => p.log_path().display().to_string(),
-            Provider::Pod(_) => format!("kubectl logs -n {NAMESPACE} deployment/{DEPLOYMENT}"),
+            Provider::Pod { .. } => format!("kubectl logs -n {NAMESPACE} deployment/{DEPLOYMENT}"),
         }
     }
 
@@ -34,7 +37,7 @@ impl Provider {
     pub fn log_tail(&self, lines: usize) -> String {
         match self {
             Provider::Process(p) => p.log_tail(lines),
-            Provider::Pod(kubectl) => kubectl
+            Provider::Pod { kubectl, .. } => kubectl
                 .out(&["logs", "-n", NAMESPACE, &format!("deployment/{DEPLOYMENT}"), &format!("--tail={lines}")])
                 .unwrap_or_else(|e| format!("({e:#})")),
         }
@@ -44,45 +47,46 @@ impl Provider {
     pub fn ensure_running(&mut self) -> Result<()> {
         match self {
             Provider::Process(p) => p.ensure_running(),
-            Provider::Pod(_) => Ok(()),
+            Provider::Pod { .. } => Ok(()),
         }
     }
 
     /// Kills it at once, as a crash or an OOM kill would: SIGKILL of the
     /// process; in a cluster, a forced delete (grace period 0) of every
-    /// manager Pod.
-    pub fn kill(&mut self) {
+    /// manager Pod, which must succeed.
+    pub fn kill(&mut self) -> Result<()> {
         match self {
-            Provider::Process(p) => p.kill(),
-            Provider::Pod(kubectl) => {
-                let selector = crate::harness::kind_cluster::POD_SELECTOR;
-                let _ = kubectl.out(&[
-                    "delete",
-                    "pods",
-                    "-n",
-                    NAMESPACE,
-                    "-l",
-                    selector,
-                    "--grace-period=0",
-                    "--force",
-                    "--wait=false",
-                ]);
+            Provider::Process(p) => {
+                p.kill();
+                Ok(())
+            }
+            Provider::Pod { kubectl, killed } => {
+                let pods = kubectl.manager_pod_names()?;
+                if pods.all.is_empty() {
+                    bail!("no manager Pod in {NAMESPACE} to kill");
+                }
+                let mut args = vec!["delete", "pods", "-n", NAMESPACE, "--grace-period=0", "--force", "--wait=false"];
+                args.extend(pods.all.iter().map(String::as_str));
+                kubectl.out(&args)?;
+                *killed = pods.all;
+                Ok(())
             }
         }
     }
 
     /// Starts it again: the process with the same flags; in a cluster, waits
-    /// (bounded) for a new Pod to be Ready.
+    /// (bounded) for a new Pod, not one the last kill deleted, to be Ready.
     pub async fn restart(&mut self) -> Result<()> {
         match self {
             Provider::Process(p) => p.restart().await,
-            Provider::Pod(kubectl) => {
-                crate::harness::wait::until("a manager Pod Ready after the kill", POD_READY, || async {
+            Provider::Pod { kubectl, killed } => {
+                let old = std::mem::take(killed);
+                crate::harness::wait::until("a new manager Pod Ready after the kill", POD_READY, || async {
                     let pods = crate::blocking(|| kubectl.manager_pod_names())?;
-                    if !pods.ready.is_empty() {
+                    if pods.ready.iter().any(|p| !old.contains(p)) {
                         return Ok(Check::Done(()));
                     }
-                    Ok(Check::Pending(format!("Pods {:?}, none Ready", pods.all)))
+                    Ok(Check::Pending(format!("Pods {:?}, none Ready but the killed {old:?}", pods.all)))
                 })
                 .await
             }
@@ -94,7 +98,7 @@ impl Provider {
     pub fn process(&self) -> Result<&ProviderProcess> {
         match self {
             Provider::Process(p) => Ok(p),
-            Provider::Pod(_) => bail!("the provider runs as a Pod here, not as a local process"),
+            Provider::Pod { .. } => bail!("the provider runs as a Pod here, not as a local process"),
         }
     }
 }

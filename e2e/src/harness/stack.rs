@@ -246,7 +246,7 @@ impl Stack {
                     let args = [format!("--console-log-dir={dir}")];
                     blocking(|| cluster.add_manager_args(&args))?;
                 }
-                Provider::Pod(cluster.kubectl.clone())
+                Provider::Pod { kubectl: cluster.kubectl.clone(), killed: Vec::new() }
             }
             Management::Local { .. } => {
                 let mut args = Vec::new();

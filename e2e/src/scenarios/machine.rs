@@ -204,7 +204,7 @@ pub(crate) async fn restart(stack: &mut Stack) -> Result<String> {
         ensure!(Instant::now() < deadline, "the machine never appeared on the host within {MACHINE_READY:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    stack.provider.kill();
+    stack.provider.kill()?;
     let at_kill = host_objects(stack, &ns)?;
     let state =
         at_kill.domains.iter().next().map(|d| stack.libvirt().and_then(|h| h.domain_state(d)).unwrap_or_default());
