@@ -93,15 +93,15 @@ pub fn run(args: Args) -> Result<()> {
     step("host packages", libvirt_host::deps)?;
     // The control plane is built (when it is not cached) beside the steps up to the
     // manager image; the workspace tests need it.
-    let control_plane = Background::start("control-plane", Priority::Same, &[&["control-plane", "build"]])?;
+    let control_plane = Background::start("control-plane", Priority::Same, &["control-plane", "build"])?;
     // The Kubernetes node image is needed only by the end-to-end suite, after the
     // workspace tests: it is built (when not cached) beside everything before
     // that, at a lower priority, taking the CPU the foreground and the control
     // plane leave idle (most of it while the workspace suites wait on the API
-    // server and libvirtd). Its Kubernetes packages are mostly found in the Go
-    // build cache, compiled by the control plane's build ahead of it.
+    // server and libvirtd). The Kubernetes packages both builds compile are
+    // compiled once, shared through the Go build cache.
     let node_image = if args.cargo_test_args.is_empty() {
-        Some(Background::start("node-image", Priority::Lower, &[&["node-image"]])?)
+        Some(Background::start("node-image", Priority::Lower, &["node-image"])?)
     } else {
         None
     };
@@ -147,7 +147,7 @@ pub fn run(args: Args) -> Result<()> {
     // kind's node image (made of the node image's binaries) is needed only by the
     // suite on kind: it is built beside the suite on the private libvirtd.
     let kind_image = match (&node_image, extra.is_empty()) {
-        (Ok(()), true) => Some(Background::start("kind-node-image", Priority::Lower, &[&["kind-node-image"]])?),
+        (Ok(()), true) => Some(Background::start("kind-node-image", Priority::Lower, &["kind-node-image"])?),
         _ => None,
     };
     let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
