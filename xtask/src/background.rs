@@ -9,6 +9,12 @@
 //! the step that needs its result [`joins`](Background::join) it first. When everything it builds is
 //! cached the job ends at once and costs nothing.
 //!
+//! The job runs a copy of this executable taken when the first job starts:
+//! the foreground steps rebuild `target/debug/xtask` (the workspace tests build
+//! every binary of the workspace), and a job started after that must not name
+//! a file that is gone. The copy is read from `/proc/self/exe`, which opens the
+//! running program even when its file was replaced.
+//!
 //! The child runs in a process group of its own, so that stopping it (a failed
 //! foreground step drops the job) also stops what it started (Go compilers,
 //! a build-time containerd). Its output goes to a log file under
@@ -18,6 +24,7 @@ use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -46,7 +53,15 @@ pub struct Background {
 impl Background {
     /// Starts `cargo xtask <args>` in a child process group of its own.
     pub fn start(name: &'static str, priority: Priority, args: &[&str]) -> Result<Self> {
-        let exe = std::env::current_exe().context("the path of the running xtask")?;
+        static COPY: OnceLock<PathBuf> = OnceLock::new();
+        let exe = match COPY.get() {
+            Some(exe) => exe.clone(),
+            None => {
+                let dir = crate::target_dir().join("tmp/background");
+                let copy = copy_program(Path::new("/proc/self/exe"), &dir)?;
+                COPY.get_or_init(|| copy).clone()
+            }
+        };
         Self::start_program(name, priority, &exe, args)
     }
 
@@ -97,6 +112,17 @@ impl Background {
     }
 }
 
+/// Copies the program at `src` to `dir/xtask` (through a temporary name and a
+/// rename, so that a job of an earlier run still executing the old copy keeps it).
+fn copy_program(src: &Path, dir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let copy = dir.join("xtask");
+    let partial = dir.join(format!("xtask.partial-{}", std::process::id()));
+    fs::copy(src, &partial).with_context(|| format!("copying {} to {}", src.display(), partial.display()))?;
+    fs::rename(&partial, &copy).with_context(|| format!("renaming {} to {}", partial.display(), copy.display()))?;
+    Ok(copy)
+}
+
 impl Drop for Background {
     /// A job not joined (a foreground step failed first) is stopped with everything it started.
     fn drop(&mut self) {
@@ -141,6 +167,30 @@ mod tests {
         let err = format!("{:#}", job.join().unwrap_err());
         assert!(err.contains("the background job test-job-fails failed"), "{err}");
         assert!(err.contains(missing), "the error quotes the job's own message: {err}");
+    }
+
+    #[test]
+    fn a_job_runs_a_copy_that_outlives_the_original_file() {
+        let dir = crate::target_dir().join("tmp/background-test-copy");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let original = dir.join("ls");
+        fs::copy("/bin/ls", &original).unwrap();
+        let copy = copy_program(&original, &dir.join("jobs")).unwrap();
+        // A rebuild replaces the original; the copy still runs.
+        fs::remove_file(&original).unwrap();
+        let job = Background::start_program("test-job-copy", Priority::Same, &copy, &["/"]).unwrap();
+        job.join().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_running_program_is_copied_from_proc_self_exe() {
+        let dir = crate::target_dir().join("tmp/background-test-self");
+        let copy = copy_program(Path::new("/proc/self/exe"), &dir).unwrap();
+        let running = fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(fs::read(&copy).unwrap() == running, "the copy is the running test binary");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
