@@ -224,16 +224,25 @@ pub fn iso_file(bytes: &[u8], name: &str) -> Option<Vec<u8>> {
     let dir = bytes.get(dir_start..dir_start + dir_len)?;
     let wanted = ucs2(name);
     let mut offset = 0;
+    // The bytes come from a host: a malformed directory ends the search, never panics.
     while offset < dir.len() && dir[offset] != 0 {
-        let record = &dir[offset..offset + dir[offset] as usize];
-        let id_len = record[32] as usize;
-        if record[33..33 + id_len] == wanted[..] {
-            let start = at(le32(&record[2..6]));
-            return bytes.get(start..start + le32(&record[10..14]) as usize).map(<[u8]>::to_vec);
+        let record = dir.get(offset..offset + dir[offset] as usize)?;
+        let id_len = *record.get(32)? as usize;
+        if record.get(33..33 + id_len)? == &wanted[..] {
+            let start = at(le32(record.get(2..6)?));
+            return bytes.get(start..start + le32(record.get(10..14)?) as usize).map(<[u8]>::to_vec);
         }
         offset += record.len();
     }
     None
+}
+
+/// The `instance-id` in a NoCloud seed's `meta-data`: the identity of the
+/// machine the seed was written for. `None` when `bytes` holds no seed with one.
+pub fn seed_instance_id(bytes: &[u8]) -> Option<String> {
+    let meta = String::from_utf8(iso_file(bytes, "meta-data")?).ok()?;
+    let value = meta.lines().find_map(|line| line.strip_prefix("instance-id:"))?.trim();
+    Some(value.trim_matches('"').to_string())
 }
 
 /// The volume label of an ISO 9660 image (primary volume descriptor), if `bytes` is one.

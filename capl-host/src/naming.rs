@@ -24,15 +24,29 @@
 //! Machine has no Node (so no providerID yet): a machine is never moved
 //! half-made.
 //!
-//! The hash is the first 6 hex digits of SHA-256 over
+//! The hash is the first 16 hex digits (64 bits) of SHA-256 over
 //! `"<namespace>/<name>/<identity>"`. It separates pairs that print alike
 //! (`a-b`/`c` and `a`/`b-c` both read `a-b-c`) and names that truncation made
 //! equal, and it binds every name to the identity: a LibvirtMachine deleted
 //! (with host cleanup skipped) and created again under the same name, or the
 //! same namespace and name in another management cluster on the same host,
 //! gets another domain name, another MAC address and other volumes, so it
-//! can never adopt the old machine's disk or DHCP entry. The domain name is in
-//! the LibvirtMachine's `status.domainName`.
+//! can never adopt the old machine's disk or DHCP entry. A tenant may set
+//! `spec.providerID` (and so the identity) on a new LibvirtMachine; with 64
+//! bits, finding an identity whose names equal another machine's takes about
+//! 2^64 hashes, out of reach. The domain name is in the LibvirtMachine's
+//! `status.domainName`.
+//!
+//! Machines created while the hash had 6 digits keep their names
+//! ([`NameScheme::Legacy`]): the provider reads the scheme from
+//! `status.domainName`, and when a moved machine has no status yet it takes the
+//! 6-digit names only if a domain of its identity exists under them.
+//!
+//! A root disk found at the machine's name is adopted only when the identity
+//! recorded beside it agrees: the `instance-id` in the seed ISO of the same
+//! name (written with the identity, and removed only after the root disk).
+//! A disk whose seed names another identity is another machine's and is
+//! neither used nor deleted.
 //!
 //! # MAC address
 //!
@@ -52,7 +66,8 @@
 //! [`MachineNames::additional_mac`]: it reserves nothing.
 //!
 //! Long names: the DNS label limit is 63 characters, so `<namespace>-<name>`
-//! is cut to 56 characters (63 minus `-` and 6 hash digits) and trailing
+//! is cut to 46 characters (63 minus `-` and 16 hash digits; 56 under the
+//! 6-digit scheme) and trailing
 //! dashes are dropped. Characters a DNS label cannot hold (`.` of a DNS
 //! subdomain name, upper case) become `-` or lower case.
 
@@ -60,8 +75,42 @@ use sha2::{Digest, Sha256};
 
 /// The longest DNS label (RFC 1123).
 pub const DNS_LABEL_MAX: usize = 63;
-/// Hex digits of the hash suffix.
-pub const HASH_LEN: usize = 6;
+/// Hex digits of the hash suffix (64 bits).
+pub const HASH_LEN: usize = 16;
+/// Hex digits of the hash suffix of machines named under [`NameScheme::Legacy`].
+pub const LEGACY_HASH_LEN: usize = 6;
+
+/// How long a machine's hash suffix is (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NameScheme {
+    /// [`HASH_LEN`] digits: every new machine.
+    #[default]
+    Current,
+    /// [`LEGACY_HASH_LEN`] digits: a machine created when names had 6 digits.
+    Legacy,
+    /// Not known yet (a machine with a provider ID and no `status.domainName`,
+    /// as after `clusterctl move`): [`Self::Legacy`] when a domain of the
+    /// machine's identity exists under the 6-digit name, else [`Self::Current`].
+    Either,
+}
+
+impl NameScheme {
+    /// The digits of the hash; [`Self::Either`] counts as [`Self::Current`].
+    pub fn hash_len(self) -> usize {
+        match self {
+            NameScheme::Legacy => LEGACY_HASH_LEN,
+            NameScheme::Current | NameScheme::Either => HASH_LEN,
+        }
+    }
+
+    /// The scheme a recorded domain name was made under, for this namespace,
+    /// name and identity; `None` when neither scheme gives it.
+    pub fn of_domain(domain: &str, namespace: &str, name: &str, identity: &str) -> Option<Self> {
+        [NameScheme::Current, NameScheme::Legacy]
+            .into_iter()
+            .find(|scheme| domain_name_in(*scheme, namespace, name, identity) == domain)
+    }
+}
 /// The locally administered prefix QEMU/KVM uses, also used by libvirt.
 pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
 /// How many MACs a machine may choose from ([`mac_candidates`]). The chance
@@ -120,11 +169,16 @@ pub struct MachineNames {
 
 impl MachineNames {
     pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+        Self::in_scheme(NameScheme::Current, namespace, name, identity)
+    }
+
+    /// The names under `scheme` (see [`NameScheme`]).
+    pub fn in_scheme(scheme: NameScheme, namespace: &str, name: &str, identity: &str) -> Self {
         Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
             identity: identity.to_string(),
-            domain: domain_name(namespace, name, identity),
+            domain: domain_name_in(scheme, namespace, name, identity),
         }
     }
 
@@ -204,12 +258,22 @@ pub fn is_uuid(s: &str) -> bool {
 
 /// The first [`HASH_LEN`] hex digits of SHA-256 over `namespace/name/identity`.
 pub fn name_hash(namespace: &str, name: &str, identity: &str) -> String {
+    name_hash_in(NameScheme::Current, namespace, name, identity)
+}
+
+/// The hash of `scheme`'s length.
+pub fn name_hash_in(scheme: NameScheme, namespace: &str, name: &str, identity: &str) -> String {
     let digest = Sha256::digest(format!("{namespace}/{name}/{identity}").as_bytes());
-    hex(&digest)[..HASH_LEN].to_string()
+    hex(&digest)[..scheme.hash_len()].to_string()
 }
 
 /// `<namespace>-<name>-<hash>`, shortened to fit a DNS label.
 pub fn domain_name(namespace: &str, name: &str, identity: &str) -> String {
+    domain_name_in(NameScheme::Current, namespace, name, identity)
+}
+
+/// [`domain_name`] under `scheme`.
+pub fn domain_name_in(scheme: NameScheme, namespace: &str, name: &str, identity: &str) -> String {
     let readable: String = format!("{namespace}-{name}")
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -217,10 +281,10 @@ pub fn domain_name(namespace: &str, name: &str, identity: &str) -> String {
             _ => '-',
         })
         .collect();
-    let room = DNS_LABEL_MAX - HASH_LEN - 1;
+    let room = DNS_LABEL_MAX - scheme.hash_len() - 1;
     let cut: String = readable.chars().take(room).collect();
     let prefix = cut.trim_matches('-');
-    let hash = name_hash(namespace, name, identity);
+    let hash = name_hash_in(scheme, namespace, name, identity);
     if prefix.is_empty() { hash } else { format!("{prefix}-{hash}") }
 }
 

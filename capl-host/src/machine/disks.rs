@@ -6,6 +6,7 @@ use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, HypervisorError};
 use crate::volume_xml::{BackingStore, GIB, VolumeInfo, overlay_volume_xml, parse_volume};
 
+use super::seed::SeedIdentity;
 use super::{LeftOnHost, MachineRun};
 
 impl MachineRun<'_> {
@@ -75,6 +76,7 @@ impl MachineRun<'_> {
         let name = self.names.overlay_volume();
         if let Some(existing) = self.lookup_volume(&spec.domain_pool, &name)? {
             self.check_overlay_is_ours(&existing, Some(&base))?;
+            self.check_disk_identity(&existing)?;
             self.overlay_path = Some(existing.path);
             return Ok(());
         }
@@ -107,6 +109,28 @@ impl MachineRun<'_> {
                 self.spec.image
             ),
         ))
+    }
+
+    /// A root disk found at our name is this machine's only when the identity
+    /// recorded beside it is ours: the `instance-id` of the seed ISO of the
+    /// same domain name. Without a seed the disk has never booted (a domain is
+    /// defined only after its seed is written, and a delete removes the seed
+    /// only after the root disk), so it holds no one's data.
+    pub(super) fn check_disk_identity(&self, disk: &VolumeInfo) -> HostResult<()> {
+        let seed_name = self.names.cloud_init_volume();
+        let Some(seed) = self.lookup_volume(&self.spec.domain_pool, &seed_name)? else { return Ok(()) };
+        match self.seed_identity(&seed)? {
+            SeedIdentity::Of(identity) if identity != self.spec.identity => Err(self.collision(
+                ObjectKind::Volume,
+                &format!("{}/{}", self.spec.domain_pool, disk.name),
+                format!(
+                    "its seed {seed_name} records identity {identity}, not this machine's ({}): \
+                     the disk is another machine's",
+                    self.spec.identity
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn overlay_path(&mut self) -> HostResult<String> {
@@ -188,6 +212,7 @@ impl MachineRun<'_> {
                 Err(e) => return Err(e),
             };
             self.check_overlay_is_ours(&volume, base.as_ref())?;
+            self.check_disk_identity(&volume)?;
         }
         self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
     }

@@ -18,7 +18,11 @@ impl MachineRun<'_> {
 
     /// The domain with our name, ours or not: `None` when absent.
     pub(super) fn domain_at_our_name(&self) -> HostResult<Option<DomainInfo>> {
-        let domain = &self.names.domain;
+        self.domain_named(&self.names.domain)
+    }
+
+    /// The domain `domain`, whoever's it is: `None` when it does not exist.
+    pub(super) fn domain_named(&self, domain: &str) -> HostResult<Option<DomainInfo>> {
         let xml = match self.hv.domain_xml(domain) {
             Ok(xml) => xml,
             Err(e) if e.kind == ErrorKind::NoDomain => return Ok(None),

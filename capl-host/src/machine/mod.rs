@@ -81,7 +81,7 @@ pub use crate::domain_xml::NicAttachment;
 use crate::domain_xml::{DomainTypePreference, OwnerMarker};
 use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
-use crate::naming::MachineNames;
+use crate::naming::{MachineNames, NameScheme};
 pub use seed::MAX_SEED_BYTES;
 
 /// Everything the host layer needs to know about one machine, in plain Rust.
@@ -93,6 +93,8 @@ pub struct MachineSpec {
     /// LibvirtMachine UID (see [`crate::naming`]). Domain UUID, instance-id and
     /// every name on the host derive from it.
     pub identity: String,
+    /// How long the hash in the machine's names is (see [`crate::naming`]).
+    pub name_scheme: NameScheme,
     pub cluster_name: String,
     pub vcpu: u32,
     pub memory_mib: u64,
@@ -161,8 +163,10 @@ impl MachineSpec {
         self.ipam
     }
 
+    /// The machine's names under its scheme ([`NameScheme::Either`] gives the
+    /// current ones; the host calls resolve it first).
     pub fn names(&self) -> MachineNames {
-        MachineNames::new(&self.namespace, &self.name, &self.identity)
+        MachineNames::in_scheme(self.name_scheme, &self.namespace, &self.name, &self.identity)
     }
 
     fn owner(&self) -> OwnerMarker {
@@ -257,7 +261,7 @@ pub fn create_machine_timed(
     user_data: &[u8],
     took: &mut dyn FnMut(CreateStep, std::time::Duration),
 ) -> HostResult<MachineReport> {
-    let mut run = MachineRun::new(hv, spec);
+    let mut run = MachineRun::new(hv, spec)?;
     if let Some(info) = run.owned_domain()? {
         return run.start_existing(&info);
     }
@@ -276,7 +280,7 @@ pub fn create_machine_timed(
 /// reads its address when it runs. Never creates anything: `None` when the
 /// domain does not exist (that takes [`create_machine`] and the bootstrap data).
 pub fn start_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
-    let run = MachineRun::new(hv, spec);
+    let run = MachineRun::new(hv, spec)?;
     let Some(info) = run.owned_domain()? else { return Ok(None) };
     run.start_existing(&info).map(Some)
 }
@@ -290,7 +294,7 @@ pub fn run_create_steps(
     user_data: &[u8],
     steps: &[CreateStep],
 ) -> HostResult<()> {
-    let mut run = MachineRun::new(hv, spec);
+    let mut run = MachineRun::new(hv, spec)?;
     for step in steps {
         run.step(*step, user_data)?;
     }
@@ -299,7 +303,7 @@ pub fn run_create_steps(
 
 /// Reads the machine's domain without changing anything: `None` when it does not exist.
 pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Option<MachineReport>> {
-    let run = MachineRun::new(hv, spec);
+    let run = MachineRun::new(hv, spec)?;
     let Some(info) = run.owned_domain()? else { return Ok(None) };
     let mac = run.domain_mac(&info);
     let state = run.domain_state()?;
@@ -314,7 +318,7 @@ pub fn observe_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Op
 /// libvirtd restart no guest gets a lease). Returns whether the machine had a
 /// reservation to write. Two calls: network XML, DHCP update.
 pub fn refresh_reservation(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<bool> {
-    MachineRun::new(hv, spec).refresh_reservation()
+    MachineRun::new(hv, spec)?.refresh_reservation()
 }
 
 /// Removes the domain (destroy, undefine with managed save, snapshot
@@ -329,7 +333,7 @@ pub fn refresh_reservation(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResul
 /// of the machine any more. A failed call (an unreachable host, an inactive
 /// pool) is an error: retry.
 pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec<LeftOnHost>> {
-    let run = MachineRun::new(hv, spec);
+    let run = MachineRun::new(hv, spec)?;
     let mut left = Vec::new();
     let (ours, foreign) = match run.domain_at_our_name()? {
         None => (None, None),
@@ -345,11 +349,14 @@ pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec
         run.remove_domain()?;
     }
     let reservation = if spec.is_static() { Ok(None) } else { run.remove_reservation(foreign.as_ref()) };
-    let results = [
-        run.remove_overlay(ours.as_ref(), foreign.as_ref()),
-        run.remove_seed(ours.as_ref(), foreign.as_ref()),
-        reservation,
-    ];
+    let overlay = run.remove_overlay(ours.as_ref(), foreign.as_ref());
+    // The seed records whose the root disk is: it goes only once the disk is
+    // gone (or known not to be ours), never before it.
+    let seed = match &overlay {
+        Err(e) if !matches!(e, HostError::Collision { .. }) => Ok(None),
+        _ => run.remove_seed(ours.as_ref(), foreign.as_ref()),
+    };
+    let results = [overlay, seed, reservation];
     let mut failure = None;
     for result in results {
         match result {
@@ -404,8 +411,8 @@ struct MachineRun<'a> {
 }
 
 impl<'a> MachineRun<'a> {
-    fn new(hv: &'a dyn Hypervisor, spec: &'a MachineSpec) -> Self {
-        Self {
+    fn new(hv: &'a dyn Hypervisor, spec: &'a MachineSpec) -> HostResult<Self> {
+        let mut run = Self {
             hv,
             spec,
             names: spec.names(),
@@ -415,7 +422,15 @@ impl<'a> MachineRun<'a> {
             seed_path: None,
             defined_now: false,
             mac: None,
+        };
+        if spec.name_scheme == NameScheme::Either {
+            // One lookup, only until the provider has recorded the domain name.
+            let legacy = MachineNames::in_scheme(NameScheme::Legacy, &spec.namespace, &spec.name, &spec.identity);
+            if run.domain_named(&legacy.domain)?.is_some_and(|info| run.not_ours(&info).is_none()) {
+                run.names = legacy;
+            }
         }
+        Ok(run)
     }
 
     fn report(
@@ -513,6 +528,7 @@ mod tests {
             namespace: "ns".into(),
             name: name.into(),
             identity: "6a1f0c2e-0000-4000-8000-000000000001".into(),
+            name_scheme: NameScheme::Current,
             cluster_name: "c".into(),
             vcpu: 1,
             memory_mib: 128,

@@ -3,12 +3,22 @@
 
 use crate::cloud_init::{
     VOLUME_LABEL, iso_volume_label, meta_data, network_config_for, nocloud_iso, nocloud_iso_with_network,
+    seed_instance_id,
 };
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
 use crate::volume_xml::{VolumeInfo, iso_volume_xml};
 
 use super::{LeftOnHost, MachineRun};
+
+/// Whose a seed volume is ([`MachineRun::seed_identity`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SeedIdentity {
+    /// Zeros: created, never written.
+    Empty,
+    /// A seed written for the machine with this identity.
+    Of(String),
+}
 
 /// The largest cloud-init ISO the provider creates (a Secret holds at most 1 MiB).
 pub const MAX_SEED_BYTES: u64 = 4 * 1024 * 1024;
@@ -57,8 +67,27 @@ impl MachineRun<'_> {
             .map_err(|e| self.pool_error("upload", ObjectKind::Volume, pool, &name, e))
     }
 
-    /// A seed volume is ours when it is small, raw, and either empty (zeros) or a `cidata` ISO.
+    /// A seed volume is ours when it is small, raw, and either empty (zeros:
+    /// a create stopped before its upload) or a `cidata` ISO whose
+    /// `instance-id` is this machine's identity.
     pub(super) fn check_seed_is_ours(&self, volume: &VolumeInfo) -> HostResult<()> {
+        match self.seed_identity(volume)? {
+            SeedIdentity::Empty => Ok(()),
+            SeedIdentity::Of(identity) if identity == self.spec.identity => Ok(()),
+            SeedIdentity::Of(identity) => Err(self.collision(
+                ObjectKind::Volume,
+                &format!("{}/{}", self.spec.domain_pool, volume.name),
+                format!(
+                    "it is the cloud-init seed of the machine with identity {identity}, not of this one ({})",
+                    self.spec.identity
+                ),
+            )),
+        }
+    }
+
+    /// Whose seed the volume is: checks that it is a seed at all (small, raw,
+    /// zeros or a `cidata` ISO with an `instance-id`).
+    pub(super) fn seed_identity(&self, volume: &VolumeInfo) -> HostResult<SeedIdentity> {
         let pool = &self.spec.domain_pool;
         let object = format!("{pool}/{}", volume.name);
         let format_ok = matches!(volume.format.as_deref(), None | Some("raw") | Some("iso"));
@@ -77,10 +106,19 @@ impl MachineRun<'_> {
             .hv
             .volume_download(pool, &volume.name)
             .map_err(|e| self.pool_error("download", ObjectKind::Volume, pool, &volume.name, e))?;
-        if content.iter().all(|b| *b == 0) || iso_volume_label(&content).as_deref() == Some(VOLUME_LABEL) {
-            return Ok(());
+        if content.iter().all(|b| *b == 0) {
+            return Ok(SeedIdentity::Empty);
         }
-        Err(self.collision(ObjectKind::Volume, &object, "its content is neither empty nor a cidata ISO".into()))
+        match seed_instance_id(&content) {
+            Some(identity) if iso_volume_label(&content).as_deref() == Some(VOLUME_LABEL) => {
+                Ok(SeedIdentity::Of(identity))
+            }
+            _ => Err(self.collision(
+                ObjectKind::Volume,
+                &object,
+                "its content is neither empty nor a cidata ISO with an instance-id".into(),
+            )),
+        }
     }
 
     pub(super) fn seed_path(&mut self) -> HostResult<String> {

@@ -74,6 +74,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         namespace: namespace.into(),
         name: name.into(),
         identity: uid_for(namespace, name),
+        name_scheme: capl_host::naming::NameScheme::Current,
         cluster_name: "host-tests".into(),
         vcpu: 1,
         memory_mib: 128,

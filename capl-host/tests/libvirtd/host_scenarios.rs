@@ -92,6 +92,10 @@ const SCENARIOS: &[Scenario] = &[
     both("recreated_machine_gets_fresh_objects", "reborn", |c| {
         scenarios::recreated_machine_gets_fresh_objects(c.hv, c.fx, &c.namespace)
     }),
+    both("another_identitys_disk_is_not_adopted", "clash", |c| {
+        scenarios::another_identitys_disk_is_not_adopted(c.hv, c.fx, &c.namespace)
+    }),
+    both("legacy_names_are_kept", "legacy", |c| scenarios::legacy_names_are_kept(c.hv, c.fx, &c.namespace)),
     both("unusable_network_fails_before_anything_is_made", "unnet", |c| {
         scenarios::unusable_network_fails_before_anything_is_made(c.hv, c.fx, &c.namespace)
     }),

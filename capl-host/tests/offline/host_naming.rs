@@ -2,8 +2,8 @@
 
 use capl_host::MachineNames;
 use capl_host::naming::{
-    MAC_CANDIDATES, domain_name, identity_from_provider_id, is_dns_label, mac_address, mac_candidates, name_hash,
-    provider_id,
+    HASH_LEN, LEGACY_HASH_LEN, MAC_CANDIDATES, NameScheme, domain_name, domain_name_in, identity_from_provider_id,
+    is_dns_label, mac_address, mac_candidates, name_hash, name_hash_in, provider_id,
 };
 use rstest::rstest;
 
@@ -21,9 +21,39 @@ fn domain_name_is_namespace_name_hash() {
 fn hash_is_stable_across_releases() {
     // Pinned (checked with `printf default/libvirt-xd-0/<UID> | sha256sum`):
     // changing the hash would orphan every existing domain.
-    assert_eq!(name_hash("default", "libvirt-xd-0", UID), "a722a4");
-    assert_eq!(domain_name("default", "libvirt-xd-0", UID), "default-libvirt-xd-0-a722a4");
+    assert_eq!(name_hash("default", "libvirt-xd-0", UID), "a722a489691e3f7d");
+    assert_eq!(domain_name("default", "libvirt-xd-0", UID), "default-libvirt-xd-0-a722a489691e3f7d");
+    // Machines named when the hash had 6 digits keep exactly those names.
+    assert_eq!(name_hash_in(NameScheme::Legacy, "default", "libvirt-xd-0", UID), "a722a4");
+    assert_eq!(domain_name_in(NameScheme::Legacy, "default", "libvirt-xd-0", UID), "default-libvirt-xd-0-a722a4");
     assert_eq!(mac_address("default-libvirt-xd-0-a00625"), "52:54:00:07:c6:a1");
+}
+
+#[test]
+fn the_hash_has_64_bits_so_a_chosen_identity_cannot_be_searched_for_a_collision() {
+    assert_eq!(HASH_LEN * 4, 64);
+    assert_eq!(name_hash("ns", "worker-0", UID).len(), HASH_LEN);
+    assert_eq!(
+        MachineNames::new("ns", "worker-0", UID).domain,
+        domain_name_in(NameScheme::Current, "ns", "worker-0", UID)
+    );
+    // An undecided scheme names like the current one until the host says otherwise.
+    assert_eq!(
+        MachineNames::in_scheme(NameScheme::Either, "ns", "worker-0", UID),
+        MachineNames::new("ns", "worker-0", UID)
+    );
+}
+
+#[test]
+fn a_recorded_domain_name_tells_its_scheme() {
+    let current = domain_name("ns", "worker-0", UID);
+    let legacy = domain_name_in(NameScheme::Legacy, "ns", "worker-0", UID);
+    assert_eq!(legacy.rsplit('-').next().unwrap().len(), LEGACY_HASH_LEN);
+    assert_eq!(NameScheme::of_domain(&current, "ns", "worker-0", UID), Some(NameScheme::Current));
+    assert_eq!(NameScheme::of_domain(&legacy, "ns", "worker-0", UID), Some(NameScheme::Legacy));
+    // Another identity's name, or another machine's, is neither.
+    assert_eq!(NameScheme::of_domain(&legacy, "ns", "worker-0", OTHER), None);
+    assert_eq!(NameScheme::of_domain(&current, "ns", "worker-1", UID), None);
 }
 
 #[test]

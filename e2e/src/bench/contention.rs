@@ -50,6 +50,7 @@ fn spec(i: usize) -> MachineSpec {
         namespace: format!("{NAME_PREFIX}contention"),
         name: format!("m-{i:03}"),
         identity: format!("00000000-0000-4000-8000-{i:012}"),
+        name_scheme: capl_host::naming::NameScheme::Current,
         cluster_name: "bench".into(),
         vcpu: 1,
         memory_mib: 256,

@@ -189,9 +189,14 @@ pub fn machines_on_host(machines: &Store<LibvirtMachine>, uri: &str) -> Vec<Obje
 
 /// The domain name of each LibvirtMachine, remembered per UID and identity
 /// (computing it hashes).
+/// What a machine's domain name follows besides its namespace and name:
+/// the provider ID (the identity) and the recorded domain name (the scheme).
+type NameInputs = (Option<String>, Option<String>);
+
 #[derive(Default)]
 struct DomainNames {
-    by_uid: HashMap<String, (Option<String>, String)>,
+    /// Per LibvirtMachine UID: what its domain name follows, and the name.
+    by_uid: HashMap<String, (NameInputs, String)>,
 }
 
 impl DomainNames {
@@ -209,13 +214,14 @@ impl DomainNames {
 
     fn domain_of(&mut self, machine: &LibvirtMachine) -> Option<&str> {
         let uid = machine.uid()?;
-        let provider_id = machine.spec.provider_id.clone();
-        let fresh = self.by_uid.get(&uid).is_some_and(|(p, _)| *p == provider_id);
+        // The name follows the provider ID and the recorded domain name (its scheme).
+        let key = (machine.spec.provider_id.clone(), machine.status.as_ref().and_then(|s| s.domain_name.clone()));
+        let fresh = self.by_uid.get(&uid).is_some_and(|(k, _)| *k == key);
         if !fresh {
             // A provider ID this provider did not set: nothing of ours exists under it.
             let identity = machine_identity(machine).ok()?;
-            let name = capl_host::naming::domain_name(&machine.namespace()?, &machine.name_any(), &identity);
-            self.by_uid.insert(uid.clone(), (provider_id, name));
+            let name = super::machine::machine_domain_name(machine, &identity);
+            self.by_uid.insert(uid.clone(), (key, name));
         }
         self.by_uid.get(&uid).map(|(_, name)| name.as_str())
     }

@@ -27,6 +27,7 @@ use crate::api::{
 use crate::image::{ImageRequest, ImageState};
 use capl_host::error::HostError;
 use capl_host::machine::{self as host_machine, AdditionalNic, MachineReport, MachineSpec, NicAttachment};
+use capl_host::naming::NameScheme;
 
 /// While the bootstrap Secret is missing, look again this often even without
 /// a watch event (Secrets of other types than CAPI's are not watched).
@@ -127,6 +128,26 @@ pub fn machine_identity(object: &LibvirtMachine) -> Result<String, String> {
     }
 }
 
+/// How long the hash in the machine's names is: the scheme of the domain name
+/// the status records; for a machine with a provider ID and no recorded
+/// domain name (as after `clusterctl move`), the host decides
+/// ([`NameScheme::Either`]); a new machine gets the current names.
+pub fn name_scheme(object: &LibvirtMachine, identity: &str) -> NameScheme {
+    let recorded = object.status.as_ref().and_then(|s| s.domain_name.as_deref());
+    let ns = object.namespace().unwrap_or_default();
+    match recorded {
+        Some(domain) => NameScheme::of_domain(domain, &ns, &object.name_any(), identity).unwrap_or_default(),
+        None if object.spec.provider_id.is_some() => NameScheme::Either,
+        None => NameScheme::Current,
+    }
+}
+
+/// The machine's domain name as far as the API objects tell (see [`name_scheme`]).
+pub fn machine_domain_name(object: &LibvirtMachine, identity: &str) -> String {
+    let ns = object.namespace().unwrap_or_default();
+    capl_host::naming::domain_name_in(name_scheme(object, identity), &ns, &object.name_any(), identity)
+}
+
 /// Where a machine lives: the host and the network and pools its objects are in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HostLocation {
@@ -211,6 +232,7 @@ fn host_spec(
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
         identity: identity.to_string(),
+        name_scheme: name_scheme(object, identity),
         cluster_name: cluster.map(|c| c.name_any()).unwrap_or_default(),
         vcpu: object.spec.vcpu.max(1) as u32,
         memory_mib: object.spec.memory_mib.max(1) as u64,
@@ -290,7 +312,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
     let recorded = HostLocation::recorded(object);
     let paused = paused_reason(object, g.cluster.as_ref());
     let (location, unplaced) = locate(object, ctx, &ns, &g, recorded.as_ref(), paused.is_none()).await?;
-    let mut snapshot = snapshot_of(object, ctx, &g, &ns, &host_identity, paused, &recorded, location.as_ref());
+    let mut snapshot = snapshot_of(object, ctx, &g, &host_identity, paused, &recorded, location.as_ref());
     if let Some(why) = unplaced {
         snapshot.host = Host::Failed { reason: why.reason, message: why.message, transient: why.transient };
     }
@@ -380,7 +402,6 @@ fn snapshot_of(
     object: &LibvirtMachine,
     ctx: &Context,
     g: &Gathered,
-    ns: &str,
     host_identity: &str,
     paused: Option<String>,
     recorded: &Option<HostLocation>,
@@ -413,7 +434,7 @@ fn snapshot_of(
         provisioned: object.spec.provider_id.is_some()
             || object.status.as_ref().and_then(|s| s.initialization.as_ref()).and_then(|i| i.provisioned) == Some(true),
         lease_refresh_due: !deleting && ctx.lease_waited(&uid) >= LEASE_REFRESH_AFTER,
-        domain: capl_host::naming::domain_name(ns, &object.name_any(), host_identity),
+        domain: machine_domain_name(object, host_identity),
         host_uri: location.map(|l| l.uri.clone()).unwrap_or_default(),
     }
 }
@@ -938,4 +959,40 @@ async fn report_status(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const UID: &str = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";
+
+    fn machine(provider_id: Option<&str>, domain_name: Option<&str>) -> LibvirtMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "LibvirtMachine",
+            "metadata": { "name": "worker-0", "namespace": "ns", "uid": UID },
+            "spec": { "vcpu": 1, "memoryMiB": 512, "diskGiB": 10, "image": "base.qcow2", "providerID": provider_id },
+            "status": { "domainName": domain_name },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_name_scheme_follows_the_recorded_domain_name() {
+        use capl_host::naming::domain_name_in;
+        let provider_id = format!("libvirt://{UID}");
+        let legacy = domain_name_in(NameScheme::Legacy, "ns", "worker-0", UID);
+        let current = domain_name_in(NameScheme::Current, "ns", "worker-0", UID);
+        // A new machine: the current names.
+        assert_eq!(name_scheme(&machine(None, None), UID), NameScheme::Current);
+        // A machine created with 6-digit names keeps them.
+        let old = machine(Some(&provider_id), Some(&legacy));
+        assert_eq!(name_scheme(&old, UID), NameScheme::Legacy);
+        assert_eq!(machine_domain_name(&old, UID), legacy);
+        assert_eq!(name_scheme(&machine(Some(&provider_id), Some(&current)), UID), NameScheme::Current);
+        // Moved (a provider ID, no status yet): the host decides.
+        assert_eq!(name_scheme(&machine(Some(&provider_id), None), UID), NameScheme::Either);
+    }
 }

@@ -796,3 +796,89 @@ pub fn additional_nics(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, bridge
     hv.network_stop(&side).unwrap();
     hv.network_undefine(&side).unwrap();
 }
+
+/// A root disk and seed at this machine's names that another identity made
+/// (what a collision of names would leave after that machine's domain was
+/// lost): the create refuses to use the disk, naming both identities, and a
+/// delete leaves both volumes, byte for byte.
+pub fn another_identitys_disk_is_not_adopted(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::cloud_init::{meta_data, nocloud_iso};
+    use capl_host::volume_xml::iso_volume_xml;
+
+    let spec = fresh_spec(hv, fx, namespace, "clash-0");
+    let names = spec.names();
+    let other = uid_for(namespace, "clash-0-other");
+    // The other machine's root disk: the overlay our first step makes.
+    run_create_steps(hv, &spec, &user_data(&spec), &[CreateStep::RootDisk]).unwrap();
+    // Its seed, written for its identity, the size ours would have.
+    let seed = nocloud_iso(&user_data(&spec), meta_data(&other, &spec.name).as_bytes());
+    hv.volume_create(&fx.domain_pool, &iso_volume_xml(&names.cloud_init_volume(), seed.len() as u64)).unwrap();
+    hv.volume_upload(&fx.domain_pool, &names.cloud_init_volume(), &seed).unwrap();
+    let disk_before = hv.volume_xml(&fx.domain_pool, &names.overlay_volume()).unwrap();
+
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must not adopt the other's disk");
+    assert!(
+        matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&names.overlay_volume())),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(message.contains(&other) && message.contains(&spec.identity), "the error names both identities: {message}");
+    assert_eq!(err.kind(), FailureKind::ObjectCollision);
+    assert!(!hv.domain_list().unwrap().contains(&names.domain), "no domain was defined on the other's disk");
+
+    let left = delete_machine(hv, &spec).expect("delete leaves the other's volumes and finishes");
+    let kept: HashSet<String> = left.iter().map(|l| l.object.clone()).collect();
+    let expected: HashSet<String> =
+        [names.overlay_volume(), names.cloud_init_volume()].iter().map(|v| format!("{}/{v}", fx.domain_pool)).collect();
+    assert_eq!(kept, expected, "{left:?}");
+    assert!(left.iter().all(|l| l.why.contains(&other)), "{left:?}");
+    assert_eq!(
+        without_timestamps(&hv.volume_xml(&fx.domain_pool, &names.overlay_volume()).unwrap()),
+        without_timestamps(&disk_before)
+    );
+    assert_eq!(hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap(), seed);
+
+    hv.volume_delete(&fx.domain_pool, &names.overlay_volume()).unwrap();
+    hv.volume_delete(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// A machine created when names carried 6 hash digits keeps them: with its
+/// recorded domain name (the legacy scheme) or with none ([`NameScheme::Either`],
+/// as after `clusterctl move`) it is found, not created again, and deleted;
+/// a new machine whose scheme is undecided gets the current, 16-digit names.
+pub fn legacy_names_are_kept(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::naming::{HASH_LEN, LEGACY_HASH_LEN, NameScheme};
+
+    let mut legacy = fresh_spec(hv, fx, namespace, "legacy-0");
+    legacy.name_scheme = NameScheme::Legacy;
+    let _ = delete_machine(hv, &legacy);
+    let report = create_machine(hv, &legacy, &user_data(&legacy)).unwrap();
+    let names = legacy.names();
+    assert_eq!(report.domain, names.domain);
+    let hash = names.domain.rsplit('-').next().unwrap();
+    assert_eq!(hash.len(), LEGACY_HASH_LEN, "{}", names.domain);
+
+    let mut current = legacy.clone();
+    current.name_scheme = NameScheme::Current;
+    assert_eq!(observe_machine(hv, &current).unwrap(), None, "the current names find nothing");
+
+    let mut either = legacy.clone();
+    either.name_scheme = NameScheme::Either;
+    let found = observe_machine(hv, &either).unwrap().expect("the undecided scheme finds the 6-digit domain");
+    assert_eq!(found.domain, names.domain);
+    let again = create_machine(hv, &either, &user_data(&either)).unwrap();
+    assert!(!again.created && again.domain == names.domain, "{again:?}");
+    assert_created_once(hv, fx, &legacy);
+    delete_machine(hv, &either).unwrap();
+    assert_eq!(leftovers(hv, fx, &[legacy.clone(), current]), Vec::<String>::new());
+
+    // Nothing under the 6-digit names: an undecided machine is a current one.
+    let mut fresh = fresh_spec(hv, fx, namespace, "legacy-1");
+    fresh.name_scheme = NameScheme::Either;
+    let made = create_machine(hv, &fresh, &user_data(&fresh)).unwrap();
+    assert!(made.created);
+    assert_eq!(made.domain.rsplit('-').next().unwrap().len(), HASH_LEN, "{}", made.domain);
+    delete_machine(hv, &fresh).unwrap();
+    assert_eq!(leftovers(hv, fx, &[fresh]), Vec::<String>::new());
+}
