@@ -146,6 +146,20 @@ pub(crate) async fn pause(stack: &mut Stack) -> Result<String> {
     let (cluster, name) = ("c3", "c3-m0");
     create_cluster(stack, &ns, cluster).await?;
     let client = stack.client();
+    // Everything a create needs is in place before the pause: CAPI does not
+    // mark a paused Cluster's infrastructure provisioned.
+    until(
+        &format!("Cluster {ns}/{cluster} to have its infrastructure provisioned"),
+        Duration::from_secs(120),
+        || async {
+            let c = objects::get(&client, &ns, Kind::Cluster, cluster).await?.context("the Cluster is gone")?;
+            Ok(match c.data["status"]["initialization"]["infrastructureProvisioned"] == true {
+                true => Check::Done(()),
+                false => Check::Pending(format!("status {}", c.data["status"])),
+            })
+        },
+    )
+    .await?;
     objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": true}})).await?;
     say(id, "Cluster paused; creating a Machine and a LibvirtMachine owned by it");
     // The owner reference is set here, as CAPI would: CAPI itself does not
@@ -166,26 +180,61 @@ pub(crate) async fn pause(stack: &mut Stack) -> Result<String> {
         objects::libvirt_machine(&ns, name, cluster, &stack.placement.image, Some((name, &uid))),
     )
     .await?;
-    until(&format!("LibvirtMachine {ns}/{name} to report Paused=True"), Duration::from_secs(120), || async {
-        let lm = objects::get(&client, &ns, Kind::LibvirtMachine, name).await?.context("the LibvirtMachine is gone")?;
-        Ok(match objects::condition(&lm, "Paused") {
-            Some(("True", _)) => Check::Done(()),
-            _ => Check::Pending(describe(&lm)),
-        })
-    })
+    let by_cluster = "has spec.paused set";
+    let by_annotation = "annotation";
+    wait_paused_by(&client, &ns, name, by_cluster).await?;
+    // Two reconciles the test can see, each after everything a create needs
+    // was there: the pause moves from the Cluster to the machine's annotation
+    // and back, and the Paused message follows. A provider that ignored the
+    // pause would create in the first; reconciles of one object never overlap,
+    // so by the second message such a create would have finished.
+    objects::merge_patch(
+        &client,
+        &ns,
+        Kind::LibvirtMachine,
+        name,
+        json!({"metadata": {"annotations": {PAUSED_ANNOTATION: ""}}}),
+    )
     .await?;
-    // Give a provider that ignored the pause time to act on the machine.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": false}})).await?;
+    wait_paused_by(&client, &ns, name, by_annotation).await?;
+    objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": true}})).await?;
+    wait_paused_by(&client, &ns, name, by_cluster).await?;
     let found = host_objects(stack, &ns)?;
     ensure!(found == HostObjects::default(), "a paused cluster's machine was created on the host: {found:?}");
     let lm = objects::get(&client, &ns, Kind::LibvirtMachine, name).await?.context("the LibvirtMachine is gone")?;
     ensure!(lm.data["spec"]["providerID"].is_null(), "a paused machine got a providerID: {}", describe(&lm));
-    say(id, "nothing on the host after 20 s paused; unpausing");
+    say(id, "nothing on the host after two paused reconciles with everything in place; unpausing");
+    objects::merge_patch(
+        &client,
+        &ns,
+        Kind::LibvirtMachine,
+        name,
+        json!({"metadata": {"annotations": {PAUSED_ANNOTATION: null}}}),
+    )
+    .await?;
     objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": false}})).await?;
     let run = wait_running(stack, &ns, name).await?;
     check_on_host(stack, &run).await?;
     clean_up(stack, &ns).await?;
     Ok(format!("created only after unpause: {} at {}", run.domain, run.ip))
+}
+
+/// The annotation that pauses one object (CAPI's).
+const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// Waits until LibvirtMachine `name` reports Paused=True with a message containing `why`.
+async fn wait_paused_by(client: &kube::Client, ns: &str, name: &str, why: &str) -> Result<()> {
+    until(&format!("LibvirtMachine {ns}/{name} to report Paused=True ({why})"), Duration::from_secs(120), || async {
+        let lm = objects::get(client, ns, Kind::LibvirtMachine, name).await?.context("the LibvirtMachine is gone")?;
+        let paused = objects::condition_entry(&lm, "Paused");
+        let message = paused.and_then(|c| c["message"].as_str()).unwrap_or("");
+        Ok(match paused.and_then(|c| c["status"].as_str()) {
+            Some("True") if message.contains(why) => Check::Done(()),
+            _ => Check::Pending(describe(&lm)),
+        })
+    })
+    .await
 }
 
 pub(crate) async fn restart(stack: &mut Stack) -> Result<String> {
