@@ -90,9 +90,13 @@ impl Background {
         Ok(Self { name, child: Some(child), log, started: Instant::now() })
     }
 
-    /// Waits for the job to end; its failure is an error quoting the end of its log.
+    /// Waits for the job to end, printing one line with how long it ran and how
+    /// long it was waited for; its failure is an error quoting the end of its log.
     pub fn join(mut self) -> Result<()> {
         let mut child = self.child.take().expect("a job is joined once");
+        if matches!(child.try_wait(), Ok(None)) {
+            eprintln!("==> {}: waiting for the background job", self.name);
+        }
         let waited = Instant::now();
         let status = child.wait().with_context(|| format!("waiting for the background job {}", self.name))?;
         let total = self.started.elapsed().as_secs_f64();
@@ -101,6 +105,7 @@ impl Background {
             eprintln!("==> {}: done in the background in {total:.1} s (waited {waited:.1} s for it)", self.name);
             return Ok(());
         }
+        eprintln!("==> {}: FAILED in the background after {total:.1} s", self.name);
         let text = fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
