@@ -185,6 +185,15 @@ impl UriPolicy {
         Self { allow_unsafe: true, ..Self::default() }
     }
 
+    /// Whether a manager started without flags refuses `uri`. The default
+    /// policy grants no credentials directory, so the namespace a
+    /// LibvirtCluster is in does not change its answer: this is the answer for
+    /// all of them (tools that start a manager ask it to know whether they
+    /// must pass `--allow-unsafe-uris`).
+    pub fn refused_by_default(uri: &str) -> bool {
+        UriPolicy::default().check(uri, "default").is_err()
+    }
+
     /// `Ok` when the manager may open `uri` for a LibvirtCluster in
     /// `namespace`; otherwise what is refused and what to do instead, as one
     /// sentence for a condition.
@@ -316,6 +325,13 @@ mod tests {
     #[case("QEMU+TLS://kvm1.lab/system?PkiPath=/etc/capl/pki/kvm1")]
     fn safe_uris_pass(#[case] uri: &str) {
         assert_eq!(granted("/etc/capl=lab").check(uri, "lab"), Ok(()));
+    }
+
+    #[test]
+    fn a_manager_without_flags_refuses_a_socket_and_takes_a_plain_remote_uri() {
+        assert!(UriPolicy::refused_by_default("qemu+unix:///system?socket=/run/capl-libvirt/run/libvirt-sock"));
+        assert!(UriPolicy::refused_by_default("qemu+tls://kvm1.lab/system?pkipath=/etc/capl/pki/kvm1"));
+        assert!(!UriPolicy::refused_by_default("qemu+tls://kvm1.lab/system"));
     }
 
     /// The default policy with one credentials directory, as `--credentials-dir` reads it.

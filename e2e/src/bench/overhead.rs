@@ -46,7 +46,7 @@ pub async fn run(args: &Args) -> Result<bool> {
     host.virsh(&["version"]).context("the private libvirtd does not answer: run `cargo xtask host up`")?;
     let image = crate::harness::stack::upload_base_image(&host, &args.guest_image, "guest", "cargo xtask guest-image")?;
     let mut provider_args = vec!["--domain-type=qemu".to_string()];
-    if capl_host::uri_policy::UriPolicy::default().check(&args.uri, "").is_err() {
+    if capl_host::uri_policy::UriPolicy::refused_by_default(&args.uri) {
         provider_args.push("--allow-unsafe-uris".into());
     }
     let stack = BenchStack::start(&args.provider_binary, provider_args).await?;

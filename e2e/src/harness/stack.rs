@@ -255,7 +255,7 @@ impl Stack {
                         args.push("--domain-type=qemu".to_string());
                         // The private libvirtd is reached through socket=, which a manager
                         // refuses by default: this stack's user owns both sides.
-                        if capl_host::uri_policy::UriPolicy::default().check(&placement.uri, "").is_err() {
+                        if capl_host::uri_policy::UriPolicy::refused_by_default(&placement.uri) {
                             args.push("--allow-unsafe-uris".to_string());
                         }
                         if let Some(dir) = &console_log_dir {
