@@ -297,6 +297,18 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_machine_named_with_six_digits_gets_the_events_of_its_recorded_domain() {
+        use capl_host::naming::{NameScheme, domain_name_in};
+        let uuid = "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10";
+        let legacy = domain_name_in(NameScheme::Legacy, "ns", "old", uuid);
+        let mut old = machine("old", "uid-old", Some(&format!("libvirt://{uuid}")), "qemu:///h1");
+        old.status.as_mut().unwrap().domain_name = Some(legacy.clone());
+        let current = domain_name_in(NameScheme::Current, "ns", "old", uuid);
+        let events = vec![event("qemu:///h1", &current), event("qemu:///h1", &legacy)];
+        assert_eq!(reconciles_for(events, &[old], false).await, ["old"]);
+    }
+
+    #[tokio::test]
     async fn a_reconnect_reconciles_the_machines_of_that_host_and_an_overflow_all() {
         let machines = [
             machine("a", "uid-a", None, "qemu+tls://h1/system"),
