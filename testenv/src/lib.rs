@@ -74,7 +74,7 @@ pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 pub use capl_testbed::certificates::Pki;
 /// The pinned versions and the private libvirtd's contract, shared with xtask.
 pub use capl_testbed::{control_plane_versions, test_host};
-use free_port::free_loopback_ports;
+pub use free_port::free_loopback_ports;
 pub use scratch_dir::ScratchDir;
 use supervised_process::SupervisedProcess;
 

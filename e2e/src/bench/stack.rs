@@ -126,8 +126,8 @@ impl BenchStack {
 }
 
 fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    let [port] = testenv::free_loopback_ports()?;
+    Ok(port)
 }
 
 pub async fn http_get(port: u16, path: &str) -> Result<String> {

@@ -49,9 +49,8 @@ impl ProviderProcess {
     }
 
     async fn spawn(&mut self) -> Result<()> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-        self.health_port = listener.local_addr()?.port();
-        drop(listener);
+        let [health_port] = testenv::free_loopback_ports().context("finding a free port")?;
+        self.health_port = health_port;
         let log = OpenOptions::new()
             .create(true)
             .append(true)

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,8 @@ use capl_testbed::wait::{self, Bound};
 use crate::clusterctl_template;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    let [port] = testenv::free_loopback_ports().unwrap();
+    port
 }
 
 /// Status code and body of `GET http://127.0.0.1:<port><path>`, or None if nothing listens.

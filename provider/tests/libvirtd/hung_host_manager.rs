@@ -191,7 +191,7 @@ async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
     let w = World::new("hung-manager").await;
     let listener = Listener::start(socket.into()).await;
     let hung_uri = listener.uri();
-    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let [health] = testenv::free_loopback_ports().unwrap();
     let log = w.env.scratch_dir().join(format!("manager-{}.log", w.ns));
     let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_cluster-api-provider-libvirt"))

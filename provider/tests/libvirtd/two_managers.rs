@@ -38,7 +38,7 @@ const REFUSED: &str = "DHCP reservation refused; choosing again";
 /// The manager binary for namespace `w.ns`, without leader election, logging
 /// the refused reservations.
 fn start_manager(w: &World) -> ManagerProcess {
-    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let [health] = testenv::free_loopback_ports().unwrap();
     let log = w.env.scratch_dir().join(format!("manager-{}.log", w.ns));
     let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_cluster-api-provider-libvirt"))
