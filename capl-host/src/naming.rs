@@ -67,9 +67,9 @@
 //!
 //! Long names: the DNS label limit is 63 characters, so `<namespace>-<name>`
 //! is cut to 46 characters (63 minus `-` and 16 hash digits; 56 under the
-//! 6-digit scheme) and trailing
-//! dashes are dropped. Characters a DNS label cannot hold (`.` of a DNS
-//! subdomain name, upper case) become `-` or lower case.
+//! 6-digit scheme) and trailing dashes are dropped. Characters a DNS label
+//! cannot hold (`.` of a DNS subdomain name, upper case) become `-` or lower
+//! case.
 
 use sha2::{Digest, Sha256};
 
@@ -111,6 +111,7 @@ impl NameScheme {
             .find(|scheme| domain_name_in(*scheme, namespace, name, identity) == domain)
     }
 }
+
 /// The locally administered prefix QEMU/KVM uses, also used by libvirt.
 pub const MAC_PREFIX: [u8; 3] = [0x52, 0x54, 0x00];
 /// How many MACs a machine may choose from ([`mac_candidates`]). The chance

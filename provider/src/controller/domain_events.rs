@@ -187,12 +187,12 @@ pub fn machines_on_host(machines: &Store<LibvirtMachine>, uri: &str) -> Vec<Obje
         .collect()
 }
 
-/// The domain name of each LibvirtMachine, remembered per UID and identity
-/// (computing it hashes).
 /// What a machine's domain name follows besides its namespace and name:
 /// the provider ID (the identity) and the recorded domain name (the scheme).
 type NameInputs = (Option<String>, Option<String>);
 
+/// The domain name of each LibvirtMachine, remembered per UID, identity and
+/// recorded domain name (computing it hashes).
 #[derive(Default)]
 struct DomainNames {
     /// Per LibvirtMachine UID: what its domain name follows, and the name.
