@@ -193,7 +193,7 @@ pub(crate) async fn pause(stack: &mut Stack) -> Result<String> {
         &ns,
         Kind::LibvirtMachine,
         name,
-        json!({"metadata": {"annotations": {PAUSED_ANNOTATION: ""}}}),
+        json!({"metadata": {"annotations": {capl_api::capi::PAUSED_ANNOTATION: ""}}}),
     )
     .await?;
     objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": false}})).await?;
@@ -210,7 +210,7 @@ pub(crate) async fn pause(stack: &mut Stack) -> Result<String> {
         &ns,
         Kind::LibvirtMachine,
         name,
-        json!({"metadata": {"annotations": {PAUSED_ANNOTATION: null}}}),
+        json!({"metadata": {"annotations": {capl_api::capi::PAUSED_ANNOTATION: null}}}),
     )
     .await?;
     objects::merge_patch(&client, &ns, Kind::Cluster, cluster, json!({"spec": {"paused": false}})).await?;
@@ -219,9 +219,6 @@ pub(crate) async fn pause(stack: &mut Stack) -> Result<String> {
     clean_up(stack, &ns).await?;
     Ok(format!("created only after unpause: {} at {}", run.domain, run.ip))
 }
-
-/// The annotation that pauses one object (CAPI's).
-const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 
 /// Waits until LibvirtMachine `name` reports Paused=True with a message containing `why`.
 async fn wait_paused_by(client: &kube::Client, ns: &str, name: &str, why: &str) -> Result<()> {
