@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 /// The lowest port handed out: above the ports daemons are usually
 /// configured on (libvirtd's 16509 and 16514, the private libvirtd's TLS port).
@@ -64,7 +64,6 @@ pub fn free_loopback_ports<const N: usize>() -> Result<[u16; N]> {
 /// The first port of the kernel's ephemeral range.
 fn ephemeral_start() -> u16 {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .context("reading net.ipv4.ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse().ok())
         .unwrap_or(DEFAULT_EPHEMERAL_START)
