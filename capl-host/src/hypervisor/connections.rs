@@ -44,6 +44,15 @@
 //!   while every slot of a host is held by a call already given up on, its
 //!   callers fail at once, saying so, instead of waiting for a slot (a
 //!   reconcile worker is not held for a host that cannot answer).
+//! - **A host that stopped answering**: once a call on a host has been given
+//!   up on, the host counts as unanswered until a call on it returns. Meanwhile
+//!   one call at a time goes to it (a probe); every other call fails at once
+//!   with `no answer`, saying that one call at a time tries the host, and the
+//!   callers already waiting for one of its call slots are woken to fail the
+//!   same way. So a host whose calls hang holds at most one reconcile worker
+//!   (its probe) after its first timeout, however many machines it has,
+//!   instead of one per call slot and every caller queued behind them. The
+//!   first call that returns, with a result or an error from the host, ends it.
 //! - **Threads, over all hosts**: URIs are user input, so the number of hosts,
 //!   and of threads they can hold, is not bounded by the per-host limits
 //!   alone. Connects in flight are bounded over all hosts
@@ -93,7 +102,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 use super::events::{EventFanOut, HostEvent, HostEventSink, Subscription};
 use super::{Connector, ErrorKind, Hypervisor, HypervisorError, Result};
@@ -291,6 +300,7 @@ impl Connections {
                         state: Mutex::new(SlotState::default()),
                         permits: Arc::new(Semaphore::new(self.max_calls_per_host)),
                         abandoned: AtomicUsize::new(0),
+                        found_unanswered: Notify::new(),
                     })
                 })
                 .clone()
@@ -344,6 +354,11 @@ struct SlotState {
     /// Connects that failed in a row, and when the last one ended.
     failed_connects: u32,
     last_failure: Option<Instant>,
+    /// Set when a call was given up on, cleared when a call returns: while
+    /// set, only the probe's call goes to the host.
+    unanswered: bool,
+    /// Whether the probe of an unanswered host is in flight.
+    probing: bool,
 }
 
 /// A connect running on the blocking pool; every caller that needs the
@@ -361,6 +376,9 @@ struct HostSlot {
     permits: Arc<Semaphore>,
     /// Calls given up on (past the call timeout) whose thread has not returned.
     abandoned: AtomicUsize,
+    /// Wakes the callers waiting for a call slot when the host is found
+    /// unanswered, so that they fail at once too.
+    found_unanswered: Notify,
 }
 
 /// A number of threads that may be held at once, as a semaphore whose
@@ -412,6 +430,28 @@ impl HostSlot {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A call on this host was given up on: from now on one call at a time
+    /// goes to it until one returns.
+    fn mark_unanswered(&self) {
+        {
+            let mut state = self.state();
+            if !state.unanswered {
+                tracing::warn!(uri = %self.uri, "libvirt host stopped answering; one call at a time tries it until it answers");
+                state.unanswered = true;
+            }
+        }
+        self.found_unanswered.notify_waiters();
+    }
+
+    /// A call on this host returned: calls go to it as usual again.
+    fn mark_answered(&self) {
+        let mut state = self.state();
+        if state.unanswered {
+            tracing::info!(uri = %self.uri, "libvirt host answers again");
+            state.unanswered = false;
+        }
+    }
+
     /// Forgets `used` if it is still the cached connection.
     fn evict(&self, used: &Arc<dyn Hypervisor>, why: &str) {
         let mut state = self.state();
@@ -420,6 +460,16 @@ impl HostSlot {
             state.conn = None;
             state.subscription = None;
         }
+    }
+}
+
+/// Ends a probe when dropped, however its call ended, so that the next call
+/// becomes the probe.
+struct ProbeDone(Arc<HostSlot>);
+
+impl Drop for ProbeDone {
+    fn drop(&mut self) {
+        self.0.state().probing = false;
     }
 }
 
@@ -464,6 +514,9 @@ impl HostHandle {
     {
         let uri = self.slot.uri.as_str();
         let call_timeout = self.cache.call_timeout;
+        // Held until the call ends: the one call that tries an unanswered host.
+        let probe_done = self.admit()?;
+        let probe = probe_done.is_some();
         let mut f = f;
         // A connection found dead is replaced once; a fresh one that is dead
         // at once is reported.
@@ -473,7 +526,20 @@ impl HostHandle {
             if self.slot.abandoned.load(Ordering::SeqCst) >= max {
                 return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
             }
-            let permit = match tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned()).await {
+            // Registered before the host's state is read, so that a host found
+            // unanswered while this call waits for a slot wakes it.
+            let found_unanswered = self.slot.found_unanswered.notified();
+            tokio::pin!(found_unanswered);
+            found_unanswered.as_mut().enable();
+            if !probe && self.slot.state().unanswered {
+                return Err(E::no_answer(uri, call_timeout, UNANSWERED));
+            }
+            let acquire = tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned());
+            let acquired = tokio::select! {
+                acquired = acquire => acquired,
+                () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
+            };
+            let permit = match acquired {
                 Ok(Ok(permit)) => permit,
                 Ok(Err(_)) => {
                     return Err(E::unavailable(
@@ -514,10 +580,9 @@ impl HostHandle {
             }
             match outcome {
                 Ok(Ok(Ran::Done(out))) => {
-                    if let Err(e) = &out
-                        && e.connection_lost()
-                    {
-                        self.slot.evict(&conn, "lost");
+                    match &out {
+                        Err(e) if e.connection_lost() => self.slot.evict(&conn, "lost"),
+                        _ => self.slot.mark_answered(),
                     }
                     return out;
                 }
@@ -537,6 +602,7 @@ impl HostHandle {
                 }
                 Err(_) => {
                     self.slot.evict(&conn, &format!("gave no answer within {}", seconds(call_timeout)));
+                    self.slot.mark_unanswered();
                     return Err(E::no_answer(uri, call_timeout, ""));
                 }
             }
@@ -549,6 +615,21 @@ impl HostHandle {
                 format!("the connection to {uri} closed right after it was opened"),
             ),
         ))
+    }
+
+    /// Whether a call may go to the host now: always while it answers
+    /// (`None`); while it does not, only as the one probe in flight (whose
+    /// end the returned guard marks), and every other caller is told at once.
+    fn admit<E: CallError>(&self) -> Result<Option<ProbeDone>, E> {
+        let mut state = self.slot.state();
+        if !state.unanswered {
+            return Ok(None);
+        }
+        if state.probing {
+            return Err(E::no_answer(&self.slot.uri, self.cache.call_timeout, UNANSWERED));
+        }
+        state.probing = true;
+        Ok(Some(ProbeDone(self.slot.clone())))
     }
 
     /// The host's connection for a stream that lasts as long as its source
@@ -741,6 +822,11 @@ impl HostHandle {
     }
 }
 
+/// The note of a "no answer" for a call not sent because the host stopped
+/// answering (a call on it was given up on and none has returned since).
+const UNANSWERED: &str =
+    " (a call to this host went unanswered and none has returned since; one call at a time tries it until it answers)";
+
 /// The note of a "no answer" when every call slot of a host is taken.
 fn all_slots_stuck(max: usize) -> String {
     format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)")
@@ -926,8 +1012,15 @@ mod tests {
         let started = Instant::now();
         let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
         let took = started.elapsed();
-        assert!(took >= TIMEOUT && took < BOUND, "waited {took:?} for a slot");
-        assert_eq!(e.message, format!("no answer from sim:///capl-hung-slots within 0.4 s{slots_full}"));
+        assert!(took < BOUND, "waited {took:?} for a slot");
+        // Told when its own wait for a slot ends, or, when the stuck calls are
+        // given up on first, at that moment that the host stopped answering.
+        assert!(
+            [slots_full, UNANSWERED]
+                .map(|note| format!("no answer from sim:///capl-hung-slots within 0.4 s{note}"))
+                .contains(&e.message),
+            "{e}"
+        );
         for call in stuck {
             call.await.unwrap().unwrap_err();
         }
@@ -949,6 +1042,86 @@ mod tests {
         }
         capabilities(&handle).await.unwrap();
         host.unregister();
+    }
+
+    /// Once a call on a host is given up on, one call at a time goes to the
+    /// host until one returns: callers waiting for a call slot are woken and
+    /// told, of callers at once only one reaches the host and the others are
+    /// told at once; the first call that returns opens the host to all again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_that_stopped_answering_is_tried_by_one_call_at_a_time() {
+        /// Long enough that the callers started together are all admitted
+        /// before the first of them can time out.
+        const CALL: Duration = Duration::from_secs(2);
+        let unanswered = format!("no answer from sim:///capl-unanswered within 2 s{UNANSWERED}");
+        let no_answer = "no answer from sim:///capl-unanswered within 2 s".to_string();
+        // What the caller was told, up to the fix the message goes on with.
+        let spawn = |handle: &HostHandle| {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                capabilities(&handle)
+                    .await
+                    .map_err(|e| e.to_string().split(": libvirtd there").next().unwrap().to_string())
+            })
+        };
+
+        // One call slot: a caller waiting for it is woken when the call in it is given up on.
+        let uri = "sim:///capl-unanswered";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 1).with_timeouts(CALL, CALL));
+        let handle = cache.host(uri);
+        host.faults().hang(Op::GetCapabilities, None);
+        // A failed assertion must not leave threads hung, which the runtime waits for.
+        let _release = ReleaseOnDrop(&host, Op::GetCapabilities);
+        let first = spawn(&handle);
+        while handle.calls_in_flight() < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Half a call timeout later, so that this caller's own wait for the
+        // slot would end a second after the first call is given up on.
+        tokio::time::sleep(CALL / 2).await;
+        let waiting = spawn(&handle);
+        assert_eq!(first.await.unwrap().unwrap_err(), no_answer);
+        let e = waiting.await.unwrap().unwrap_err();
+        assert_eq!(e, unanswered, "the waiting caller was not told when the host was found unanswered");
+        drop(_release);
+        host.unregister();
+
+        // Four call slots: of three callers, one reaches the host.
+        let host = Host::builder(uri).build().unwrap();
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 4).with_timeouts(CALL, CALL));
+        let handle = cache.host(uri);
+        host.faults().hang(Op::GetCapabilities, None);
+        let _release = ReleaseOnDrop(&host, Op::GetCapabilities);
+        assert_eq!(spawn(&handle).await.unwrap().unwrap_err(), no_answer);
+        assert_eq!(host.counters().calls(Op::GetCapabilities), 1);
+        let callers: Vec<_> = (0..3).map(|_| spawn(&handle)).collect();
+        let mut told = Vec::new();
+        for caller in callers {
+            told.push(caller.await.unwrap().unwrap_err());
+        }
+        told.sort();
+        assert_eq!(told, [no_answer.clone(), unanswered.clone(), unanswered.clone()]);
+        assert_eq!(host.counters().calls(Op::GetCapabilities), 2, "only the probe reached the host");
+
+        // The host answers: the next call returns and the host is open to all again.
+        host.faults().release(Op::GetCapabilities);
+        capabilities(&handle).await.unwrap();
+        let callers: Vec<_> = (0..3).map(|_| spawn(&handle)).collect();
+        for caller in callers {
+            caller.await.unwrap().unwrap();
+        }
+        assert_eq!(host.counters().calls(Op::GetCapabilities), 6);
+        host.unregister();
+    }
+
+    /// Releases a hung operation when dropped (also when a test panics).
+    struct ReleaseOnDrop<'a>(&'a Host, Op);
+
+    impl Drop for ReleaseOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.faults().release(self.1);
+        }
     }
 
     /// Hosts that accept and never answer a connect hold at most the
