@@ -9,6 +9,12 @@
 //! "no answer from <uri> within 3 s". Then the listener is replaced by a
 //! forwarder to the private libvirtd's socket (as when a hung libvirtd is
 //! restarted: the connections it held are closed) and that machine converges.
+//!
+//! A second test freezes a forwarder to the private libvirtd while the
+//! manager, with one runtime worker and leader election, holds a connection
+//! through it: dropping that connection (its close and its domain event
+//! deregistration wait on the host) must stall neither /healthz nor the
+//! Lease's renewal.
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -168,29 +174,9 @@ async fn wait_machine(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
-    let _daemon = crate::share_real_daemon().await;
-    let healthy_uri = test_host::uri_or_panic();
-    let socket = healthy_uri
-        .split("socket=")
-        .nth(1)
-        .and_then(|s| s.split('&').next())
-        .unwrap_or_else(|| panic!("{healthy_uri} has no socket= parameter (the URI of `cargo xtask host up` has)"))
-        .to_string();
-    let fx = Fixture {
-        network: test_host::NETWORK.into(),
-        base_pool: test_host::BASE_POOL.into(),
-        domain_pool: test_host::DISK_POOL.into(),
-        image: IMAGE.into(),
-        image_bytes: IMAGE_BYTES,
-    };
-    let hv = LibvirtHypervisor::connect(&healthy_uri).unwrap_or_else(|e| panic!("{e}"));
-    ensure_base_image(&hv, &fx);
-
-    let w = World::new("hung-manager").await;
-    let listener = Listener::start(socket.into()).await;
-    let hung_uri = listener.uri();
+/// The manager binary for `w`'s namespace with 3 s libvirt timeouts and
+/// `extra` flags; returns it and its health port.
+fn start_manager(w: &World, extra: &[&str]) -> (ManagerProcess, u16) {
     let [health] = testenv::free_loopback_ports().unwrap();
     let log = w.env.scratch_dir().join(format!("manager-{}.log", w.ns));
     let out = std::fs::File::create(&log).unwrap();
@@ -200,12 +186,46 @@ async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
         .args(["--libvirt-call-timeout", "3s", "--libvirt-connect-timeout", "3s"])
         // The healthy host is the private libvirtd, reached through socket=.
         .arg("--allow-unsafe-uris")
+        .args(extra)
         .env("KUBECONFIG", w.env.kubeconfig_path())
         .stdout(Stdio::from(out.try_clone().unwrap()))
         .stderr(Stdio::from(out))
         .spawn()
         .expect("start the manager binary");
-    let mut manager = ManagerProcess { child, log };
+    (ManagerProcess { child, log }, health)
+}
+
+/// The private libvirtd's unix socket, from the `socket=` of its URI.
+fn daemon_socket(uri: &str) -> std::path::PathBuf {
+    uri.split("socket=")
+        .nth(1)
+        .and_then(|s| s.split('&').next())
+        .unwrap_or_else(|| panic!("{uri} has no socket= parameter (the URI of `cargo xtask host up` has)"))
+        .into()
+}
+
+fn fixture() -> Fixture {
+    Fixture {
+        network: test_host::NETWORK.into(),
+        base_pool: test_host::BASE_POOL.into(),
+        domain_pool: test_host::DISK_POOL.into(),
+        image: IMAGE.into(),
+        image_bytes: IMAGE_BYTES,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
+    let _daemon = crate::share_real_daemon().await;
+    let healthy_uri = test_host::uri_or_panic();
+    let socket = daemon_socket(&healthy_uri);
+    let hv = LibvirtHypervisor::connect(&healthy_uri).unwrap_or_else(|e| panic!("{e}"));
+    ensure_base_image(&hv, &fixture());
+
+    let w = World::new("hung-manager").await;
+    let listener = Listener::start(socket).await;
+    let hung_uri = listener.uri();
+    let (mut manager, health) = start_manager(&w, &[]);
 
     cluster_on(&w, "hung", &hung_uri).await;
     cluster_on(&w, "good", &healthy_uri).await;
@@ -241,5 +261,145 @@ async fn a_hung_host_stalls_only_its_own_machines_until_it_answers() {
     for name in ["h0", "g0"] {
         w.wait_gone::<LibvirtMachine>(name).await;
     }
+    assert_eq!(healthz(health).await, Ok(200), "{}", manager.log_tail());
+}
+
+/// A TCP forwarder to a unix socket that can be frozen: while frozen it
+/// keeps every connection open and passes nothing either way, as a libvirtd
+/// that stopped answering in the middle of a session (calls, keepalive and
+/// `virConnectClose` alike wait for replies that never come).
+struct Relay {
+    port: u16,
+    frozen: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: std::path::PathBuf) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().unwrap().port();
+        let (frozen, watch) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((client, _)) = listener.accept().await else { return };
+                let server = UnixStream::connect(&upstream)
+                    .await
+                    .unwrap_or_else(|e| panic!("connecting to {}: {e}", upstream.display()));
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                connections.spawn(Self::pass(client_read, server_write, watch.clone()));
+                connections.spawn(Self::pass(server_read, client_write, watch.clone()));
+            }
+        });
+        Self { port, frozen, task }
+    }
+
+    /// Copies `from` to `to` while not frozen; while frozen it holds both
+    /// ends and copies nothing (what it read is passed on after a thaw).
+    async fn pass(
+        mut from: impl tokio::io::AsyncRead + Unpin,
+        mut to: impl tokio::io::AsyncWrite + Unpin,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            let n = tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                _ = frozen.wait_for(|f| *f) => continue,
+            };
+            if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("qemu+tcp://127.0.0.1:{}/system", self.port)
+    }
+
+    fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `spec.renewTime` of the manager's leader Lease in `w`'s namespace.
+async fn lease_renewed(w: &World) -> Option<k8s_openapi::jiff::Timestamp> {
+    let lease = w
+        .api::<k8s_openapi::api::coordination::v1::Lease>()
+        .get_opt("cluster-api-provider-libvirt-leader")
+        .await
+        .unwrap();
+    lease.and_then(|l| l.spec).and_then(|s| s.renew_time).map(|t| t.0)
+}
+
+/// The manager's runtime has one worker thread (`--runtime-workers 1`, as in
+/// the shipped Deployment), and a host stops answering while the manager
+/// holds a connection to it: the calls on it time out, keepalive finds it
+/// dead and the connection is dropped, whose close (and domain event
+/// deregistration) waits on the host. None of that may run on the runtime
+/// thread: /healthz answers within 2 s throughout, and the leader Lease is
+/// renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_on_a_hung_host_stalls_neither_healthz_nor_the_lease() {
+    const WATCH: Duration = Duration::from_secs(45);
+    let _daemon = crate::share_real_daemon().await;
+    let uri = test_host::uri_or_panic();
+    let hv = LibvirtHypervisor::connect(&uri).unwrap_or_else(|e| panic!("{e}"));
+    ensure_base_image(&hv, &fixture());
+
+    let w = World::new("hung-close").await;
+    let relay = Relay::start(daemon_socket(&uri)).await;
+    let relay_uri = relay.uri();
+    let (mut manager, health) =
+        start_manager(&w, &["--runtime-workers", "1", "--leader-elect", "--leader-election-namespace", &w.ns]);
+    cluster_on(&w, "frozen", &relay_uri).await;
+    machine_on(&w, "frozen", "f0").await;
+    wait_machine(&w, &mut manager, "f0", "the machine running through the relay", running).await;
+    let before = lease_renewed(&w).await.expect("the manager leads, so its Lease has a renewTime");
+
+    relay.freeze(true);
+    // A call on the frozen connection: deleting the machine.
+    w.delete::<LibvirtMachine>("f0").await;
+    let started = Instant::now();
+    while started.elapsed() < WATCH {
+        let asked = Instant::now();
+        let answer = healthz(health).await;
+        assert_eq!(
+            answer,
+            Ok(200),
+            "/healthz {:.1} s after the host stopped answering; manager log:\n{}",
+            started.elapsed().as_secs_f64(),
+            manager.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500).saturating_sub(asked.elapsed())).await;
+    }
+    let log = std::fs::read_to_string(&manager.log).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains(&relay_uri) && l.contains("the next call reconnects")),
+        "the connection to the frozen host was never dropped, so nothing was tested; manager log:\n{}",
+        manager.log_tail()
+    );
+    let after = lease_renewed(&w).await.expect("the Lease is still there");
+    assert!(after > before, "the Lease was not renewed while the host hung ({before} then {after})");
+    if let Ok(Some(status)) = manager.child.try_wait() {
+        panic!("the manager exited with {status}:\n{}", manager.log_tail());
+    }
+
+    // The host answers again: the machine's deletion completes.
+    relay.freeze(false);
+    w.wait_gone::<LibvirtMachine>("f0").await;
     assert_eq!(healthz(health).await, Ok(200), "{}", manager.log_tail());
 }

@@ -11,7 +11,9 @@
 //!   their credentials in Secrets (`credentialsRef`), refused credentials and
 //!   a rotated Secret, with the local kube-apiserver too;
 //! - `hung_host_manager`: the manager binary with a host that never answers
-//!   next to the real daemon (this one also needs the local control plane);
+//!   next to the real daemon, and with one runtime worker and a host that
+//!   stops answering while connected (these also need the local control
+//!   plane);
 //! - `daemon_faults`: libvirtd killed while machines are created and
 //!   dnsmasq killed while guests wait for leases (local control plane and the
 //!   guest image of `cargo xtask guest-image` as well);
