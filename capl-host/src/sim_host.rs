@@ -1,6 +1,7 @@
 //! The simulated host behind `--hypervisor sim`: what an admin would have
 //! prepared, so that the book's examples work against it unchanged.
 
+pub use libvirt_sim::Host as SimHost;
 use libvirt_sim::Host;
 
 /// Network, pools and base image names of the simulated host; they match the
@@ -65,4 +66,85 @@ fn register_with_range(
         &format!("<volume><name>{BASE_IMAGE}</name><capacity unit='GiB'>2</capacity><target><format type='qcow2'/></target></volume>"),
     )?;
     Ok(host)
+}
+
+/// Applies one fault to a simulated host, as the manager's `/sim/fault`
+/// route does for the benchmarks (`cargo xtask bench faults`). `command` is
+/// one of:
+///
+/// - `fail-randomly <probability> <seed>`: from now on that share of calls
+///   (all but connects) fails as if the connection had dropped;
+/// - `drop-connections`: every open connection breaks;
+/// - `restart-daemon`: libvirtd restarts (connections break, everything
+///   on the host stays);
+/// - `hang`: every call but a connect blocks, as on a daemon that accepts
+///   connections and never answers;
+/// - `clear`: no more faults; hung calls go on.
+///
+/// Returns what was done, or why the command was not understood.
+pub fn inject_fault(host: &Host, command: &str) -> Result<String, String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    match words.as_slice() {
+        ["fail-randomly", probability, seed] => {
+            let probability: f64 =
+                probability.parse().map_err(|e| format!("fail-randomly: probability {probability:?}: {e}"))?;
+            let seed: u64 = seed.parse().map_err(|e| format!("fail-randomly: seed {seed:?}: {e}"))?;
+            let error = libvirt_sim::Error::new(libvirt_sim::ErrorCode::NoConnect, "client socket is closed");
+            host.faults().fail_randomly(probability, seed, error);
+            Ok(format!("{probability} of calls fail from now on"))
+        }
+        ["drop-connections"] => {
+            host.drop_connections();
+            Ok("every connection dropped".into())
+        }
+        ["restart-daemon"] => {
+            host.restart_daemon();
+            Ok("daemon restarted".into())
+        }
+        ["hang"] => {
+            for op in libvirt_sim::Op::ALL.iter().filter(|op| **op != libvirt_sim::Op::Connect) {
+                host.faults().hang(*op, None);
+            }
+            Ok("every call but connect hangs".into())
+        }
+        ["clear"] => {
+            host.faults().clear();
+            Ok("no more faults".into())
+        }
+        _ => Err(format!(
+            "unknown fault {command:?}: use fail-randomly <probability> <seed>, drop-connections, restart-daemon, hang or clear"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hypervisor::Hypervisor;
+    use crate::hypervisor::sim::SimHypervisor;
+
+    #[test]
+    fn faults_by_command_reach_the_host_and_clear_ends_them() {
+        let uri = "sim:///capl-sim-host-faults";
+        let host = register(uri).unwrap();
+        let hv = SimHypervisor::connect(uri).unwrap();
+        assert!(hv.pool_is_active(BASE_POOL).unwrap());
+
+        inject_fault(&host, "fail-randomly 1.0 7").unwrap();
+        let e = hv.pool_is_active(BASE_POOL).unwrap_err();
+        assert!(e.to_string().contains("client socket is closed"), "{e}");
+        inject_fault(&host, "clear").unwrap();
+        assert!(hv.pool_is_active(BASE_POOL).unwrap());
+
+        inject_fault(&host, "drop-connections").unwrap();
+        assert!(!hv.is_alive(), "the open connection broke");
+        let hv = SimHypervisor::connect(uri).unwrap();
+        assert!(hv.pool_is_active(BASE_POOL).unwrap());
+
+        for wrong in ["fail-randomly", "fail-randomly x 1", "explode"] {
+            let e = inject_fault(&host, wrong).unwrap_err();
+            assert!(e.contains(&format!("{wrong:?}")) || e.starts_with("fail-randomly: "), "{e}");
+        }
+        host.unregister();
+    }
 }

@@ -52,6 +52,12 @@ struct Flags {
     /// With --hypervisor sim: the URI the simulated host answers on.
     #[arg(long, default_value = "qemu:///system")]
     sim_uri: String,
+    /// With --hypervisor sim: one more simulated host, at this URI, prepared
+    /// like the first (the /24 network); repeat for more. With a metrics
+    /// address, `POST /sim/fault` takes "<uri> <fault>" for any of them (the
+    /// benchmarks' faults: see `capl_host::sim_host::inject_fault`).
+    #[arg(long)]
+    sim_extra_host: Vec<String>,
     /// Domain type: kvm, qemu, or auto (kvm when the host offers it).
     #[arg(long, default_value = "auto")]
     domain_type: String,
@@ -254,6 +260,13 @@ async fn run(flags: Flags) -> Result<()> {
     init_logging(flags.log_format);
     let domain_type = DomainTypePreference::parse(&flags.domain_type).map_err(anyhow::Error::msg)?;
 
+    #[cfg(feature = "sim")]
+    let mut sim_hosts = std::collections::BTreeMap::new();
+    #[cfg(not(feature = "sim"))]
+    anyhow::ensure!(
+        flags.sim_extra_host.is_empty(),
+        "--sim-extra-host: this build has no simulated host (build it with the `sim` feature)"
+    );
     let connector: Arc<dyn capl_host::hypervisor::Connector> = match flags.hypervisor {
         Backend::Libvirt => Arc::new(capl_host::hypervisor::libvirt::LibvirtConnector::default()),
         #[cfg(not(feature = "sim"))]
@@ -270,7 +283,14 @@ async fn run(flags: Flags) -> Result<()> {
             }
             .context("building the simulated host")?;
             tracing::info!(uri = %flags.sim_uri, network = capl_host::sim_host::NETWORK, "simulated libvirt host ready");
-            std::mem::forget(host); // lives as long as the process
+            // They live as long as the process.
+            sim_hosts.insert(flags.sim_uri.clone(), host);
+            for uri in &flags.sim_extra_host {
+                let host = capl_host::sim_host::register(uri)
+                    .with_context(|| format!("building the simulated host {uri} (--sim-extra-host)"))?;
+                tracing::info!(%uri, "simulated libvirt host ready");
+                sim_hosts.insert(uri.clone(), host);
+            }
             Arc::new(capl_host::hypervisor::sim::SimConnector)
         }
     };
@@ -351,14 +371,26 @@ async fn run(flags: Flags) -> Result<()> {
         // What the simulated host holds, for leak checks: it lives in this process only.
         #[cfg(feature = "sim")]
         let router = if matches!(flags.hypervisor, Backend::Sim) {
-            let uri = flags.sim_uri.clone();
-            router.route(
-                "/sim/inventory",
-                get(move || {
-                    let uri = uri.clone();
-                    async move { tokio::task::spawn_blocking(move || sim_inventory(&uri)).await.unwrap_or_default() }
-                }),
-            )
+            let (uri, extra) = (flags.sim_uri.clone(), flags.sim_extra_host.clone());
+            let hosts = Arc::new(sim_hosts);
+            router
+                .route(
+                    "/sim/inventory",
+                    get(move || {
+                        let (uri, extra) = (uri.clone(), extra.clone());
+                        async move {
+                            let list = move || {
+                                let mut out = sim_inventory(&uri);
+                                for uri in &extra {
+                                    out.extend(sim_inventory(uri).lines().map(|l| format!("{uri} {l}\n")));
+                                }
+                                out
+                            };
+                            tokio::task::spawn_blocking(list).await.unwrap_or_default()
+                        }
+                    }),
+                )
+                .route("/sim/fault", axum::routing::post(move |body: String| async move { sim_fault(&hosts, &body) }))
         } else {
             router
         };
@@ -515,8 +547,31 @@ async fn shutdown_signal() {
     }
 }
 
+/// `POST /sim/fault` "<uri> <fault>": applies the fault to that simulated host.
+#[cfg(feature = "sim")]
+fn sim_fault(
+    hosts: &std::collections::BTreeMap<String, capl_host::sim_host::SimHost>,
+    body: &str,
+) -> (StatusCode, String) {
+    let Some((uri, fault)) = body.trim().split_once(' ') else {
+        return (StatusCode::BAD_REQUEST, format!("expected \"<uri> <fault>\", got {body:?}"));
+    };
+    let Some(host) = hosts.get(uri) else {
+        let known: Vec<&String> = hosts.keys().collect();
+        return (StatusCode::NOT_FOUND, format!("no simulated host {uri:?}; there are {known:?}"));
+    };
+    match capl_host::sim_host::inject_fault(host, fault) {
+        Ok(done) => {
+            tracing::warn!(%uri, %fault, "simulated fault: {done}");
+            (StatusCode::OK, done)
+        }
+        Err(why) => (StatusCode::BAD_REQUEST, why),
+    }
+}
+
 /// The simulated host's domains, volumes of the domain pool and DHCP hosts
-/// of the network, one `<kind> <name>` a line (the `/sim/inventory` route).
+/// of the network, one `<kind> <name>` a line (the `/sim/inventory` route,
+/// which lists the extra hosts' after it, each line led by the host's URI).
 #[cfg(feature = "sim")]
 fn sim_inventory(uri: &str) -> String {
     use capl_host::hypervisor::{HostAdmin, Hypervisor};
