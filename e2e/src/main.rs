@@ -96,6 +96,21 @@ enum Bench {
         #[arg(long, default_value_t = 100)]
         machines: usize,
     },
+    /// Machines on the simulated host through failing calls, dropped connections and a daemon
+    /// restart, against the same without faults; then machines beside a hung host, against alone.
+    Faults {
+        #[arg(long, default_value_t = 200)]
+        machines: usize,
+        /// Machines on the hung host.
+        #[arg(long, default_value_t = 30)]
+        hung: usize,
+        /// Machines on the healthy host beside it.
+        #[arg(long, default_value_t = 5)]
+        healthy: usize,
+        /// Seconds between dropping every connection.
+        #[arg(long, default_value_t = 60)]
+        drop_every: u64,
+    },
 }
 
 async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
@@ -119,6 +134,11 @@ async fn bench(which: Bench, out: std::path::PathBuf) -> anyhow::Result<bool> {
             let guest_image = config.guest_image.ok_or_else(|| anyhow::anyhow!("no guest image"))?;
             let args = e2e::bench::overhead::Args { uri, guest_image, provider_binary, machines, out };
             e2e::bench::overhead::run(&args).await
+        }
+        Bench::Faults { machines, hung, healthy, drop_every } => {
+            let drop_every = std::time::Duration::from_secs(drop_every);
+            let args = e2e::bench::faults::Args { machines, hung, healthy, drop_every, provider_binary, out };
+            e2e::bench::faults::run(&args).await
         }
         Bench::Contention { machines } => {
             let uri = testenv::test_host::uri().map_err(anyhow::Error::msg)?;

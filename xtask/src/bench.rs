@@ -1,9 +1,9 @@
-//! `cargo xtask bench [scale|steady|floor|overhead|contention]`: what the
+//! `cargo xtask bench [scale|steady|floor|overhead|contention|faults]`: what the
 //! provider costs at scale. Each benchmark prints a table and writes
 //! `target/bench/<name>.json`, whose table then replaces that benchmark's in
 //! the book (`docs/src/performance.md`, see `bench_tables`); without a subcommand steady, floor,
-//! overhead and contention run, the scale figures coming from the steady run
-//! (which creates the same 1,000 machines first).
+//! overhead, contention and faults run, the scale figures coming from the
+//! steady run (which creates the same 1,000 machines first).
 //!
 //! Prepares what the benchmark needs, reusing what exists: the local control
 //! plane (`control-plane build`), a release build of the manager and of the
@@ -39,6 +39,8 @@ enum Which {
     Overhead(Rest),
     /// 100 machines at once on one real network: distinct addresses, reservations per second.
     Contention(Rest),
+    /// 200 machines through failing calls, dropped connections and a daemon restart, against none; then 5 beside a hung host, against alone.
+    Faults(Rest),
 }
 
 #[derive(clap::Args, Clone)]
@@ -56,6 +58,7 @@ impl Which {
             Which::Floor(_) => "floor",
             Which::Overhead(_) => "overhead",
             Which::Contention(_) => "contention",
+            Which::Faults(_) => "faults",
         }
     }
 
@@ -65,7 +68,12 @@ impl Which {
 
     fn args(&self) -> &[String] {
         match self {
-            Which::Scale(r) | Which::Steady(r) | Which::Floor(r) | Which::Overhead(r) | Which::Contention(r) => &r.args,
+            Which::Scale(r)
+            | Which::Steady(r)
+            | Which::Floor(r)
+            | Which::Overhead(r)
+            | Which::Contention(r)
+            | Which::Faults(r) => &r.args,
         }
     }
 }
@@ -78,6 +86,7 @@ pub fn run(args: Args) -> Result<()> {
             Which::Floor(Rest { args: Vec::new() }),
             Which::Overhead(Rest { args: Vec::new() }),
             Which::Contention(Rest { args: Vec::new() }),
+            Which::Faults(Rest { args: Vec::new() }),
         ],
     };
     step("control plane", || control_plane::run(control_plane::Command::Build))?;

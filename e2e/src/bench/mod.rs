@@ -10,6 +10,8 @@
 //! - [`floor`]: the scale workload with no manager, the benchmark answering
 //!   each LibvirtMachine with the least a provider must write: what CAPI
 //!   core and the API server alone cost, the floor under `scale`.
+//! - [`faults`]: machines on the simulated host through failing calls,
+//!   dropped connections and a daemon restart, and beside a hung host.
 //!
 //! What they share: [`stack`] (the control plane and the manager they run
 //! on), [`workload`] (the objects they create and watch), [`metrics`] (what
@@ -21,6 +23,7 @@
 //! addresses) makes a run fail.
 
 pub mod contention;
+pub mod faults;
 pub mod floor;
 pub mod metrics;
 pub mod overhead;

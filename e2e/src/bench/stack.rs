@@ -131,14 +131,27 @@ fn free_port() -> Result<u16> {
 }
 
 pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    request(port, &format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"), path).await
+}
+
+/// `POST path` with `body` (text) to 127.0.0.1:`port`; the answer's body.
+pub async fn http_post(port: u16, path: &str, body: &str) -> Result<String> {
+    let head = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    request(port, &(head + body), path).await
+}
+
+async fn request(port: u16, request: &str, path: &str) -> Result<String> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").context("not an HTTP response")?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+        bail!("{path}: {} {body}", head.lines().next().unwrap_or_default());
     }
     Ok(body.to_string())
 }
