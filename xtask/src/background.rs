@@ -15,6 +15,9 @@
 //! a file that is gone. The copy is read from `/proc/self/exe`, which opens the
 //! running program even when its file was replaced.
 //!
+//! A thread of its own waits for the child and notes when it ended, so that a
+//! job's time is its own even when it is joined long after it finished.
+//!
 //! The child runs in a process group of its own, so that stopping it (a failed
 //! foreground step drops the job) also stops what it started (Go compilers,
 //! a build-time containerd). Its output goes to a log file under
@@ -23,8 +26,8 @@
 use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -45,9 +48,33 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// A running background job (see the module documentation).
 pub struct Background {
     name: &'static str,
-    child: Option<Child>,
+    /// The child's pid, which leads its process group.
+    group: libc::pid_t,
     log: PathBuf,
     started: Instant,
+    ended: Arc<Ended>,
+    joined: bool,
+}
+
+/// How and when the child ended, once it has; set by the thread that waits for it.
+#[derive(Default)]
+struct Ended {
+    at: Mutex<Option<(std::io::Result<ExitStatus>, Instant)>>,
+    changed: Condvar,
+}
+
+impl Ended {
+    /// Waits at most `within` (for ever with `None`) for the end; whether it came.
+    fn wait(&self, within: Option<Duration>) -> bool {
+        let guard = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = match within {
+            None => self.changed.wait_while(guard, |at| at.is_none()).unwrap_or_else(|e| e.into_inner()),
+            Some(within) => {
+                self.changed.wait_timeout_while(guard, within, |at| at.is_none()).unwrap_or_else(|e| e.into_inner()).0
+            }
+        };
+        guard.is_some()
+    }
 }
 
 impl Background {
@@ -75,7 +102,7 @@ impl Background {
             Priority::Same => "0",
             Priority::Lower => "10",
         };
-        let child = Command::new("nice")
+        let mut child = Command::new("nice")
             .args(["-n", niceness])
             .arg(exe)
             .args(args)
@@ -86,24 +113,49 @@ impl Background {
             .process_group(0)
             .spawn()
             .with_context(|| format!("starting the background job {name}"))?;
+        let started = Instant::now();
         eprintln!("==> {name}: started in the background (log: {})", log.display());
-        Ok(Self { name, child: Some(child), log, started: Instant::now() })
+        let group = child.id() as libc::pid_t;
+        let ended = Arc::new(Ended::default());
+        let noted = ended.clone();
+        std::thread::Builder::new()
+            .name(format!("wait-{name}"))
+            .spawn(move || {
+                let status = child.wait();
+                *noted.at.lock().unwrap_or_else(|e| e.into_inner()) = Some((status, Instant::now()));
+                noted.changed.notify_all();
+            })
+            .with_context(|| format!("starting the thread that waits for the background job {name}"))?;
+        Ok(Self { name, group, log, started, ended, joined: false })
+    }
+
+    /// How long the job ran, once it has ended.
+    pub fn ran(&self) -> Option<Duration> {
+        let at = self.ended.at.lock().unwrap_or_else(|e| e.into_inner());
+        at.as_ref().map(|(_, ended)| ended.duration_since(self.started))
     }
 
     /// Waits for the job to end, printing one line with how long it ran and how
-    /// long it was waited for; its failure is an error quoting the end of its log.
-    pub fn join(mut self) -> Result<()> {
-        let mut child = self.child.take().expect("a job is joined once");
-        if matches!(child.try_wait(), Ok(None)) {
+    /// long it was waited for, and returns how long it ran; its failure is an
+    /// error quoting the end of its log.
+    pub fn join(mut self) -> Result<Duration> {
+        self.joined = true;
+        if self.ran().is_none() {
             eprintln!("==> {}: waiting for the background job", self.name);
         }
         let waited = Instant::now();
-        let status = child.wait().with_context(|| format!("waiting for the background job {}", self.name))?;
-        let total = self.started.elapsed().as_secs_f64();
+        self.ended.wait(None);
         let waited = waited.elapsed().as_secs_f64();
+        let ran = self.ran().expect("the job has ended");
+        let status = {
+            let mut at = self.ended.at.lock().unwrap_or_else(|e| e.into_inner());
+            let (status, _) = at.take().expect("the job has ended");
+            status.with_context(|| format!("waiting for the background job {}", self.name))?
+        };
+        let total = ran.as_secs_f64();
         if status.success() {
             eprintln!("==> {}: done in the background in {total:.1} s (waited {waited:.1} s for it)", self.name);
-            return Ok(());
+            return Ok(ran);
         }
         eprintln!("==> {}: FAILED in the background after {total:.1} s", self.name);
         let text = fs::read_to_string(&self.log).unwrap_or_default();
@@ -131,25 +183,19 @@ fn copy_program(src: &Path, dir: &Path) -> Result<PathBuf> {
 impl Drop for Background {
     /// A job not joined (a foreground step failed first) is stopped with everything it started.
     fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
-        if matches!(child.try_wait(), Ok(Some(_))) {
+        if self.joined || self.ran().is_some() {
             return;
         }
-        let group = child.id() as libc::pid_t;
+        let group = self.group;
         eprintln!("xtask: stopping the background job {} (process group {group})", self.name);
         // SAFETY: kill(2) with a negative pid signals the process group the child leads.
         unsafe { libc::kill(-group, libc::SIGTERM) };
-        let deadline = Instant::now() + STOP_GRACE;
-        while Instant::now() < deadline {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                // Its children may outlive it; the group is signalled once more below.
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // SAFETY: as above; whatever of the group is left is killed.
+        // Its children may outlive it; the group is signalled once more below.
+        self.ended.wait(Some(STOP_GRACE));
+        // SAFETY: as above; whatever of the group is left is killed (the
+        // child's pid stays reserved until the waiting thread reaps it).
         unsafe { libc::kill(-group, libc::SIGKILL) };
-        let _ = child.wait();
+        self.ended.wait(None);
     }
 }
 
@@ -163,6 +209,21 @@ mod tests {
     fn a_job_that_succeeds_joins_without_error() {
         let job = Background::start_program("test-job-succeeds", Priority::Lower, Path::new("ls"), &["/"]).unwrap();
         job.join().unwrap();
+    }
+
+    /// A job joined long after it ended reports its own run time, not the
+    /// time since its start.
+    #[test]
+    fn a_job_joined_after_its_end_reports_how_long_it_ran() {
+        let job = Background::start_program("test-job-ran", Priority::Same, Path::new("ls"), &["/"]).unwrap();
+        while job.ran().is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The foreground is busy for a while before it joins.
+        std::thread::sleep(Duration::from_millis(500));
+        let since_start = job.started.elapsed();
+        let ran = job.join().unwrap();
+        assert!(ran + Duration::from_millis(500) <= since_start, "ran {ran:?}, {since_start:?} since the start");
     }
 
     #[test]
@@ -201,7 +262,7 @@ mod tests {
     #[test]
     fn a_job_dropped_before_its_end_is_stopped_with_its_children() {
         let job = Background::start_program("test-job-dropped", Priority::Lower, Path::new("sleep"), &["60"]).unwrap();
-        let group = job.child.as_ref().unwrap().id() as libc::pid_t;
+        let group = job.group;
         drop(job);
         // The job's process group is gone once its processes are killed and reaped,
         // well before the minute the job would take.

@@ -143,7 +143,7 @@ pub fn run(args: Args) -> Result<()> {
     for path in &summaries {
         let _ = std::fs::remove_file(path);
     }
-    let node_image = node_image.map_or(Ok(()), Background::join);
+    let node_image = node_image.map_or(Ok(()), |job| job.join().map(drop));
     // kind's node image (made of the node image's binaries) is needed only by the
     // suite on kind: it is built beside the suite on the private libvirtd.
     let kind_image = match (&node_image, extra.is_empty()) {
@@ -151,7 +151,7 @@ pub fn run(args: Args) -> Result<()> {
         _ => None,
     };
     let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
-    let kind_image = kind_image.map_or(Ok(()), Background::join);
+    let kind_image = kind_image.map_or(Ok(()), |job| job.join().map(drop));
     let kind =
         if extra.is_empty() { kind_image.and_then(|()| e2e::run(e2e::Args::kind_for_test_command())) } else { Ok(()) };
     let e2e = e2e.and(kind);
