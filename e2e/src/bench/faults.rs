@@ -21,7 +21,6 @@
 //!
 //! A run fails on a leak or a duplicate address, never on a time.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -183,21 +182,6 @@ fn failed_reconciles(m: &super::metrics::Metrics) -> f64 {
     m.sum("capl_reconcile_errors_total", &[("controller", "libvirtmachine")])
 }
 
-/// How many InternalIPs of the namespace's provisioned LibvirtMachines repeat another's.
-async fn count_duplicate_ips(client: &Client, ns: &str) -> Result<usize> {
-    let items = objects::list(client, ns, Kind::LibvirtMachine).await?;
-    let ips: Vec<String> = items.iter().filter_map(provisioned_ip).collect();
-    let distinct: HashSet<&String> = ips.iter().collect();
-    Ok(ips.len() - distinct.len())
-}
-
-/// What the simulated hosts still hold (`/sim/inventory`: domains, volumes
-/// of the domain pool, DHCP entries of every simulated host).
-async fn leaks(stack: &BenchStack) -> Result<Vec<String>> {
-    let inventory = super::stack::http_get(stack.metrics_port, "/sim/inventory").await?;
-    Ok(inventory.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect())
-}
-
 /// One run of part 1 in a namespace of its own: `n` machines created,
 /// provisioned (with `storm`: failing calls, connection drops every given
 /// interval on that host, a restart at half), then deleted.
@@ -253,7 +237,7 @@ async fn scale_run(
     };
     let (ready, _) = waited?;
     let all_ready_s = percentile(&ready, 1.0);
-    let duplicate_ips = count_duplicate_ips(client, &ns).await?;
+    let duplicate_ips = super::workload::duplicate_ips(client, &ns).await?;
     let m1 = stack.metrics().await?;
     eprintln!("  all {n} with address after {all_ready_s:.1} s; deleting");
     delete_cluster(client, &ns, "bench").await?;
@@ -264,7 +248,7 @@ async fn scale_run(
         all_ready_s,
         failed_reconciles: failed_reconciles(&m1) - failed_reconciles(&m0),
         duplicate_ips,
-        leaks: leaks(stack).await?,
+        leaks: stack.sim_inventory().await?,
         restarted_at_s,
         drops,
     })
@@ -332,7 +316,7 @@ async fn hung_run(
     let (ready, _) = wait_each(client, &ns, healthy, started, RUN_LIMIT, |lm| provisioned_ip(lm).is_some()).await?;
     let healthy_s = percentile(&ready, 1.0);
     eprintln!("  the {healthy} healthy machines with address after {healthy_s:.1} s");
-    let mut duplicate_ips = count_duplicate_ips(client, &ns).await?;
+    let mut duplicate_ips = super::workload::duplicate_ips(client, &ns).await?;
     let mut hung_after_s = 0.0;
     if hung > 0 {
         fault(stack, HUNG_URI, "clear").await?;
@@ -341,9 +325,9 @@ async fn hung_run(
             wait_each(client, &hung_ns, hung, answering, RUN_LIMIT, |lm| provisioned_ip(lm).is_some()).await?;
         hung_after_s = percentile(&ready, 1.0);
         eprintln!("  the {hung} machines of the hung host with address {hung_after_s:.1} s after it answered");
-        duplicate_ips += count_duplicate_ips(client, &hung_ns).await?;
+        duplicate_ips += super::workload::duplicate_ips(client, &hung_ns).await?;
         delete_cluster(client, &hung_ns, "hung").await?;
     }
     delete_cluster(client, &ns, "bench").await?;
-    Ok(HungRun { healthy_s, hung_after_s, duplicate_ips, leaks: leaks(stack).await? })
+    Ok(HungRun { healthy_s, hung_after_s, duplicate_ips, leaks: stack.sim_inventory().await? })
 }

@@ -8,7 +8,7 @@
 //! Cluster and measures the time until everything is gone and what the
 //! simulated host still holds (leaks).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -18,8 +18,8 @@ use serde_json::json;
 use super::metrics::diff;
 use super::report::{fmt, percentile, print_table, ready_json, ready_rows, write_json};
 use super::stack::{BenchStack, NAME_PREFIX, cpu_breakdown};
-use super::workload::{Workload, create_workload, delete_cluster, provisioned_ip, wait_each};
-use crate::harness::objects::{self, Kind, Placement};
+use super::workload::{Workload, create_workload, delete_cluster, duplicate_ips, provisioned_ip, wait_each};
+use crate::harness::objects::Placement;
 
 const CLUSTER: &str = "bench";
 
@@ -88,10 +88,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let (cpu_text, cpu_used) = cpu_breakdown(&stack.cpu_seconds()?, &cpu0);
 
     // Every address once.
-    let items = objects::list(&client, &ns, Kind::LibvirtMachine).await?;
-    let ips: Vec<String> = items.iter().filter_map(provisioned_ip).collect();
-    let distinct: HashSet<&String> = ips.iter().collect();
-    let duplicate_ips = ips.len() - distinct.len();
+    let duplicate_ips = duplicate_ips(&client, &ns).await?;
 
     let reconciles = m1.reconciles() - m0.reconciles();
     let libvirt_calls = m1.libvirt_calls() - m0.libvirt_calls();
@@ -128,8 +125,7 @@ async fn measure(stack: &BenchStack, args: &Args) -> Result<bool> {
     let deleted_s = deleting.elapsed().as_secs_f64();
     let m3 = stack.metrics().await?;
     let p3 = stack.process()?;
-    let inventory = super::stack::http_get(stack.metrics_port, "/sim/inventory").await?;
-    let leaks: Vec<&str> = inventory.lines().filter(|l| !l.trim().is_empty()).collect();
+    let leaks = stack.sim_inventory().await?;
 
     let cpu_provision = p1.cpu_seconds - p0.cpu_seconds;
     let mut rows = vec![

@@ -123,6 +123,14 @@ impl BenchStack {
     pub async fn api_requests(&self) -> Result<ApiRequests> {
         self.plane.api_requests().await
     }
+
+    /// What the manager's simulated hosts hold (`/sim/inventory`: domains,
+    /// volumes of the domain pool and DHCP entries, one a line): after a
+    /// benchmark's delete, its leaks.
+    pub async fn sim_inventory(&self) -> Result<Vec<String>> {
+        let inventory = http_get(self.metrics_port, "/sim/inventory").await?;
+        Ok(inventory.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect())
+    }
 }
 
 fn free_port() -> Result<u16> {

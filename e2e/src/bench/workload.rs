@@ -100,6 +100,14 @@ pub fn cluster_objects(ns: &str, cluster: &str, placement: &Placement) -> Result
     ])
 }
 
+/// How many InternalIPs of the namespace's provisioned LibvirtMachines repeat another's.
+pub async fn duplicate_ips(client: &Client, ns: &str) -> Result<usize> {
+    let items = objects::list(client, ns, Kind::LibvirtMachine).await?;
+    let ips: Vec<String> = items.iter().filter_map(provisioned_ip).collect();
+    let distinct: std::collections::HashSet<&String> = ips.iter().collect();
+    Ok(ips.len() - distinct.len())
+}
+
 /// A LibvirtMachine that is provisioned and has its InternalIP.
 pub fn provisioned_ip(lm: &kube::api::DynamicObject) -> Option<String> {
     let provisioned = lm.data["status"]["initialization"]["provisioned"] == true;
