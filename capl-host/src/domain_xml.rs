@@ -199,6 +199,9 @@ pub struct DomainInfo {
     pub owner: Option<OwnerMarker>,
     /// `<source file=..>` of every disk and cdrom.
     pub disk_paths: Vec<String>,
+    /// The same of the disks the guest can write: neither a cdrom nor
+    /// marked `<readonly/>`.
+    pub writable_disk_paths: Vec<String>,
     /// `<mac address=..>` of every interface, lower case.
     pub macs: Vec<String>,
 }
@@ -219,11 +222,17 @@ pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
             cluster: marker.path_text(&["cluster"]).unwrap_or_default().to_string(),
         });
     let devices = root.child("devices");
-    let disk_paths = devices
+    let file_disks: Vec<(&XmlElement, String)> = devices
         .into_iter()
         .flat_map(|d| d.children_named("disk"))
-        .filter_map(|disk| disk.child("source").and_then(|s| s.attr("file")).map(str::to_string))
+        .filter_map(|disk| disk.child("source").and_then(|s| s.attr("file")).map(|path| (disk, path.to_string())))
         .collect();
+    let writable_disk_paths = file_disks
+        .iter()
+        .filter(|(disk, _)| disk.attr("device") != Some("cdrom") && disk.child("readonly").is_none())
+        .map(|(_, path)| path.clone())
+        .collect();
+    let disk_paths = file_disks.into_iter().map(|(_, path)| path).collect();
     let macs = devices
         .into_iter()
         .flat_map(|d| d.children_named("interface"))
@@ -234,6 +243,7 @@ pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
         uuid: root.path_text(&["uuid"]).unwrap_or_default().to_ascii_lowercase(),
         owner,
         disk_paths,
+        writable_disk_paths,
         macs,
     })
 }
@@ -276,6 +286,20 @@ mod tests {
         assert_eq!(host_kvm_support(&with).unwrap(), ("x86_64".to_string(), true));
         let without = CAPS.replace("KVM_HERE", "");
         assert_eq!(host_kvm_support(&without).unwrap(), ("x86_64".to_string(), false));
+    }
+
+    #[test]
+    fn writable_disks_are_those_neither_readonly_nor_cdrom() {
+        let xml = "<domain type='qemu'><name>db</name><uuid>U</uuid><devices>
+            <disk type='file' device='disk'><source file='/p/db.qcow2'/><target dev='vda'/></disk>
+            <disk type='file' device='disk'><source file='/p/shared.raw'/><readonly/><target dev='vdb'/></disk>
+            <disk type='file' device='cdrom'><source file='/p/seed.iso'/><target dev='sda'/></disk>
+            <disk type='file' device='floppy'><source file='/p/a.img'/><target dev='fda'/></disk>
+            <disk type='network' device='disk'><source protocol='nbd' name='x'/><target dev='vdc'/></disk>
+            </devices></domain>";
+        let info = parse_domain(xml).unwrap();
+        assert_eq!(info.disk_paths, ["/p/db.qcow2", "/p/shared.raw", "/p/seed.iso", "/p/a.img"]);
+        assert_eq!(info.writable_disk_paths, ["/p/db.qcow2", "/p/a.img"]);
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub enum HostError {
     ImageMissing { image: String, pool: String, uri: String },
 
     #[error(
-        "base image \"{image}\" in storage pool \"{pool}\" {why}: a machine's disk is an overlay on its image, so the image must be a standalone volume the provider did not make; since spec.image cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that names one (qemu-img convert makes a standalone copy of an overlay)"
+        "base image \"{image}\" in storage pool \"{pool}\" {why}: a machine's disk is an overlay on its image, so the image must be a standalone volume that the provider did not make and no domain writes to; since spec.image cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that names one (qemu-img convert makes a standalone copy of an overlay)"
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
     ImageUnusable { image: String, pool: String, why: String },

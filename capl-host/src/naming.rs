@@ -121,6 +121,16 @@ pub const MAC_CANDIDATES: usize = 16;
 /// the one definition of it.
 pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 
+/// Whether `domain` is named like a machine's domain under either scheme:
+/// a DNS label that ends in [`HASH_LEN`] or [`LEGACY_HASH_LEN`] lower-case
+/// hex digits, after a `-` or as the whole name.
+pub fn is_machine_domain_name(domain: &str) -> bool {
+    let hash = domain.rsplit('-').next().unwrap_or_default();
+    is_dns_label(domain)
+        && [HASH_LEN, LEGACY_HASH_LEN].contains(&hash.len())
+        && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// A seed ISO's name: `cloudinit-<domain>.iso`.
 pub const SEED_VOLUME_PREFIX: &str = "cloudinit-";
 pub const SEED_VOLUME_SUFFIX: &str = ".iso";

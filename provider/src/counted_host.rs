@@ -111,6 +111,9 @@ impl Hypervisor for Counted {
     fn domain_define(&self, xml: &str) -> Result<String> {
         self.count("domain_define").domain_define(xml)
     }
+    fn domain_list(&self) -> Result<Vec<String>> {
+        self.count("domain_list").domain_list()
+    }
     fn domain_xml(&self, name: &str) -> Result<String> {
         self.count("domain_xml").domain_xml(name)
     }

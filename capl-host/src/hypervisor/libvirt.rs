@@ -173,6 +173,11 @@ impl LibvirtHypervisor {
 }
 
 impl Hypervisor for LibvirtHypervisor {
+    fn domain_list(&self) -> Result<Vec<String>> {
+        let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
+        doms.iter().map(|d| d.name().map_err(from_virt)).collect()
+    }
+
     fn uri(&self) -> &str {
         &self.uri
     }
@@ -454,11 +459,6 @@ impl HostAdmin for LibvirtHypervisor {
 
     fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
         self.pool(pool)?.list_volumes().map_err(from_virt)
-    }
-
-    fn domain_list(&self) -> Result<Vec<String>> {
-        let doms = self.conn.list_all_domains(0).map_err(from_virt)?;
-        doms.iter().map(|d| d.name().map_err(from_virt)).collect()
     }
 
     fn domain_shutdown(&self, name: &str) -> Result<()> {

@@ -301,6 +301,8 @@ pub trait Hypervisor: Send + Sync {
 
     // --- domains ----------------------------------------------------------
 
+    /// All domains, active and inactive (`virConnectListAllDomains`).
+    fn domain_list(&self) -> Result<Vec<String>>;
     /// `virDomainDefineXML`; returns the domain name.
     fn domain_define(&self, xml: &str) -> Result<String>;
     /// `virDomainGetXMLDesc` (flags 0).
@@ -419,9 +421,6 @@ pub trait HostAdmin: Hypervisor {
     fn pool_refresh(&self, name: &str) -> Result<()>;
 
     fn volume_list(&self, pool: &str) -> Result<Vec<String>>;
-
-    /// All domains, active and inactive.
-    fn domain_list(&self) -> Result<Vec<String>>;
 
     /// `virDomainShutdown`: asks the guest to power off (ACPI power button on QEMU);
     /// returns once asked, not once the guest is off.

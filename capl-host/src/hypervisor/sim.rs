@@ -82,6 +82,10 @@ fn state_of(s: libvirt_sim::DomainState) -> DomainState {
 }
 
 impl Hypervisor for SimHypervisor {
+    fn domain_list(&self) -> Result<Vec<String>> {
+        self.conn.list_all_domains().map_err(|e| self.err(e))
+    }
+
     fn uri(&self) -> &str {
         self.conn.uri()
     }
@@ -317,10 +321,6 @@ impl HostAdmin for SimHypervisor {
 
     fn volume_list(&self, pool: &str) -> Result<Vec<String>> {
         self.conn.storage_pool_list_all_volumes(pool).map_err(|e| self.err(e))
-    }
-
-    fn domain_list(&self) -> Result<Vec<String>> {
-        self.conn.list_all_domains().map_err(|e| self.err(e))
     }
 
     fn domain_shutdown(&self, name: &str) -> Result<()> {

@@ -61,6 +61,34 @@ impl MachineRun<'_> {
         }
     }
 
+    /// Before a root disk is made on `base`: no domain on the host may have
+    /// the base image as a disk it writes to. Such an image is some VM's own
+    /// disk that was put in the base pool, and an overlay on it would let
+    /// this machine read that VM's data (and see it change under it).
+    /// Domains named like a machine's are not read: the provider's own
+    /// domains write only to their overlays, and a host with many machines
+    /// would otherwise cost a call per machine for every new one.
+    fn check_no_domain_writes(&self, base: &VolumeInfo) -> HostResult<()> {
+        let domains = self.hv.domain_list().map_err(|e| self.error("list", ObjectKind::Domain, "*", e))?;
+        for domain in domains.iter().filter(|d| !crate::naming::is_machine_domain_name(d)) {
+            let xml = match self.hv.domain_xml(domain) {
+                Ok(xml) => xml,
+                Err(e) if e.kind == ErrorKind::NoDomain => continue,
+                Err(e) => return Err(self.error("read", ObjectKind::Domain, domain, e)),
+            };
+            let info =
+                crate::domain_xml::parse_domain(&xml).map_err(|e| self.unreadable(ObjectKind::Domain, domain, e))?;
+            if info.writable_disk_paths.contains(&base.path) {
+                return Err(HostError::ImageUnusable {
+                    image: self.spec.image.clone(),
+                    pool: self.spec.base_pool.clone(),
+                    why: format!("is a disk that domain \"{domain}\" on {} writes to", self.uri),
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn ensure_root_disk(&mut self) -> HostResult<()> {
         let spec = self.spec;
         let base = self.base_image()?;
@@ -80,6 +108,7 @@ impl MachineRun<'_> {
             self.overlay_path = Some(existing.path);
             return Ok(());
         }
+        self.check_no_domain_writes(&base)?;
         let backing = BackingStore {
             path: base.path.clone(),
             format: Some(spec.image_format.clone().or_else(|| base.format.clone()).unwrap_or_else(|| "qcow2".into())),

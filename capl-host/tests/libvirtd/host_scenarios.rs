@@ -84,6 +84,9 @@ const SCENARIOS: &[Scenario] = &[
         scenarios::foreign_volume_is_left_alone(c.hv, c.fx, &c.namespace)
     }),
     both("bad_disk_and_missing_image", "bad", |c| scenarios::bad_disk_and_missing_image(c.hv, c.fx, &c.namespace)),
+    both("base_image_a_domain_writes_to_is_refused", "peek", |c| {
+        scenarios::base_image_a_domain_writes_to_is_refused(c.hv, c.fx, &c.namespace)
+    }),
     both("endpoint_address_is_avoided", "ep", |c| scenarios::endpoint_address_is_avoided(c.hv, c.fx, &c.namespace)),
     both("infra_missing_vs_inactive", "infra", |c| scenarios::infra_missing_vs_inactive(c.hv, c.fx, &c.namespace)),
     both("foreign_dhcp_entry_is_left_alone", "fdhcp", |c| {

@@ -13,7 +13,7 @@ use crate::support::*;
 use capl::api::capi::Cluster;
 use capl::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate};
 use capl::controller::Settings;
-use capl_host::hypervisor::HostAdmin;
+use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 use kube::ResourceExt;
 use kube::api::ListParams;

@@ -9,7 +9,7 @@ use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::Settings;
-use capl_host::hypervisor::HostAdmin;
+use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::sim::SimHypervisor;
 
 const HOSTS: usize = 50;

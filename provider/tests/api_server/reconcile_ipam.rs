@@ -6,7 +6,7 @@
 use crate::support::*;
 use capl::api::ipam::{IPAddress, IPAddressClaim};
 use capl::api::{LibvirtCluster, LibvirtMachine};
-use capl_host::hypervisor::{HostAdmin, Hypervisor};
+use capl_host::hypervisor::Hypervisor;
 use kube::ResourceExt;
 use serde_json::json;
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use capl::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine};
 use capl::controller::UriPolicy;
-use capl_host::hypervisor::HostAdmin;
+use capl_host::hypervisor::Hypervisor;
 use capl_host::hypervisor::connections::{Connections, DEFAULT_MAX_CALLS_PER_HOST};
 use capl_host::hypervisor::libvirt::LibvirtConnector;
 use k8s_openapi::api::core::v1::Secret;

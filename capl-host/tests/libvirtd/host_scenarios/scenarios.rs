@@ -280,6 +280,53 @@ pub fn bad_disk_and_missing_image(hv: &dyn HostAdmin, fx: &Fixture, namespace: &
     assert_eq!(leftovers(hv, fx, &[small, missing, other]), Vec::<String>::new());
 }
 
+/// A base image that a domain on the host writes to (some VM's own disk put
+/// in the base pool) is refused, naming that domain, before anything is made;
+/// the same volume attached read-only is a base image like any other. The
+/// domain and its disk are untouched.
+pub fn base_image_a_domain_writes_to_is_refused(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    let volume = format!("{namespace}-vm-disk.raw");
+    let domain = format!("{namespace}-vm");
+    let volume_xml = format!(
+        "<volume><name>{volume}</name><capacity unit='bytes'>1048576</capacity><target><format type='raw'/></target></volume>"
+    );
+    // What a failed earlier run on the same daemon left.
+    let _ = hv.domain_undefine(&domain, UndefineFlags::all());
+    let _ = hv.volume_delete(&fx.base_pool, &volume);
+    hv.volume_create(&fx.base_pool, &volume_xml).expect("create the VM's disk");
+    let path = capl_host::volume_xml::parse_volume(&hv.volume_xml(&fx.base_pool, &volume).unwrap()).unwrap().path;
+    let domain_xml = |uuid: &str, readonly: &str| {
+        format!(
+            "<domain type='qemu'><name>{domain}</name>{uuid}<memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+             <os><type arch='x86_64' machine='pc'>hvm</type></os><devices>\
+             <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{path}'/>\
+             <target dev='vda' bus='virtio'/>{readonly}</disk></devices></domain>"
+        )
+    };
+    hv.domain_define(&domain_xml("", "")).expect("define the VM");
+    let before = hv.domain_xml(&domain).unwrap();
+    let uuid = format!("<uuid>{}</uuid>", capl_host::domain_xml::parse_domain(&before).unwrap().uuid);
+
+    let mut spec = fresh_spec(hv, fx, namespace, "peek-0");
+    spec.image = volume.clone();
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("another VM's disk as the base image");
+    assert!(matches!(&err, HostError::ImageUnusable { image, .. } if *image == volume), "{err}");
+    assert_eq!(err.kind(), FailureKind::InvalidMachineSpec);
+    assert!(err.to_string().contains(&format!("is a disk that domain \"{domain}\" on")), "{err}");
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "nothing made for it");
+    assert_eq!(hv.domain_xml(&domain).unwrap(), before, "the VM was changed");
+
+    // Read-only, the disk cannot change under the overlay: the root disk is made.
+    hv.domain_define(&domain_xml(&uuid, "<readonly/>")).unwrap();
+    run_create_steps(hv, &spec, &user_data(&spec), &[CreateStep::RootDisk]).expect("a read-only shared image");
+    assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&spec.names().overlay_volume()));
+    delete_machine(hv, &spec).unwrap();
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+    hv.domain_undefine(&domain, UndefineFlags::all()).unwrap();
+    assert!(hv.volume_list(&fx.base_pool).unwrap().contains(&volume), "the VM's disk is still there");
+    hv.volume_delete(&fx.base_pool, &volume).unwrap();
+}
+
 /// The control-plane endpoint address is never handed out.
 pub fn endpoint_address_is_avoided(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     let first = fresh_spec(hv, fx, namespace, "ep-0");
