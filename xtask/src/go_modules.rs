@@ -43,7 +43,7 @@ pub(crate) fn prepare_module(
         let _d = sh.push_dir(&module);
         let t = Instant::now();
         cmd!(sh, "go mod tidy").run().with_context(|| format!("`go mod tidy` failed in {}", module.display()))?;
-        eprintln!("node-image: go mod tidy ({name}) took {:.0?}", t.elapsed());
+        eprintln!("go: go mod tidy ({name}) took {:.0?}", t.elapsed());
         sh.write_file(&template, fingerprint)?;
     }
     Ok(module)
@@ -67,12 +67,12 @@ pub(crate) fn go_build(
     let _d = sh.push_dir(module);
     let _cgo = static_build.then(|| sh.push_env("CGO_ENABLED", "0"));
     let t = Instant::now();
-    eprintln!("node-image: building {binary} from {package} ...");
+    eprintln!("go: building {binary} from {package} ...");
     cmd!(sh, "nice -n 10 go build -ldflags {ldflags} -o {partial} {package}")
         .run()
         .with_context(|| format!("`go build {package}` failed in {}", module.display()))?;
     fs::rename(&partial, &target)?;
-    eprintln!("node-image: built {binary} in {:.0?}", t.elapsed());
+    eprintln!("go: built {binary} in {:.0?}", t.elapsed());
     Ok(())
 }
 

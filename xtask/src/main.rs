@@ -28,6 +28,7 @@ mod node_image;
 mod paths;
 mod progress;
 mod test;
+mod workflows;
 
 use std::path::PathBuf;
 
@@ -121,6 +122,8 @@ enum Command {
     E2e(e2e::Args),
     /// One cluster with two machines, narrated; Ctrl-C cleans up.
     Demo(demo::Args),
+    /// Check .github/workflows with actionlint (built from its Go module; `test` runs it too).
+    Workflows,
 }
 
 fn main() -> Result<()> {
@@ -151,5 +154,6 @@ fn main() -> Result<()> {
         Command::NodeImage(args) => node_image::run(args),
         Command::E2e(args) => e2e::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Workflows => workflows::lint(),
     }
 }

@@ -372,6 +372,12 @@ pub fn build_release(release: &Release, force: bool) -> Result<PathBuf> {
     Ok(image)
 }
 
+/// Where the Go builds of tools (not part of any image) go: beside the node
+/// image's, under the same cache root.
+pub fn go_cache_root() -> Result<PathBuf> {
+    Ok(cache_root()?.join("go"))
+}
+
 fn cache_root() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(CACHE_ENV).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));

@@ -107,6 +107,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     // The book first: a broken link fails in seconds, before the long steps.
     step("docs book", crate::docs::build)?;
+    step("workflows (actionlint)", crate::workflows::lint)?;
     let mut teardown = Teardown { armed: !args.keep_host, dockerd: false };
     let uri = step("private libvirtd", libvirt_host::up)?;
     let image = step("guest image", || guest_image::build(false))?;
