@@ -74,6 +74,11 @@ fn the_dockerfile_runs_the_copy_step_on_trixie_and_distroless() {
     assert!(dockerfile.contains("debian:trixie-slim"));
     assert!(dockerfile.contains("/copy-runtime-libs.sh /rootfs /manager"));
     assert!(dockerfile.contains("COPY --from=runtime-libs /rootfs/ /"));
+    // Both architectures of the release workflow find their libvirt.so.0.
+    assert!(dockerfile.contains("ARG TARGETARCH"));
+    for (arch, triplet) in [("amd64", "x86_64-linux-gnu"), ("arm64", "aarch64-linux-gnu")] {
+        assert!(dockerfile.contains(&format!("{arch}) triplet={triplet} ;;")), "no libvirt path for {arch}");
+    }
     for line in dockerfile.lines().filter(|l| l.starts_with("FROM ")) {
         assert!(line.contains("trixie") || line.contains("debian13"), "every stage is Debian 13: {line}");
     }

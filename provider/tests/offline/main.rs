@@ -19,3 +19,4 @@ mod image_download;
 mod manifests;
 mod stock_image;
 mod templates;
+mod workflows;

@@ -428,16 +428,22 @@ fn release_has_the_shape_clusterctl_expects() {
     std::fs::remove_dir_all(out_root).unwrap();
 }
 
+/// Runs `capl-manifests release --version <version> --image <image> --out <out>`
+/// on this repository, as `cargo xtask release` does.
+pub fn run_release(version: &str, image: &str, out: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
+        .args(["release", "--version", version, "--image", image, "--root"])
+        .arg(repo_root())
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
 /// Runs `capl-manifests release` for `version`; returns (success, stderr, release directory).
 fn release(version: &str) -> (bool, String, PathBuf) {
     let out = tempdir(&format!("release-{version}"));
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capl-manifests"))
-        .args(["release", "--version", version, "--image", "registry.example/capl:dev", "--root"])
-        .arg(repo_root())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = run_release(version, "registry.example/capl:dev", &out);
     (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned(), out)
 }
 
