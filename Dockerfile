@@ -6,6 +6,13 @@
 #
 #   docker build -t <registry>/cluster-api-provider-libvirt:<tag> .
 #   (or: cargo xtask docker-build --image <registry>/cluster-api-provider-libvirt:<tag>)
+#
+# linux/amd64 and linux/arm64: BuildKit sets TARGETARCH, and every stage runs
+# on the target platform, so libvirt-dev and libvirt0 are Debian's packages
+# of that architecture. For arm64 on an amd64 machine the build stage runs
+# under QEMU user emulation (docker buildx with binfmt handlers installed):
+# slow, but it needs no cross toolchain and no cross-built libvirt.
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <image> --push .
 
 FROM docker.io/library/rust:1.95-slim-trixie AS build
 RUN apt-get update \
@@ -21,12 +28,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # libvirt.so.0 and exactly the shared libraries it and the manager load,
 # minus what distroless/cc already has.
 FROM docker.io/library/debian:trixie-slim AS runtime-libs
+ARG TARGETARCH
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libvirt0 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/manager /manager
 COPY hack/copy-runtime-libs.sh /copy-runtime-libs.sh
-RUN /copy-runtime-libs.sh /rootfs /manager "$(readlink -f /usr/lib/x86_64-linux-gnu/libvirt.so.0)"
+RUN case "${TARGETARCH:-amd64}" in \
+      amd64) triplet=x86_64-linux-gnu ;; \
+      arm64) triplet=aarch64-linux-gnu ;; \
+      *) echo "unsupported TARGETARCH ${TARGETARCH}: build for amd64 or arm64" >&2; exit 1 ;; \
+    esac \
+ && /copy-runtime-libs.sh /rootfs /manager "$(readlink -f "/usr/lib/${triplet}/libvirt.so.0")"
 
 FROM gcr.io/distroless/cc-debian13:nonroot
 COPY --from=runtime-libs /rootfs/ /

@@ -17,7 +17,7 @@ if [ "${1:-}" = "--all" ]; then
 fi
 out=$1
 shift
-provided='^(ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libanl\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6)$'
+provided='^(ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libanl\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6)$'
 mkdir -p "$out"
 for binary in "$@"; do
   ldd "$binary" | awk '/=> \// { print $1, $3 } $1 ~ /^\// { n = split($1, p, "/"); print p[n], $1 }'
