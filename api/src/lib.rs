@@ -7,6 +7,27 @@
 //! The provider renders its CRDs from these types ([`crds`]); the e2e suite,
 //! the benchmarks and the test kits build their objects from them with
 //! [`builders`].
+//!
+//! A program that creates machines builds them with kube's typed API:
+//!
+//! ```
+//! use capl_api::{LibvirtClusterSpec, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineTemplate};
+//!
+//! let cluster = LibvirtClusterSpec::one_host("qemu+ssh://root@host-a/system", "default", "capi-base-images", "capi-vm-disks");
+//! assert_eq!(cluster.network, "default");
+//!
+//! let spec = LibvirtMachineSpec::sized("noble.qcow2", 2, 4096, 20);
+//! let template = LibvirtMachineTemplate::stamping("workers", spec.clone());
+//! let machine = LibvirtMachine::from_spec("worker-0", spec);
+//! let yaml = serde_json::to_value(&machine).unwrap();
+//! assert_eq!(yaml["kind"], "LibvirtMachine");
+//! assert_eq!(yaml["apiVersion"], "infrastructure.cluster.x-k8s.io/v1alpha1");
+//! assert_eq!(yaml["spec"]["memoryMiB"], 4096);
+//! assert_eq!(serde_json::to_value(&template).unwrap()["spec"]["template"]["spec"]["vcpu"], 2);
+//! ```
+//!
+//! Its versions follow the book's "Versions and compatibility" page: the API
+//! version (`v1alpha1`) and the crate's semver move together with the provider.
 
 // kube's `printcolumn(...)` attributes repeat `type_ = "string"`, which this
 // lint mistakes for a duplicated attribute.

@@ -10,6 +10,7 @@ mod bench_sim;
 mod bench_tables;
 mod cache_key;
 mod control_plane;
+mod crates;
 mod demo;
 mod demo_check;
 mod deploy;

@@ -140,6 +140,7 @@ pub fn run(args: Args) -> Result<()> {
     let e2e_units = step("e2e crate unit tests", || {
         cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
     });
+    let packaged = step("crates: cargo package", crate::crates::package);
     let summaries = ["private", "kind"].map(e2e::summary_path);
     for path in &summaries {
         let _ = std::fs::remove_file(path);
@@ -156,7 +157,7 @@ pub fn run(args: Args) -> Result<()> {
     let kind =
         if extra.is_empty() { kind_image.and_then(|()| e2e::run(e2e::Args::kind_for_test_command())) } else { Ok(()) };
     let e2e = e2e.and(kind);
-    let result = workspace.and(e2e_units).and(e2e);
+    let result = workspace.and(e2e_units).and(packaged).and(e2e);
 
     if !args.keep_host {
         teardown.run()?;
