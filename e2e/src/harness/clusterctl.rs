@@ -42,6 +42,12 @@ pub struct LocalRepository {
     pub version: String,
     pub config: PathBuf,
     clusterctl: PathBuf,
+    /// Where clusterctl.yaml says this provider's components are: the
+    /// release's file, or a URL that serves the release
+    /// ([`LocalRepository::served_at`]).
+    components_url: String,
+    /// Set for every clusterctl command.
+    env: Vec<(String, String)>,
 }
 
 /// How long one clusterctl command may run (init, move and generate take seconds here).
@@ -85,17 +91,35 @@ impl LocalRepository {
         if !output.status.success() {
             bail!("capl-manifests release {version} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
         }
+        let components = root.join(INFRA_PROVIDER).join(version).join("infrastructure-components.yaml");
         let repository = Self {
             root: root.to_path_buf(),
             version: version.to_string(),
             config: root.join("clusterctl.yaml"),
             clusterctl,
+            components_url: format!("file://{}", components.display()),
+            env: Vec::new(),
         };
         repository.write_config(
-            &[repository.provider_entry("libvirt", "InfrastructureProvider", &repository.components())],
+            &[repository.provider_entry("libvirt", "InfrastructureProvider", &repository.components_url)],
             "",
         )?;
         Ok(repository)
+    }
+
+    /// The release directory of this provider: one directory per version.
+    pub fn releases(&self) -> PathBuf {
+        self.root.join(INFRA_PROVIDER)
+    }
+
+    /// From now on clusterctl.yaml names `url` for this provider, and every
+    /// clusterctl command gets `env` (the release served as on GitHub:
+    /// [`crate::harness::github_release`]). Call before [`LocalRepository::with_capi_release`].
+    pub fn served_at(mut self, url: String, env: Vec<(String, String)>) -> Result<Self> {
+        self.components_url = url;
+        self.env = env;
+        self.write_config(&[self.provider_entry("libvirt", "InfrastructureProvider", &self.components_url)], "")?;
+        Ok(self)
     }
 
     /// The release's `infrastructure-components.yaml`.
@@ -112,12 +136,13 @@ impl LocalRepository {
     /// serves an Issuer and a Certificate, for at most `timeout`, instead of
     /// downloading its release from GitHub).
     pub fn with_capi_release(self, assets: &testenv::Assets) -> Result<Self> {
-        let mut entries = vec![self.provider_entry("libvirt", "InfrastructureProvider", &self.components())];
+        let mut entries = vec![self.provider_entry("libvirt", "InfrastructureProvider", &self.components_url)];
         for provider in CAPI_RELEASE_PROVIDERS {
+            let components = assets.capi_release_components(provider)?;
             entries.push(self.provider_entry(
                 provider.name,
                 provider.type_,
-                &assets.capi_release_components(provider)?,
+                &format!("file://{}", components.display()),
             ));
         }
         let cert_manager =
@@ -126,8 +151,8 @@ impl LocalRepository {
         Ok(self)
     }
 
-    fn provider_entry(&self, name: &str, type_: &str, components: &Path) -> String {
-        format!("  - name: {name}\n    type: {type_}\n    url: file://{}\n", components.display())
+    fn provider_entry(&self, name: &str, type_: &str, url: &str) -> String {
+        format!("  - name: {name}\n    type: {type_}\n    url: {url}\n")
     }
 
     /// Writes clusterctl.yaml: `providers:` with the provider entries, then `sections`.
@@ -158,6 +183,7 @@ impl LocalRepository {
     fn clusterctl_output_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<ClusterctlOutput> {
         let mut child = Command::new(&self.clusterctl)
             .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(env.iter().copied())
             .arg("--config")
             .arg(&self.config)

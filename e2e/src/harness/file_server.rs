@@ -76,23 +76,25 @@ impl Drop for FileServer {
     }
 }
 
-fn serve(stream: TcpStream, path: &str, file: &Path, gets: &AtomicU64) {
-    let _ = stream.set_read_timeout(Some(IDLE));
-    let _ = stream.set_write_timeout(Some(IDLE));
-    let Ok(reader) = stream.try_clone() else { return };
+/// The method and target of an HTTP/1.1 request whose head `lines` reads (up
+/// to and including the empty line; requests here have no body).
+pub(crate) fn read_request_head(lines: &mut impl BufRead) -> Option<(String, String)> {
     let mut request = String::new();
-    let mut lines = BufReader::new(reader);
-    if lines.read_line(&mut request).is_err() {
-        return;
-    }
-    // The rest of the head, up to the empty line.
+    lines.read_line(&mut request).ok()?;
     let mut line = String::new();
     while lines.read_line(&mut line).map(|n| n > 0).unwrap_or(false) && line.trim_end() != "" {
         line.clear();
     }
-    let mut out = stream;
     let mut words = request.split_whitespace();
-    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    Some((words.next()?.to_string(), words.next()?.to_string()))
+}
+
+fn serve(stream: TcpStream, path: &str, file: &Path, gets: &AtomicU64) {
+    let _ = stream.set_read_timeout(Some(IDLE));
+    let _ = stream.set_write_timeout(Some(IDLE));
+    let Ok(reader) = stream.try_clone() else { return };
+    let Some((method, target)) = read_request_head(&mut BufReader::new(reader)) else { return };
+    let mut out = stream;
     let opened = (method == "GET" && target == path).then(|| std::fs::File::open(file)).and_then(Result::ok);
     let _ = match opened.and_then(|f| f.metadata().ok().map(|m| (f, m.len()))) {
         Some((mut f, length)) => {

@@ -10,6 +10,7 @@
 
 pub mod clusterctl;
 pub mod file_server;
+pub mod github_release;
 pub mod host_view;
 pub mod inventory;
 pub mod kind_cluster;

@@ -4,9 +4,13 @@
 //! A new local API server (etcd + kube-apiserver, nothing of CAPI) gets
 //! `clusterctl init --core cluster-api:<CAPI> --bootstrap kubeadm:<CAPI>
 //! --control-plane kubeadm:<CAPI> --infrastructure libvirt:<release>` with a
-//! clusterctl.yaml whose providers are all files on this machine:
+//! clusterctl.yaml whose providers all come from this machine:
 //! - this provider's release, written by `capl-manifests release` (the layout
-//!   of `cargo xtask release`);
+//!   of `cargo xtask release`) and named by the URL a user writes for a
+//!   GitHub release (`https://github.com/<owner>/cluster-api-provider-libvirt/releases/latest/infrastructure-components.yaml`),
+//!   which [`crate::harness::github_release`] serves on 127.0.0.1 the way
+//!   GitHub and the Go module proxy do: clusterctl's GitHub client lists the
+//!   versions and downloads every file through it;
 //! - CAPI core and the kubeadm providers, built from the pinned CAPI module by
 //!   `cargo xtask control-plane build` as CAPI's `make release-manifests` does
 //!   (`kustomize build <provider>/config/default` with the release image,
@@ -50,11 +54,14 @@ use testenv::TestEnv;
 use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_RELEASE_REGISTRY, CAPI_VERSION};
 
 use crate::harness::clusterctl::{CLUSTERCTL_LABEL, INFRA_PROVIDER, LocalRepository, PROVIDER_LABEL};
+use crate::harness::github_release::GithubRelease;
 use crate::harness::progress::say;
 use crate::harness::stack::Stack;
 
 /// The release `clusterctl init` installs.
 const RELEASE_VERSION: &str = "v0.1.0";
+/// The GitHub owner the release is served under.
+const RELEASE_OWNER: &str = "capl-e2e";
 /// What clusterctl logs when the cert-manager API answers (cert_manager.go).
 const CERT_MANAGER_PRESENT: &str = "Skipping installing cert-manager as it is already installed";
 /// The namespace of this provider's components.
@@ -84,8 +91,11 @@ struct Expected {
 }
 
 impl Expected {
+    /// The provider as the command line names it: CAPI's at their version;
+    /// this provider by name alone, as a user installs the latest release,
+    /// which clusterctl resolves from the release URL's version list.
     fn spec(&self) -> String {
-        format!("{}:{}", self.name, self.version)
+        if self.flag == "--infrastructure" { self.name.to_string() } else { format!("{}:{}", self.name, self.version) }
     }
 }
 
@@ -126,8 +136,11 @@ pub async fn init_fresh_cluster(dir: &Path) -> Result<String> {
     let id = "init";
     let started = Instant::now();
     let assets = testenv::Assets::locate()?;
+    let repository = LocalRepository::release(&dir.join("clusterctl-repository"), RELEASE_VERSION)?;
+    let github = GithubRelease::serve(&repository.releases(), RELEASE_OWNER, dir)?;
     let repository =
-        LocalRepository::release(&dir.join("clusterctl-repository"), RELEASE_VERSION)?.with_capi_release(&assets)?;
+        repository.served_at(github.components_url(), github.clusterctl_env())?.with_capi_release(&assets)?;
+    say(id, format!("the release served as {}", github.components_url()));
     let env = TestEnv::start().await.context("starting a fresh API server for clusterctl init")?;
     let client = env.client();
 
@@ -172,6 +185,16 @@ pub async fn init_fresh_cluster(dir: &Path) -> Result<String> {
     }
 
     check_inventory(&client, &providers).await?;
+    // The release's files came from its GitHub release URL.
+    let served = github.requests();
+    for file in ["metadata.yaml", "infrastructure-components.yaml"] {
+        let asset = format!(
+            "github.com/{RELEASE_OWNER}/{}/releases/download/{RELEASE_VERSION}/{file} 200",
+            crate::harness::github_release::REPOSITORY
+        );
+        ensure!(served.contains(&asset), "clusterctl did not download {file} from the release URL; served: {served:?}");
+    }
+    say(id, format!("clusterctl took the release from its URL: {} requests, {}", served.len(), served.join(", ")));
 
     // Every object of every provider's components, as clusterctl renders them.
     let mut resources = HashMap::new();
@@ -207,6 +230,13 @@ pub async fn init_fresh_cluster(dir: &Path) -> Result<String> {
         );
     }
     ensure!(plan.contains("You are already up to date!"), "clusterctl upgrade plan:\n{plan}");
+    let listed =
+        format!("goproxy/github.com/{RELEASE_OWNER}/{}/@v/list 200", crate::harness::github_release::REPOSITORY);
+    ensure!(
+        github.requests().contains(&listed),
+        "clusterctl did not list the release's versions: {:?}",
+        github.requests()
+    );
     say(id, "clusterctl upgrade plan: every provider already up to date");
 
     let total = secs(started);
