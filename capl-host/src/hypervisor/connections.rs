@@ -88,6 +88,9 @@
 //! [`HostEvent::Reconnected`] once its subscription is in place: the receiver
 //! looks at everything on that host again. A first connection needs no such
 //! look: whatever is observed through it is observed after its subscription.
+//! Likewise the first call to return from a host that had stopped answering
+//! is announced as [`HostEvent::Answered`]: what failed on that host meanwhile
+//! can be tried again at once instead of at its next retry.
 //!
 //! Nothing reconnects a host on its own, and a host whose machines are all
 //! healthy gets no calls for a long time, so [`Connections::check_connections`]
@@ -489,13 +492,16 @@ impl HostSlot {
         (self.state().slowest * 4).max(least)
     }
 
-    /// A call on this host returned: calls go to it as usual again.
-    fn mark_answered(&self) {
+    /// A call on this host returned: calls go to it as usual again. Whether
+    /// the host had been unanswered until now.
+    fn mark_answered(&self) -> bool {
         let mut state = self.state();
-        if state.unanswered {
+        let was = state.unanswered;
+        if was {
             tracing::info!(uri = %self.uri, "libvirt host answers again");
             state.unanswered = false;
         }
+        was
     }
 
     /// Forgets `used` if it is still the cached connection.
@@ -613,7 +619,12 @@ impl HostHandle {
                 Ok(Ok(Ran::Done(out))) => {
                     match &out {
                         Err(e) if e.connection_lost() => self.slot.evict(&conn, "lost"),
-                        _ => self.slot.mark_answered(),
+                        _ => {
+                            if self.slot.mark_answered() {
+                                // Its machines' reconciles failed meanwhile and wait for a retry.
+                                self.cache.events.emit(HostEvent::Answered { uri: self.slot.uri.clone() });
+                            }
+                        }
                     }
                     return out;
                 }
@@ -1389,6 +1400,40 @@ mod tests {
         fn reconnects(&self) -> usize {
             self.0.lock().unwrap().iter().filter(|e| matches!(e, HostEvent::Reconnected { .. })).count()
         }
+    }
+
+    /// The first call that returns from a host that had stopped answering is
+    /// announced to the sink, once; calls after it are not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_that_answers_again_is_announced_once() {
+        let uri = "sim:///capl-answers-again";
+        let host = Host::builder(uri).build().unwrap();
+        let cache = sim_cache(2);
+        let received = Received::default();
+        cache.set_event_sink(received.sink());
+        let handle = cache.host(uri);
+        capabilities(&handle).await.unwrap();
+        let answered = || received.0.lock().unwrap().iter().filter(|e| matches!(e, HostEvent::Answered { .. })).count();
+        host.faults().hang(Op::GetCapabilities, None);
+        let release = ReleaseOnDrop(&host, Op::GetCapabilities);
+        let e = capabilities(&handle).await.unwrap_err();
+        assert!(matches!(&e, crate::HostError::NoAnswer { note, .. } if note.is_empty()), "{e}");
+        assert_eq!(answered(), 0, "announced while the host does not answer");
+        drop(release);
+        capabilities(&handle).await.expect("the host answers again");
+        assert_eq!(
+            received
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| matches!(e, HostEvent::Answered { uri: u } if u == uri))
+                .count(),
+            1
+        );
+        capabilities(&handle).await.unwrap();
+        assert_eq!(answered(), 1, "announced again for a host that kept answering");
+        host.unregister();
     }
 
     fn domain_event(events: &[HostEvent], domain: &str) -> bool {

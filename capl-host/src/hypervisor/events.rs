@@ -17,6 +17,9 @@ pub enum HostEvent {
     /// The host opened with `uri` has a new, subscribed connection after it
     /// had another: events in between were lost.
     Reconnected { uri: String },
+    /// A call to the host opened with `uri` returned after one had gone
+    /// unanswered: the calls refused or given up on meanwhile can succeed now.
+    Answered { uri: String },
 }
 
 /// Receives the cache's [`HostEvent`]s. It runs on the backend's event thread

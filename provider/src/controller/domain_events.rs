@@ -115,7 +115,9 @@ pub fn reconciles(
                         }
                     }
                 }
-                HostEvent::Reconnected { uri } => {
+                // Both: what happened on the host, or failed there, while it
+                // could not be reached is looked at again.
+                HostEvent::Reconnected { uri } | HostEvent::Answered { uri } => {
                     if relists.due(&uri, relist_gap, &again) {
                         Wanted::Host(user_uri(&uri))
                     } else {
@@ -130,7 +132,7 @@ pub fn reconciles(
                 Wanted::Host(uri) => {
                     metrics.host_relisted();
                     let on_host = machines_on_host(&machines, &uri);
-                    tracing::info!(%uri, machines = on_host.len(), "reconnected to the host: reconciling its machines, whose domain events may have been lost");
+                    tracing::info!(%uri, machines = on_host.len(), "reconnected to the host, or it answers again: reconciling its machines");
                     on_host
                 }
                 Wanted::All => {
@@ -309,7 +311,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reconnect_reconciles_the_machines_of_that_host_and_an_overflow_all() {
+    async fn a_reconnect_or_an_answer_reconciles_the_machines_of_that_host_and_an_overflow_all() {
         let machines = [
             machine("a", "uid-a", None, "qemu+tls://h1/system"),
             machine("b", "uid-b", None, "qemu+tls://h2/system"),
@@ -319,6 +321,9 @@ mod tests {
         let mut on_h1 = reconciles_for(vec![reconnect.clone()], &machines, false).await;
         on_h1.sort();
         assert_eq!(on_h1, ["a", "c"]);
+        // A host that answers again after a call went unanswered: the same.
+        let answered = HostEvent::Answered { uri: "qemu+tls://h2/system?pkipath=/run/x".into() };
+        assert_eq!(reconciles_for(vec![answered], &machines, false).await, ["b"]);
         let mut all = reconciles_for(vec![event("qemu+tls://h1/system", "not-ours")], &machines, true).await;
         all.sort();
         assert_eq!(all, ["a", "b", "c"], "an overflow looks at every machine");
