@@ -183,20 +183,12 @@ pub const DEFAULT_MAX_CONNECT_THREADS: usize = 32;
 /// given up on that have not returned.
 pub const DEFAULT_MAX_CALL_THREADS: usize = 192;
 
-/// How long a caller waits for a call slot of a host whose slots are all
-/// taken and which has answered nothing since, at least: four times the
-/// longest call the host has answered, when that is longer. Past it the
-/// caller fails at once instead of holding a reconcile worker until the call
-/// timeout. A host that has not answered a call yet gets the call timeout.
-pub const DEFAULT_SLOT_PATIENCE: Duration = Duration::from_secs(1);
-
 /// The connection cache: one slot per host URI.
 pub struct Connections {
     connector: Arc<dyn Connector>,
     max_calls_per_host: usize,
     call_timeout: Duration,
     connect_timeout: Duration,
-    slot_patience: Duration,
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
     /// The threads connects and calls may hold, over all hosts.
     connect_threads: Budget,
@@ -217,7 +209,6 @@ impl Connections {
             max_calls_per_host,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            slot_patience: DEFAULT_SLOT_PATIENCE,
             hosts: Mutex::new(HashMap::new()),
             connect_threads: Budget::new("connects", DEFAULT_MAX_CONNECT_THREADS),
             call_threads: Budget::new("calls", DEFAULT_MAX_CALL_THREADS),
@@ -275,13 +266,6 @@ impl Connections {
         assert!(!call.is_zero() && !connect.is_zero(), "libvirt timeouts must be above zero");
         self.call_timeout = call;
         self.connect_timeout = connect;
-        self
-    }
-
-    /// Sets the least time a caller waits for a call slot of a host that
-    /// answers nothing while its slots are all taken ([`DEFAULT_SLOT_PATIENCE`]).
-    pub fn with_slot_patience(mut self, patience: Duration) -> Self {
-        self.slot_patience = patience;
         self
     }
 
@@ -378,23 +362,6 @@ struct SlotState {
     unanswered: bool,
     /// Whether the probe of an unanswered host is in flight.
     probing: bool,
-    /// When a call last got a slot, and when one last returned: while every
-    /// slot is taken, the later of the two is when the host last moved.
-    last_started: Option<Instant>,
-    last_returned: Option<Instant>,
-    /// The longest call this host has answered.
-    slowest: Duration,
-}
-
-impl SlotState {
-    /// When a caller that finds every slot taken stops waiting, if the host
-    /// answers nothing before: `patience` after the host last moved. Never
-    /// (until the call timeout) for a host that has not answered a call yet,
-    /// whose calls may take any time.
-    fn gives_up_at(&self, patience: Duration) -> Option<Instant> {
-        self.last_returned?;
-        self.last_started.max(self.last_returned).map(|moved| moved + patience)
-    }
 }
 
 /// A connect running on the blocking pool; every caller that needs the
@@ -477,19 +444,6 @@ impl HostSlot {
             }
         }
         self.found_unanswered.notify_waiters();
-    }
-
-    /// A call that took a slot at `started` returned, with an answer or not.
-    fn returned(&self, started: Instant) {
-        let mut state = self.state();
-        state.last_returned = Some(Instant::now());
-        state.slowest = state.slowest.max(started.elapsed());
-    }
-
-    /// How long a caller waits for a slot while the host does not move: at
-    /// least `least`, or four times the longest call the host answered.
-    fn patience(&self, least: Duration) -> Duration {
-        (self.state().slowest * 4).max(least)
     }
 
     /// A call on this host returned: calls go to it as usual again. Whether
@@ -586,7 +540,24 @@ impl HostHandle {
             if !probe && self.slot.state().unanswered {
                 return Err(E::no_answer(uri, call_timeout, UNANSWERED));
             }
-            let permit = self.take_slot::<E>(found_unanswered.as_mut(), probe).await?;
+            let acquire = tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned());
+            let acquired = tokio::select! {
+                acquired = acquire => acquired,
+                () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
+            };
+            let permit = match acquired {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) => {
+                    return Err(E::unavailable(
+                        uri,
+                        HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
+                    ));
+                }
+                Err(_) => {
+                    tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
+                    return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
+                }
+            };
             let Some(thread) = self.cache.call_threads.take(call_timeout).await else {
                 return Err(self.cache.call_threads.used_up(uri));
             };
@@ -599,9 +570,7 @@ impl HostHandle {
             // hosts by the budget.
             let task = tokio::task::spawn_blocking(move || {
                 let _permits = (permit, thread);
-                let started = Instant::now();
                 let ran = if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) };
-                slot.returned(started);
                 if ended.swap(RETURNED, Ordering::SeqCst) == ABANDONED {
                     slot.abandoned.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -657,53 +626,6 @@ impl HostHandle {
                 format!("the connection to {uri} closed right after it was opened"),
             ),
         ))
-    }
-
-    /// A call slot of the host. While every slot is taken the caller waits
-    /// for one as long as the host moves (a call gets a slot or returns) at
-    /// least every patience ([`Connections::with_slot_patience`], or four
-    /// times the longest call the host answered), and at most the call
-    /// timeout (all of it while the host has answered no call yet): a host whose slots are all held by calls that get no answer
-    /// costs its callers a moment each, not a reconcile worker each for the
-    /// whole call timeout.
-    async fn take_slot<E: CallError>(
-        &self,
-        mut found_unanswered: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
-        probe: bool,
-    ) -> Result<OwnedSemaphorePermit, E> {
-        let uri = self.slot.uri.as_str();
-        let (max, call_timeout) = (self.cache.max_calls_per_host, self.cache.call_timeout);
-        let deadline = Instant::now() + call_timeout;
-        let acquire = self.slot.permits.clone().acquire_owned();
-        tokio::pin!(acquire);
-        loop {
-            let patience = self.slot.patience(self.cache.slot_patience).min(call_timeout);
-            let gives_up_at = self.slot.state().gives_up_at(patience).map_or(deadline, |at| at.min(deadline));
-            tokio::select! {
-                biased;
-                acquired = &mut acquire => {
-                    let Ok(permit) = acquired else {
-                        return Err(E::unavailable(
-                            uri,
-                            HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
-                        ));
-                    };
-                    self.slot.state().last_started = Some(Instant::now());
-                    return Ok(permit);
-                }
-                () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
-                () = tokio::time::sleep_until(gives_up_at.into()) => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
-                return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
-            }
-            if self.slot.state().gives_up_at(patience).is_some_and(|at| at <= now) {
-                tracing::debug!(%uri, calls = max, "every call slot is held by a call without an answer; not waiting");
-                return Err(E::no_answer(uri, patience, &all_slots_stalled(max)));
-            }
-        }
     }
 
     /// Whether a call may go to the host now: always while it answers
@@ -921,15 +843,6 @@ fn all_slots_stuck(max: usize) -> String {
     format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)")
 }
 
-/// The note of a "no answer" when every call slot of a host is held by a
-/// call that has had no answer for the patience, and none returned since.
-fn all_slots_stalled(max: usize) -> String {
-    format!(
-        " (all {max} calls the provider makes at once to this host are waiting for an answer and none has come \
-         since; the caller does not wait for a slot and is retried)"
-    )
-}
-
 /// Why nothing was sent to `uri`: every thread of the budget for `what` is
 /// held, by hosts that do not answer.
 pub fn threads_used_up_message(uri: &str, what: &str, max: usize) -> String {
@@ -992,19 +905,6 @@ mod tests {
 
     /// What a host operation returns when the host does not answer, as the
     /// controllers see it.
-    /// `n` callers of [`capabilities`] at once.
-    fn spawn_capabilities(
-        handle: &HostHandle,
-        n: usize,
-    ) -> Vec<tokio::task::JoinHandle<Result<String, crate::HostError>>> {
-        (0..n)
-            .map(|_| {
-                let handle = handle.clone();
-                tokio::spawn(async move { capabilities(&handle).await })
-            })
-            .collect()
-    }
-
     async fn capabilities(handle: &HostHandle) -> Result<String, crate::HostError> {
         let uri = handle.uri().to_string();
         handle.call(move |h| h.capabilities_xml().map_err(|source| crate::HostError::Unreachable { uri, source })).await
@@ -1110,7 +1010,12 @@ mod tests {
         let cache = sim_cache(2);
         let handle = cache.host(uri);
         host.faults().hang(Op::GetCapabilities, None);
-        let stuck = spawn_capabilities(&handle, 2);
+        let stuck: Vec<_> = (0..2)
+            .map(|_| {
+                let handle = handle.clone();
+                tokio::spawn(async move { capabilities(&handle).await })
+            })
+            .collect();
         while handle.calls_in_flight() < 2 {
             tokio::task::yield_now().await;
         }
@@ -1150,61 +1055,6 @@ mod tests {
         host.unregister();
     }
 
-    /// A caller that finds every slot of a host taken by calls without an
-    /// answer waits only the patience, not the call timeout, and the next
-    /// caller is told at once; a host that answers slowly but keeps answering
-    /// has its callers wait their turn, however many there are.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_caller_waits_for_a_slot_only_while_the_host_answers() {
-        const CALL: Duration = Duration::from_secs(10);
-        const PATIENCE: Duration = Duration::from_millis(300);
-        let stalled = format!("no answer from sim:///capl-stalled within 0.3 s{}", all_slots_stalled(2));
-        let uri = "sim:///capl-stalled";
-        let host = Host::builder(uri).build().unwrap();
-        let cache = Arc::new(
-            Connections::new(Arc::new(SimConnector), 2).with_timeouts(CALL, CALL).with_slot_patience(PATIENCE),
-        );
-        let handle = cache.host(uri);
-        // A call answered before the hang does not make the host look slow.
-        capabilities(&handle).await.unwrap();
-        host.faults().hang(Op::GetCapabilities, None);
-        let _release = ReleaseOnDrop(&host, Op::GetCapabilities);
-        let stuck = spawn_capabilities(&handle, 2);
-        while handle.calls_in_flight() < 2 {
-            tokio::task::yield_now().await;
-        }
-        let started = Instant::now();
-        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
-        let waited = started.elapsed();
-        assert!(waited < CALL / 4, "waited {waited:?} for a slot of a host that answers nothing");
-        assert_eq!(e.message, stalled);
-        let started = Instant::now();
-        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
-        assert!(started.elapsed() < PATIENCE, "waited {:?} although the host had stalled", started.elapsed());
-        assert_eq!(e.message, stalled);
-        assert_eq!(host.counters().calls(Op::PoolLookup), 0, "a call was sent past the stalled slots");
-        drop(_release);
-        for call in stuck {
-            call.await.unwrap().unwrap();
-        }
-        host.unregister();
-
-        // Every call takes longer than the patience, one slot, six callers on
-        // a host that has answered nothing yet: each is answered, in turn.
-        let host = Host::builder(uri).build().unwrap();
-        let cache = Arc::new(
-            Connections::new(Arc::new(SimConnector), 1).with_timeouts(CALL, CALL).with_slot_patience(PATIENCE),
-        );
-        let handle = cache.host(uri);
-        host.faults().set_latency(Op::GetCapabilities, PATIENCE * 3 / 2);
-        let callers = spawn_capabilities(&handle, 6);
-        for caller in callers {
-            caller.await.unwrap().expect("a caller of a slow host that answers gave up");
-        }
-        assert_eq!(host.counters().calls(Op::GetCapabilities), 6);
-        host.unregister();
-    }
-
     /// Once a call on a host is given up on, one call at a time goes to the
     /// host until one returns: callers waiting for a call slot are woken and
     /// told, of callers at once only one reaches the host and the others are
@@ -1229,10 +1079,7 @@ mod tests {
         // One call slot: a caller waiting for it is woken when the call in it is given up on.
         let uri = "sim:///capl-unanswered";
         let host = Host::builder(uri).build().unwrap();
-        // Patient for the whole call timeout: the waiter is told because the
-        // host was found unanswered, not because it stopped waiting itself.
-        let cache =
-            Arc::new(Connections::new(Arc::new(SimConnector), 1).with_timeouts(CALL, CALL).with_slot_patience(CALL));
+        let cache = Arc::new(Connections::new(Arc::new(SimConnector), 1).with_timeouts(CALL, CALL));
         let handle = cache.host(uri);
         host.faults().hang(Op::GetCapabilities, None);
         // A failed assertion must not leave threads hung, which the runtime waits for.
