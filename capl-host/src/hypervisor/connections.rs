@@ -563,7 +563,7 @@ impl HostHandle {
             };
             let used = conn.clone();
             let state = Arc::new(AtomicU8::new(RUNNING));
-            let (ended, slot) = (state.clone(), self.slot.clone());
+            let (ended, slot, emit) = (state.clone(), self.slot.clone(), self.cache.events.emitter());
             // The permits go with the blocking thread: a call that never
             // returns keeps its slot and its thread of the budget, so stuck
             // threads per host stay bounded by the call bound and over all
@@ -573,6 +573,14 @@ impl HostHandle {
                 let ran = if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) };
                 if ended.swap(RETURNED, Ordering::SeqCst) == ABANDONED {
                     slot.abandoned.fetch_sub(1, Ordering::SeqCst);
+                    // A call given up on came back with the host's answer: the
+                    // host answers again, and its callers need not wait for a
+                    // retry to find out.
+                    let answered =
+                        matches!(&ran, Ran::Done(out) if !out.as_ref().is_err_and(CallError::connection_lost));
+                    if answered && slot.mark_answered() {
+                        emit(HostEvent::Answered { uri: slot.uri.clone() });
+                    }
                 }
                 ran
             });
@@ -1249,8 +1257,9 @@ mod tests {
         }
     }
 
-    /// The first call that returns from a host that had stopped answering is
-    /// announced to the sink, once; calls after it are not.
+    /// A host that had stopped answering is announced to the sink once it
+    /// answers: when the call given up on returns, before any other call;
+    /// calls after it are not announced.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_host_that_answers_again_is_announced_once() {
         let uri = "sim:///capl-answers-again";
@@ -1266,18 +1275,15 @@ mod tests {
         let e = capabilities(&handle).await.unwrap_err();
         assert!(matches!(&e, crate::HostError::NoAnswer { note, .. } if note.is_empty()), "{e}");
         assert_eq!(answered(), 0, "announced while the host does not answer");
+        // The call given up on returns once the host answers: that is announced
+        // without waiting for another call.
         drop(release);
+        received
+            .wait_for("the host answering again", |e| {
+                e.iter().any(|e| matches!(e, HostEvent::Answered { uri: u } if u == uri))
+            })
+            .await;
         capabilities(&handle).await.expect("the host answers again");
-        assert_eq!(
-            received
-                .0
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|e| matches!(e, HostEvent::Answered { uri: u } if u == uri))
-                .count(),
-            1
-        );
         capabilities(&handle).await.unwrap();
         assert_eq!(answered(), 1, "announced again for a host that kept answering");
         host.unregister();

@@ -49,6 +49,12 @@ impl EventFanOut {
         emit_to(&self.sink, event);
     }
 
+    /// [`EventFanOut::emit`] for a thread that does not hold the cache.
+    pub(super) fn emitter(&self) -> impl Fn(HostEvent) + Send + 'static {
+        let sink = self.sink.clone();
+        move |event| emit_to(&sink, event)
+    }
+
     /// Subscribes `conn` (just opened for `uri`) to domain events for the
     /// sink; `None` without a sink or when subscribing failed (logged).
     pub(super) fn subscribe(&self, uri: &str, conn: &dyn Hypervisor) -> Option<EventSubscription> {
