@@ -115,15 +115,20 @@ pub fn reconciles(
                         }
                     }
                 }
-                // Both: what happened on the host, or failed there, while it
-                // could not be reached is looked at again.
-                HostEvent::Reconnected { uri } | HostEvent::Answered { uri } => {
+                // What happened on the host while no connection was
+                // subscribed is looked at again, at most once per gap.
+                HostEvent::Reconnected { uri } => {
                     if relists.due(&uri, relist_gap, &again) {
                         Wanted::Host(user_uri(&uri))
                     } else {
                         Wanted::Nothing
                     }
                 }
+                // What failed on the host while it did not answer is tried
+                // again now. Not held to the reconnect gap: the host was found
+                // unanswered first, which takes a call timeout, and a reconnect
+                // during the hang must not put this off.
+                HostEvent::Answered { uri } => Wanted::Host(user_uri(&uri)),
             };
             let wanted = if overflowed.swap(false, Ordering::SeqCst) { Wanted::All } else { wanted };
             let refs = match wanted {
@@ -321,9 +326,12 @@ mod tests {
         let mut on_h1 = reconciles_for(vec![reconnect.clone()], &machines, false).await;
         on_h1.sort();
         assert_eq!(on_h1, ["a", "c"]);
-        // A host that answers again after a call went unanswered: the same.
-        let answered = HostEvent::Answered { uri: "qemu+tls://h2/system?pkipath=/run/x".into() };
-        assert_eq!(reconciles_for(vec![answered], &machines, false).await, ["b"]);
+        // A host that answers again after a call went unanswered: the same,
+        // even right after a reconnect re-listed it.
+        let answered = HostEvent::Answered { uri: "qemu+tls://h1/system?pkipath=/run/x".into() };
+        let mut again = reconciles_for(vec![reconnect.clone(), answered], &machines, false).await;
+        again.sort();
+        assert_eq!(again, ["a", "a", "c", "c"]);
         let mut all = reconciles_for(vec![event("qemu+tls://h1/system", "not-ours")], &machines, true).await;
         all.sort();
         assert_eq!(all, ["a", "b", "c"], "an overflow looks at every machine");
