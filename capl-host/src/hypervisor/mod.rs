@@ -19,6 +19,7 @@ pub mod connections;
 pub mod error;
 pub mod events;
 pub mod libvirt;
+pub mod observed;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
