@@ -44,6 +44,17 @@
 //!   while every slot of a host is held by a call already given up on, its
 //!   callers fail at once, saying so, instead of waiting for a slot (a
 //!   reconcile worker is not held for a host that cannot answer).
+//! - **A host that has just hung**: before any call is given up on, a caller
+//!   that finds every slot taken waits only while the host answers. Each
+//!   call's libvirt calls are watched (the connection handed to the closure
+//!   is [`Observed`]); when every slot is held by a call waiting for a
+//!   libvirt call past its patience ([`DEFAULT_SLOT_PATIENCE`] for a quick
+//!   one, [`LENGTHY_CALL_PATIENCE`] for one that starts a guest or makes a
+//!   volume, or four times the slowest of its kind the host answered), the
+//!   caller fails at once, saying so. Progress is judged per libvirt call,
+//!   not per call, because a call that creates a machine holds its slot for
+//!   many libvirt calls and seconds in all on a host that answers each of
+//!   them. A host that has answered nothing yet gets the whole call timeout.
 //! - **A host that stopped answering**: once a call on a host has been given
 //!   up on, the host counts as unanswered until a call on it returns. Meanwhile
 //!   one call at a time goes to it (a probe); every other call fails at once
@@ -108,6 +119,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 use super::events::{EventFanOut, HostEvent, HostEventSink, Subscription};
+use super::observed::{Observed, Rpc, RpcObserver};
 use super::{Connector, ErrorKind, Hypervisor, HypervisorError, Result};
 
 /// The longest wait between two reconnects of a host that refuses them in
@@ -183,12 +195,23 @@ pub const DEFAULT_MAX_CONNECT_THREADS: usize = 32;
 /// given up on that have not returned.
 pub const DEFAULT_MAX_CALL_THREADS: usize = 192;
 
+/// How long a quick libvirt call (a lookup, an XML read, a DHCP entry) may
+/// go unanswered, at least, while every call slot of its host is taken,
+/// before callers stop waiting for a slot: see [`HostHandle::call`]. Four
+/// times the slowest quick call the host answered, when that is longer.
+pub const DEFAULT_SLOT_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The same for a lengthy libvirt call (a guest started or stopped, a
+/// volume made or copied, every domain listed), at least.
+pub const LENGTHY_CALL_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The connection cache: one slot per host URI.
 pub struct Connections {
     connector: Arc<dyn Connector>,
     max_calls_per_host: usize,
     call_timeout: Duration,
     connect_timeout: Duration,
+    slot_patience: Duration,
     hosts: Mutex<HashMap<String, Arc<HostSlot>>>,
     /// The threads connects and calls may hold, over all hosts.
     connect_threads: Budget,
@@ -209,6 +232,7 @@ impl Connections {
             max_calls_per_host,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            slot_patience: DEFAULT_SLOT_PATIENCE,
             hosts: Mutex::new(HashMap::new()),
             connect_threads: Budget::new("connects", DEFAULT_MAX_CONNECT_THREADS),
             call_threads: Budget::new("calls", DEFAULT_MAX_CALL_THREADS),
@@ -269,6 +293,14 @@ impl Connections {
         self
     }
 
+    /// Sets the least time a quick libvirt call may go unanswered while every
+    /// call slot of its host is taken before callers stop waiting for a slot
+    /// ([`DEFAULT_SLOT_PATIENCE`]).
+    pub fn with_slot_patience(mut self, patience: Duration) -> Self {
+        self.slot_patience = patience;
+        self
+    }
+
     /// Sets how many connects and how many calls may hold a thread at once,
     /// over all hosts (both must be at least 1).
     pub fn with_thread_limits(mut self, connects: usize, calls: usize) -> Self {
@@ -304,6 +336,8 @@ impl Connections {
                         permits: Arc::new(Semaphore::new(self.max_calls_per_host)),
                         abandoned: AtomicUsize::new(0),
                         found_unanswered: Notify::new(),
+                        next_call: AtomicU64::new(0),
+                        moved: Notify::new(),
                     })
                 })
                 .clone()
@@ -362,6 +396,35 @@ struct SlotState {
     unanswered: bool,
     /// Whether the probe of an unanswered host is in flight.
     probing: bool,
+    /// The calls holding a call slot, by id, each with the libvirt call it
+    /// waits for, if any: when that was sent and whether it is lengthy.
+    calls: HashMap<u64, Option<(Instant, bool)>>,
+    /// The slowest quick and the slowest lengthy libvirt call the host
+    /// answered; `None` until it answered one.
+    slowest: Option<[Duration; 2]>,
+}
+
+impl SlotState {
+    /// When the host counts as stalled unless a libvirt call returns first:
+    /// every call slot (`max`) is held by a call waiting for a libvirt call
+    /// that has had no answer for its patience (`least`, or
+    /// [`LENGTHY_CALL_PATIENCE`] for a lengthy one, or four times the slowest
+    /// of its kind the host answered, when that is longer). `None` while a
+    /// call holding a slot is not waiting for libvirt, or the host has
+    /// answered no libvirt call yet (its calls may take any time).
+    fn stalls_at(&self, max: usize, least: Duration) -> Option<Instant> {
+        let slowest = self.slowest?;
+        if self.calls.len() < max {
+            return None;
+        }
+        let mut at = None;
+        for waiting in self.calls.values() {
+            let (sent, lengthy) = (*waiting)?;
+            let floor = if lengthy { LENGTHY_CALL_PATIENCE.max(least) } else { least };
+            at = at.max(Some(sent + (slowest[usize::from(lengthy)] * 4).max(floor)));
+        }
+        at
+    }
 }
 
 /// A connect running on the blocking pool; every caller that needs the
@@ -382,6 +445,81 @@ struct HostSlot {
     /// Wakes the callers waiting for a call slot when the host is found
     /// unanswered, so that they fail at once too.
     found_unanswered: Notify,
+    /// The id of the next call to take a slot.
+    next_call: AtomicU64,
+    /// Wakes the callers waiting for a call slot whenever a libvirt call on
+    /// the host is sent or returns, so that they look whether it stalled.
+    moved: Notify,
+}
+
+/// The libvirt calls of one call holding a slot of `slot`: each is recorded
+/// in the host's state as it is sent and when it returns.
+struct SlotWatch {
+    slot: Arc<HostSlot>,
+    id: u64,
+}
+
+impl RpcObserver for SlotWatch {
+    type Guard = RpcReturned;
+
+    fn begin(&self, rpc: Rpc) -> RpcReturned {
+        let sent = Instant::now();
+        if let Some(waiting) = self.slot.state().calls.get_mut(&self.id) {
+            *waiting = Some((sent, rpc.lengthy));
+        }
+        self.slot.moved.notify_waiters();
+        RpcReturned { slot: self.slot.clone(), id: self.id, sent, lengthy: rpc.lengthy }
+    }
+}
+
+/// Records, when dropped, that a libvirt call returned.
+struct RpcReturned {
+    slot: Arc<HostSlot>,
+    id: u64,
+    sent: Instant,
+    lengthy: bool,
+}
+
+impl Drop for RpcReturned {
+    fn drop(&mut self) {
+        {
+            let mut state = self.slot.state();
+            let now = Instant::now();
+            if let Some(waiting) = state.calls.get_mut(&self.id) {
+                *waiting = None;
+            }
+            let slowest = state.slowest.get_or_insert_default();
+            let kind = &mut slowest[usize::from(self.lengthy)];
+            *kind = (*kind).max(now - self.sent);
+        }
+        self.slot.moved.notify_waiters();
+    }
+}
+
+/// A call's hold on its slot, in the host's state: taken when the call gets
+/// its slot, given back when its blocking thread ends.
+struct CallHeld {
+    slot: Arc<HostSlot>,
+    id: u64,
+}
+
+impl CallHeld {
+    fn new(slot: &Arc<HostSlot>) -> Self {
+        let id = slot.next_call.fetch_add(1, Ordering::SeqCst);
+        slot.state().calls.insert(id, None);
+        Self { slot: slot.clone(), id }
+    }
+
+    fn watch(&self) -> SlotWatch {
+        SlotWatch { slot: self.slot.clone(), id: self.id }
+    }
+}
+
+impl Drop for CallHeld {
+    fn drop(&mut self) {
+        self.slot.state().calls.remove(&self.id);
+        self.slot.moved.notify_waiters();
+    }
 }
 
 /// A number of threads that may be held at once, as a semaphore whose
@@ -540,28 +678,12 @@ impl HostHandle {
             if !probe && self.slot.state().unanswered {
                 return Err(E::no_answer(uri, call_timeout, UNANSWERED));
             }
-            let acquire = tokio::time::timeout(call_timeout, self.slot.permits.clone().acquire_owned());
-            let acquired = tokio::select! {
-                acquired = acquire => acquired,
-                () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
-            };
-            let permit = match acquired {
-                Ok(Ok(permit)) => permit,
-                Ok(Err(_)) => {
-                    return Err(E::unavailable(
-                        uri,
-                        HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
-                    ));
-                }
-                Err(_) => {
-                    tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
-                    return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
-                }
-            };
+            let permit = self.take_slot::<E>(found_unanswered.as_mut(), probe).await?;
             let Some(thread) = self.cache.call_threads.take(call_timeout).await else {
                 return Err(self.cache.call_threads.used_up(uri));
             };
             let used = conn.clone();
+            let held = CallHeld::new(&self.slot);
             let state = Arc::new(AtomicU8::new(RUNNING));
             let (ended, slot, emit) = (state.clone(), self.slot.clone(), self.cache.events.emitter());
             // The permits go with the blocking thread: a call that never
@@ -569,8 +691,13 @@ impl HostHandle {
             // threads per host stay bounded by the call bound and over all
             // hosts by the budget.
             let task = tokio::task::spawn_blocking(move || {
-                let _permits = (permit, thread);
-                let ran = if used.is_alive() { Ran::Done(f(used.as_ref())) } else { Ran::DeadConnection(f) };
+                let watch = held.watch();
+                let _permits = (held, permit, thread);
+                let ran = if used.is_alive() {
+                    Ran::Done(f(&Observed::new(used.as_ref(), watch)))
+                } else {
+                    Ran::DeadConnection(f)
+                };
                 if ended.swap(RETURNED, Ordering::SeqCst) == ABANDONED {
                     slot.abandoned.fetch_sub(1, Ordering::SeqCst);
                     // A call given up on came back with the host's answer: the
@@ -634,6 +761,59 @@ impl HostHandle {
                 format!("the connection to {uri} closed right after it was opened"),
             ),
         ))
+    }
+
+    /// A call slot of the host. While every slot is taken the caller waits
+    /// for one as long as the host moves, and at most the call timeout: when
+    /// every slot is held by a call waiting for a libvirt call that has gone
+    /// unanswered past its patience (see [`SlotState::stalls_at`]) and
+    /// nothing returned meanwhile, the caller fails at once, saying so,
+    /// instead of holding its reconcile worker until the call timeout. A busy
+    /// host whose calls are each made of many libvirt calls keeps its callers
+    /// waiting their turn, as each libvirt call that returns moves it.
+    async fn take_slot<E: CallError>(
+        &self,
+        mut found_unanswered: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        probe: bool,
+    ) -> Result<OwnedSemaphorePermit, E> {
+        let uri = self.slot.uri.as_str();
+        let (max, call_timeout, least) =
+            (self.cache.max_calls_per_host, self.cache.call_timeout, self.cache.slot_patience);
+        let deadline = Instant::now() + call_timeout;
+        let acquire = self.slot.permits.clone().acquire_owned();
+        tokio::pin!(acquire);
+        loop {
+            // Registered before the state is read, so that no move is missed.
+            let moved = self.slot.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            let stalls_at = self.slot.state().stalls_at(max, least);
+            if stalls_at.is_some_and(|at| at <= Instant::now()) && self.slot.permits.available_permits() == 0 {
+                tracing::debug!(%uri, calls = max, "every call slot is held by a call without an answer; not waiting");
+                return Err(E::no_answer(uri, least, &all_slots_stalled(max)));
+            }
+            let wake_at = stalls_at.map_or(deadline, |at| at.min(deadline));
+            tokio::select! {
+                biased;
+                acquired = &mut acquire => {
+                    let Ok(permit) = acquired else {
+                        return Err(E::unavailable(
+                            uri,
+                            HypervisorError::new(ErrorKind::Other, 0, format!("call bound of host {uri} was closed")),
+                        ));
+                    };
+                    return Ok(permit);
+                }
+                () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
+                () = &mut moved => {}
+                () = tokio::time::sleep_until(wake_at.into()) => {
+                    if Instant::now() >= deadline {
+                        tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
+                        return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
+                    }
+                }
+            }
+        }
     }
 
     /// Whether a call may go to the host now: always while it answers
@@ -851,6 +1031,15 @@ fn all_slots_stuck(max: usize) -> String {
     format!(" (all {max} calls the provider makes at once to this host are still waiting for an answer)")
 }
 
+/// The note of a "no answer" when every call slot of a host is held by a
+/// call waiting for a libvirt call past its patience, and none returned since.
+fn all_slots_stalled(max: usize) -> String {
+    format!(
+        " (all {max} calls the provider makes at once to this host are waiting for an answer and none has come \
+         since; this one was not sent and is retried)"
+    )
+}
+
 /// Why nothing was sent to `uri`: every thread of the budget for `what` is
 /// held, by hosts that do not answer.
 pub fn threads_used_up_message(uri: &str, what: &str, max: usize) -> String {
@@ -1060,6 +1249,109 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         capabilities(&handle).await.unwrap();
+        host.unregister();
+    }
+
+    /// `n` callers of `call` at once on `handle`.
+    fn spawn_calls<T: Send + 'static>(
+        handle: &HostHandle,
+        n: usize,
+        call: impl Fn(&dyn Hypervisor) -> Result<T> + Clone + Send + 'static,
+    ) -> Vec<tokio::task::JoinHandle<Result<T>>> {
+        (0..n)
+            .map(|_| {
+                let (handle, call) = (handle.clone(), call.clone());
+                tokio::spawn(async move { handle.call(move |h| call(h)).await })
+            })
+            .collect()
+    }
+
+    /// A caller that finds every slot of a host taken by calls waiting for a
+    /// libvirt call without an answer waits only the patience, not the call
+    /// timeout, and the next caller is told at once. A busy host is not
+    /// taken for a stalled one: callers wait their turn behind calls made of
+    /// many quick libvirt calls that together take longer than the patience,
+    /// behind a lengthy libvirt call that does, and, on a host that has
+    /// answered nothing yet, behind quick calls that each take longer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_waits_for_a_slot_only_while_the_host_answers() {
+        const CALL: Duration = Duration::from_secs(10);
+        const PATIENCE: Duration = Duration::from_millis(300);
+        let uri = "sim:///capl-stalled";
+        let cache = || {
+            Arc::new(Connections::new(Arc::new(SimConnector), 2).with_timeouts(CALL, CALL).with_slot_patience(PATIENCE))
+        };
+        let stalled = format!("no answer from {uri} within 0.3 s{}", all_slots_stalled(2));
+        let host = Host::builder(uri).build().unwrap();
+        let handle = cache().host(uri);
+        // A call answered before the hang does not make the host look slow.
+        capabilities(&handle).await.unwrap();
+        host.faults().hang(Op::GetCapabilities, None);
+        let release = ReleaseOnDrop(&host, Op::GetCapabilities);
+        let stuck = spawn_calls(&handle, 2, |h| h.capabilities_xml());
+        while handle.calls_in_flight() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
+        let waited = started.elapsed();
+        assert!(waited < CALL / 4, "waited {waited:?} for a slot of a host that answers nothing");
+        assert_eq!(e.message, stalled);
+        let started = Instant::now();
+        let e = handle.call(|h| h.pool_is_active("missing")).await.unwrap_err();
+        assert!(started.elapsed() < PATIENCE, "waited {:?} although the host had stalled", started.elapsed());
+        assert_eq!(e.message, stalled);
+        assert_eq!(host.counters().calls(Op::PoolLookup), 0, "a call was sent past the stalled slots");
+        drop(release);
+        for call in stuck {
+            call.await.unwrap().unwrap();
+        }
+        host.unregister();
+
+        // Each call is eight quick libvirt calls of half the patience: six
+        // callers on two slots are all answered.
+        let host = Host::builder(uri).build().unwrap();
+        let handle = cache().host(uri);
+        capabilities(&handle).await.unwrap();
+        host.faults().set_latency(Op::PoolLookup, PATIENCE / 2);
+        let busy = spawn_calls(&handle, 6, |h| {
+            (0..8).try_for_each(|_| match h.pool_is_active("missing") {
+                Err(e) if e.is_not_found() => Ok(()),
+                other => other.map(drop),
+            })
+        });
+        for caller in busy {
+            caller.await.unwrap().expect("a caller of a busy host that answers gave up");
+        }
+        host.unregister();
+
+        // A lengthy libvirt call (a guest started) of three times the
+        // patience, on a host that answered quick calls before.
+        let host = Host::builder(uri).build().unwrap();
+        let handle = cache().host(uri);
+        capabilities(&handle).await.unwrap();
+        host.faults().set_latency(Op::DomainCreate, PATIENCE * 3);
+        let starts = spawn_calls(&handle, 4, |h| match h.domain_start("missing") {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        });
+        for caller in starts {
+            caller.await.unwrap().expect("a caller behind a lengthy call gave up");
+        }
+        host.unregister();
+
+        // Quick calls that each take longer than the patience on a host that
+        // has answered nothing yet, one slot, six callers: each is answered.
+        let host = Host::builder(uri).build().unwrap();
+        let handle = Arc::new(
+            Connections::new(Arc::new(SimConnector), 1).with_timeouts(CALL, CALL).with_slot_patience(PATIENCE),
+        )
+        .host(uri);
+        host.faults().set_latency(Op::GetCapabilities, PATIENCE * 3 / 2);
+        for caller in spawn_calls(&handle, 6, |h| h.capabilities_xml()) {
+            caller.await.unwrap().expect("a caller of a slow host that answers gave up");
+        }
+        assert_eq!(host.counters().calls(Op::GetCapabilities), 6);
         host.unregister();
     }
 
