@@ -396,6 +396,9 @@ struct SlotState {
     unanswered: bool,
     /// Whether the probe of an unanswered host is in flight.
     probing: bool,
+    /// Set when a caller was turned away because the host stalled, cleared
+    /// when a call returns.
+    turned_away: bool,
     /// The calls holding a call slot, by id, each with the libvirt call it
     /// waits for, if any: when that was sent and whether it is lengthy.
     calls: HashMap<u64, Option<(Instant, bool)>>,
@@ -585,13 +588,15 @@ impl HostSlot {
     }
 
     /// A call on this host returned: calls go to it as usual again. Whether
-    /// the host had been unanswered until now.
+    /// the host had been unanswered, or callers had been turned away as it
+    /// stalled, until now.
     fn mark_answered(&self) -> bool {
         let mut state = self.state();
-        let was = state.unanswered;
+        let was = state.unanswered || state.turned_away;
         if was {
             tracing::info!(uri = %self.uri, "libvirt host answers again");
             state.unanswered = false;
+            state.turned_away = false;
         }
         was
     }
@@ -789,6 +794,7 @@ impl HostHandle {
             moved.as_mut().enable();
             let stalls_at = self.slot.state().stalls_at(max, least);
             if stalls_at.is_some_and(|at| at <= Instant::now()) && self.slot.permits.available_permits() == 0 {
+                self.slot.state().turned_away = true;
                 tracing::debug!(%uri, calls = max, "every call slot is held by a call without an answer; not waiting");
                 return Err(E::no_answer(uri, least, &all_slots_stalled(max)));
             }
@@ -1283,7 +1289,9 @@ mod tests {
         };
         let stalled = format!("no answer from {uri} within 0.3 s{}", all_slots_stalled(2));
         let host = Host::builder(uri).build().unwrap();
-        let handle = cache().host(uri);
+        let (cache1, received) = (cache(), Received::default());
+        cache1.set_event_sink(received.sink());
+        let handle = cache1.host(uri);
         // A call answered before the hang does not make the host look slow.
         capabilities(&handle).await.unwrap();
         host.faults().hang(Op::GetCapabilities, None);
@@ -1302,10 +1310,15 @@ mod tests {
         assert!(started.elapsed() < PATIENCE, "waited {:?} although the host had stalled", started.elapsed());
         assert_eq!(e.message, stalled);
         assert_eq!(host.counters().calls(Op::PoolLookup), 0, "a call was sent past the stalled slots");
+        // The callers turned away are told when the host answers, once.
         drop(release);
         for call in stuck {
             call.await.unwrap().unwrap();
         }
+        let answered = || received.0.lock().unwrap().iter().filter(|e| matches!(e, HostEvent::Answered { .. })).count();
+        assert_eq!(answered(), 1, "the host answering again after it stalled was not announced once");
+        capabilities(&handle).await.unwrap();
+        assert_eq!(answered(), 1, "announced again for a host that kept answering");
         host.unregister();
 
         // Each call is eight quick libvirt calls of half the patience: six

@@ -18,7 +18,8 @@ pub enum HostEvent {
     /// had another: events in between were lost.
     Reconnected { uri: String },
     /// A call to the host opened with `uri` returned after one had gone
-    /// unanswered: the calls refused or given up on meanwhile can succeed now.
+    /// unanswered, or after callers were turned away because every call slot
+    /// was stalled: the calls refused or given up on meanwhile can succeed now.
     Answered { uri: String },
 }
 
