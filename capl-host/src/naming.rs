@@ -128,7 +128,7 @@ pub fn is_machine_domain_name(domain: &str) -> bool {
     let hash = domain.rsplit('-').next().unwrap_or_default();
     is_dns_label(domain)
         && [HASH_LEN, LEGACY_HASH_LEN].contains(&hash.len())
-        && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && is_lower_hex(hash)
 }
 
 /// A seed ISO's name: `cloudinit-<domain>.iso`.
@@ -165,7 +165,12 @@ pub fn is_image_volume_name(volume: &str) -> bool {
     matches!(algorithm, "sha256" | "sha512")
         && matches!(format, "qcow2" | "raw")
         && hex.len() == IMAGE_VOLUME_CHECKSUM_DIGITS
-        && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && is_lower_hex(hex)
+}
+
+/// Whether `s` is all lowercase hex digits, as the provider writes hashes.
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The identity of one LibvirtMachine, and every name derived from it.

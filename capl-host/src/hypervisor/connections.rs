@@ -587,18 +587,22 @@ impl HostSlot {
         self.found_unanswered.notify_waiters();
     }
 
-    /// A call on this host returned: calls go to it as usual again. Whether
-    /// the host had been unanswered, or callers had been turned away as it
-    /// stalled, until now.
-    fn mark_answered(&self) -> bool {
-        let mut state = self.state();
-        let was = state.unanswered || state.turned_away;
-        if was {
+    /// A call on this host returned with the host's answer: calls go to it
+    /// as usual again. When the host had been unanswered, or callers had
+    /// been turned away as it stalled, until now, that is announced through
+    /// `emit` as [`HostEvent::Answered`]: the reconciles that failed
+    /// meanwhile wait for a retry, and need not.
+    fn answered(&self, emit: impl FnOnce(HostEvent)) {
+        {
+            let mut state = self.state();
+            if !(state.unanswered || state.turned_away) {
+                return;
+            }
             tracing::info!(uri = %self.uri, "libvirt host answers again");
             state.unanswered = false;
             state.turned_away = false;
         }
-        was
+        emit(HostEvent::Answered { uri: self.uri.clone() });
     }
 
     /// Forgets `used` if it is still the cached connection.
@@ -705,13 +709,10 @@ impl HostHandle {
                 };
                 if ended.swap(RETURNED, Ordering::SeqCst) == ABANDONED {
                     slot.abandoned.fetch_sub(1, Ordering::SeqCst);
-                    // A call given up on came back with the host's answer: the
-                    // host answers again, and its callers need not wait for a
-                    // retry to find out.
-                    let answered =
-                        matches!(&ran, Ran::Done(out) if !out.as_ref().is_err_and(CallError::connection_lost));
-                    if answered && slot.mark_answered() {
-                        emit(HostEvent::Answered { uri: slot.uri.clone() });
+                    // A call given up on came back with the host's answer: its
+                    // callers need not wait for another call to find out.
+                    if matches!(&ran, Ran::Done(out) if !out.as_ref().is_err_and(CallError::connection_lost)) {
+                        slot.answered(emit);
                     }
                 }
                 ran
@@ -728,12 +729,7 @@ impl HostHandle {
                 Ok(Ok(Ran::Done(out))) => {
                     match &out {
                         Err(e) if e.connection_lost() => self.slot.evict(&conn, "lost"),
-                        _ => {
-                            if self.slot.mark_answered() {
-                                // Its machines' reconciles failed meanwhile and wait for a retry.
-                                self.cache.events.emit(HostEvent::Answered { uri: self.slot.uri.clone() });
-                            }
-                        }
+                        _ => self.slot.answered(|event| self.cache.events.emit(event)),
                     }
                     return out;
                 }
