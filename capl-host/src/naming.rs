@@ -126,9 +126,7 @@ pub const PROVIDER_ID_PREFIX: &str = "libvirt://";
 /// hex digits, after a `-` or as the whole name.
 pub fn is_machine_domain_name(domain: &str) -> bool {
     let hash = domain.rsplit('-').next().unwrap_or_default();
-    is_dns_label(domain)
-        && [HASH_LEN, LEGACY_HASH_LEN].contains(&hash.len())
-        && is_lower_hex(hash)
+    is_dns_label(domain) && [HASH_LEN, LEGACY_HASH_LEN].contains(&hash.len()) && is_lower_hex(hash)
 }
 
 /// A seed ISO's name: `cloudinit-<domain>.iso`.

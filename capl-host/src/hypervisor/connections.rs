@@ -414,7 +414,9 @@ impl SlotState {
     /// [`LENGTHY_CALL_PATIENCE`] for a lengthy one, or four times the slowest
     /// of its kind the host answered, when that is longer). `None` while a
     /// call holding a slot is not waiting for libvirt, or the host has
-    /// answered no libvirt call yet (its calls may take any time).
+    /// answered no libvirt call yet (its calls may take any time). A call is
+    /// in `calls` only while it holds a slot, so a full `calls` means that
+    /// no slot is free.
     fn stalls_at(&self, max: usize, least: Duration) -> Option<Instant> {
         let slowest = self.slowest?;
         if self.calls.len() < max {
@@ -788,12 +790,22 @@ impl HostHandle {
             let moved = self.slot.moved.notified();
             tokio::pin!(moved);
             moved.as_mut().enable();
-            let stalls_at = self.slot.state().stalls_at(max, least);
-            if stalls_at.is_some_and(|at| at <= Instant::now()) && self.slot.permits.available_permits() == 0 {
-                self.slot.state().turned_away = true;
-                tracing::debug!(%uri, calls = max, "every call slot is held by a call without an answer; not waiting");
-                return Err(E::no_answer(uri, least, &all_slots_stalled(max)));
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
+                return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
             }
+            let stalls_at = {
+                let mut state = self.slot.state();
+                let stalls_at = state.stalls_at(max, least);
+                if stalls_at.is_some_and(|at| at <= now) {
+                    state.turned_away = true;
+                    drop(state);
+                    tracing::debug!(%uri, calls = max, "every call slot is held by a call without an answer; not waiting");
+                    return Err(E::no_answer(uri, least, &all_slots_stalled(max)));
+                }
+                stalls_at
+            };
             let wake_at = stalls_at.map_or(deadline, |at| at.min(deadline));
             tokio::select! {
                 biased;
@@ -808,12 +820,7 @@ impl HostHandle {
                 }
                 () = &mut found_unanswered, if !probe => return Err(E::no_answer(uri, call_timeout, UNANSWERED)),
                 () = &mut moved => {}
-                () = tokio::time::sleep_until(wake_at.into()) => {
-                    if Instant::now() >= deadline {
-                        tracing::warn!(%uri, calls = max, "no call slot freed up: every call in flight is waiting for an answer");
-                        return Err(E::no_answer(uri, call_timeout, &all_slots_stuck(max)));
-                    }
-                }
+                () = tokio::time::sleep_until(wake_at.into()) => {}
             }
         }
     }
@@ -1209,12 +1216,7 @@ mod tests {
         let cache = sim_cache(2);
         let handle = cache.host(uri);
         host.faults().hang(Op::GetCapabilities, None);
-        let stuck: Vec<_> = (0..2)
-            .map(|_| {
-                let handle = handle.clone();
-                tokio::spawn(async move { capabilities(&handle).await })
-            })
-            .collect();
+        let stuck = spawn_calls(&handle, 2, |h| h.capabilities_xml());
         while handle.calls_in_flight() < 2 {
             tokio::task::yield_now().await;
         }
