@@ -27,6 +27,7 @@ mod manifests;
 mod node_addons;
 mod node_image;
 mod paths;
+mod previous;
 mod progress;
 mod test;
 mod workflows;
@@ -125,12 +126,19 @@ enum Command {
     Demo(demo::Args),
     /// Check .github/workflows with actionlint (built from its Go module; `test` runs it too).
     Workflows,
+    /// Build (or reuse) the previous release's manager and capl-manifests from this repository's history; print their paths.
+    Previous,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Test(args) => test::run(args),
+        Command::Previous => {
+            let previous = previous::build()?;
+            println!("{} {} {}", previous::PREVIOUS_VERSION, previous.manager.display(), previous.manifests.display());
+            Ok(())
+        }
         Command::Manifests => manifests::write(),
         Command::Docs => docs::build(),
         Command::Release { version, image, out, watch_namespace } => {
