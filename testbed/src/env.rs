@@ -27,6 +27,10 @@ pub const REAL_DOCKER: &str = "CAPL_REAL_DOCKER";
 pub const PROVIDER_IMAGE: &str = "CAPL_PROVIDER_IMAGE";
 /// CAPI's images loaded into kind, comma-separated.
 pub const CAPI_IMAGES: &str = "CAPL_CAPI_IMAGES";
+/// The previous release's manager image (`cargo xtask previous`).
+pub const PREVIOUS_PROVIDER_IMAGE: &str = "CAPL_PREVIOUS_PROVIDER_IMAGE";
+/// The previous release's clusterctl repository directory (`cargo xtask previous`).
+pub const PREVIOUS_RELEASE_DIR: &str = "CAPL_PREVIOUS_RELEASE_DIR";
 /// Where the e2e runner writes its summary table.
 pub const E2E_SUMMARY: &str = "CAPL_E2E_SUMMARY";
 /// `RUST_LOG` of the provider process the e2e runner starts (default `info,kube=warn`).

@@ -36,9 +36,9 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// Only these scenarios (ids: init, deployed, single, md, pause, restart, stopped, delete, workload,
+    /// Only these scenarios (ids: init, upgrade, deployed, single, md, pause, restart, stopped, delete, workload,
     /// workload-topology, multihost, move, pod-logs); repeatable. Without it, every scenario the
-    /// stack can run (deployed and pod-logs need --kind).
+    /// stack can run (upgrade, deployed and pod-logs need --kind).
     #[arg(long)]
     only: Vec<String>,
     /// Leave the private libvirtd running afterwards (faster re-runs).
@@ -144,6 +144,11 @@ fn run_in_containers(args: &Args) -> Result<()> {
         sh.set_var(env::REAL_DOCKER, &kind.real_docker);
         sh.set_var(env::PROVIDER_IMAGE, image);
         sh.set_var(env::CAPI_IMAGES, capi_images.join(","));
+        if args.only.is_empty() || args.only.iter().any(|o| o == "upgrade") {
+            let previous = step("previous release, built from this repository's history", crate::previous::release)?;
+            sh.set_var(env::PREVIOUS_PROVIDER_IMAGE, previous.image);
+            sh.set_var(env::PREVIOUS_RELEASE_DIR, &previous.dir);
+        }
         mode.push("--kind".into());
     } else {
         sh.set_var(env::PROVIDER_BIN, &bins.provider);

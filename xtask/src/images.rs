@@ -141,6 +141,23 @@ pub fn build_provider_offline(image: &str) -> Result<()> {
     Ok(())
 }
 
+/// The previous release's manager image, made from its manager `binary`
+/// like the current one and checked the same way; rebuilt only when the
+/// image's label names another commit.
+pub fn previous_manager_image(binary: &Path, image: &str, commit: &str) -> Result<()> {
+    let sh = Shell::new()?;
+    let format = "{{index .Config.Labels \"io.capl.commit\"}}";
+    let have = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok();
+    if have.as_deref().map(str::trim) == Some(commit) {
+        return Ok(());
+    }
+    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
+        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    let label = format!("LABEL io.capl.commit={commit}");
+    manager_image(&sh, binary, &[libvirt.as_path()], image, "previous-provider-image", &[&label])?;
+    check_provider_image(image)
+}
+
 /// CAPI core's and the kubeadm providers' images, made the same way from the
 /// managers `cargo xtask control-plane build` built, under the names their
 /// release components use (`registry.k8s.io/cluster-api/<image>:<version>`), so

@@ -126,7 +126,8 @@ enum Command {
     Demo(demo::Args),
     /// Check .github/workflows with actionlint (built from its Go module; `test` runs it too).
     Workflows,
-    /// Build (or reuse) the previous release's manager and capl-manifests from this repository's history; print their paths.
+    /// Build (or reuse) the previous release from this repository's history: its manager, capl-manifests,
+    /// clusterctl repository directory and manager image; print their paths and the image.
     Previous,
 }
 
@@ -136,7 +137,15 @@ fn main() -> Result<()> {
         Command::Test(args) => test::run(args),
         Command::Previous => {
             let previous = previous::build()?;
-            println!("{} {} {}", previous::PREVIOUS_VERSION, previous.manager.display(), previous.manifests.display());
+            let release = previous::release()?;
+            println!(
+                "{} {} {} {} {}",
+                previous::PREVIOUS_VERSION,
+                previous.manager.display(),
+                previous.manifests.display(),
+                release.dir.display(),
+                release.image
+            );
             Ok(())
         }
         Command::Manifests => manifests::write(),

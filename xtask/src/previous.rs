@@ -10,6 +10,12 @@
 //! on two cores with the crates already downloaded). The worktree and its
 //! target directory are removed once the binaries are copied.
 //!
+//! [`release`] adds what `clusterctl` installs it from: the release directory
+//! its own `capl-manifests release` writes (with its own templates, taken
+//! from the commit by `git archive`) for the manager image
+//! [`PREVIOUS_IMAGE`], which [`release`] builds from the previous manager the
+//! way `docker-build --offline` builds the current one.
+//!
 //! The clone must hold the commit: a shallow clone (GitHub's checkout action
 //! by default) does not, and the command says so.
 
@@ -26,10 +32,23 @@ pub const PREVIOUS_COMMIT: &str = "6a2bf8e";
 /// The version the previous release is given in the local clusterctl repository.
 pub const PREVIOUS_VERSION: &str = "v0.1.0";
 
+/// The previous release's manager image.
+pub const PREVIOUS_IMAGE: &str = "capl.local/cluster-api-provider-libvirt:v0.1.0";
+
 /// The previous release's binaries.
 pub struct Previous {
+    /// The full commit they are built from.
+    pub commit: String,
     pub manager: PathBuf,
     pub manifests: PathBuf,
+}
+
+/// The previous release as clusterctl installs it.
+pub struct Release {
+    /// Holds `infrastructure-libvirt/<PREVIOUS_VERSION>/` (components, metadata, templates).
+    pub dir: PathBuf,
+    /// The manager image the components name, in the docker engine.
+    pub image: &'static str,
 }
 
 fn cache_dir(commit: &str) -> Result<PathBuf> {
@@ -54,8 +73,11 @@ pub fn build() -> Result<Previous> {
             )
         })?;
     let dir = cache_dir(&commit)?;
-    let previous =
-        Previous { manager: dir.join("cluster-api-provider-libvirt"), manifests: dir.join("capl-manifests") };
+    let previous = Previous {
+        manager: dir.join("cluster-api-provider-libvirt"),
+        manifests: dir.join("capl-manifests"),
+        commit: commit.clone(),
+    };
     if previous.manager.is_file() && previous.manifests.is_file() {
         return Ok(previous);
     }
@@ -88,4 +110,45 @@ fn build_in(work: &Path, target: &Path) -> Result<()> {
         bail!("building the previous release ({PREVIOUS_COMMIT}) failed (output above)");
     }
     Ok(())
+}
+
+/// The previous release's clusterctl repository directory and its manager
+/// image, made from [`build`]'s binaries once per commit.
+pub fn release() -> Result<Release> {
+    let previous = build()?;
+    let dir = cache_dir(&previous.commit)?.join("release");
+    let components = dir.join("infrastructure-libvirt").join(PREVIOUS_VERSION).join("infrastructure-components.yaml");
+    let sh = Shell::new()?;
+    if !components.is_file() {
+        // The templates of that commit: its release copies them.
+        let root = cache_dir(&previous.commit)?.join("tree");
+        if root.exists() {
+            fs::remove_dir_all(&root)?;
+        }
+        fs::create_dir_all(&root)?;
+        sh.change_dir(repo_root());
+        let archive = root.join("templates.tar");
+        let commit = &previous.commit;
+        cmd!(sh, "git archive --output {archive} {commit} templates").quiet().run()?;
+        cmd!(sh, "tar -C {root} -xf {archive}").quiet().run()?;
+        let manifests = &previous.manifests;
+        let staging = dir.with_extension("partial");
+        if staging.exists() {
+            fs::remove_dir_all(&staging)?;
+        }
+        cmd!(
+            sh,
+            "{manifests} release --version {PREVIOUS_VERSION} --image {PREVIOUS_IMAGE} --root {root} --out {staging}"
+        )
+        .quiet()
+        .run()
+        .context("writing the previous release with its own capl-manifests")?;
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::rename(&staging, &dir)?;
+        fs::remove_dir_all(&root)?;
+    }
+    crate::images::previous_manager_image(&previous.manager, PREVIOUS_IMAGE, &previous.commit)?;
+    Ok(Release { dir, image: PREVIOUS_IMAGE })
 }

@@ -13,11 +13,17 @@
 //!    CAPI's release components name them);
 //! 3. `clusterctl init --core cluster-api --bootstrap kubeadm --control-plane
 //!    kubeadm --infrastructure libvirt` from local repositories (this
-//!    provider's release with the manager image), cert-manager's CRDs applied
-//!    first and cert-manager declared externally provisioned; cert-manager
-//!    itself cannot be built offline, so a stand-in issues
-//!    the Certificates' Secrets and injects the CA bundles; every provider's
-//!    Deployment becomes Available.
+//!    provider's release [`CURRENT_VERSION`] with the manager image),
+//!    cert-manager's CRDs applied first and cert-manager declared externally
+//!    provisioned; cert-manager itself cannot be built offline, so a stand-in
+//!    issues the Certificates' Secrets and injects the CA bundles; every
+//!    provider's Deployment becomes Available.
+//!
+//! [`InstalledRelease::Previous`] installs the previous release instead
+//! ([`PREVIOUS_VERSION`], from [`PREVIOUS_RELEASE_DIR_ENV`] with its image
+//! [`PREVIOUS_PROVIDER_IMAGE_ENV`], both made by `cargo xtask previous`); the
+//! repository holds both releases, and [`KindCluster::upgrade_provider`]
+//! moves the installation to the current one with `clusterctl upgrade apply`.
 //!
 //! The cluster is deleted when the [`KindCluster`] is dropped.
 
@@ -35,6 +41,12 @@ pub const KIND_WRAPPER_DIR_ENV: &str = capl_testbed::env::KIND_WRAPPER_DIR;
 pub const PROVIDER_IMAGE_ENV: &str = capl_testbed::env::PROVIDER_IMAGE;
 /// CAPI's images made offline (`registry.k8s.io/cluster-api/...`), comma-separated.
 pub const CAPI_IMAGES_ENV: &str = capl_testbed::env::CAPI_IMAGES;
+pub const PREVIOUS_PROVIDER_IMAGE_ENV: &str = capl_testbed::env::PREVIOUS_PROVIDER_IMAGE;
+pub const PREVIOUS_RELEASE_DIR_ENV: &str = capl_testbed::env::PREVIOUS_RELEASE_DIR;
+/// This provider's releases in the cluster's clusterctl repository: the
+/// previous one (built from this repository's history) and the current build.
+pub const PREVIOUS_VERSION: &str = "v0.1.0";
+pub const CURRENT_VERSION: &str = "v0.1.1";
 /// The kind cluster (one per machine at a time: a leftover of an interrupted run is deleted first).
 pub const CLUSTER: &str = "capl-e2e";
 /// The docker network of its node; a containerized libvirtd joins it.
@@ -150,11 +162,27 @@ fn run(what: &str, command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Which release of this provider `clusterctl init` installs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InstalledRelease {
+    /// The current build ([`CURRENT_VERSION`]).
+    #[default]
+    Current,
+    /// The previous release ([`PREVIOUS_VERSION`]), to be upgraded.
+    Previous,
+}
+
 /// A kind cluster with CAPI core, the kubeadm providers and this provider installed.
 pub struct KindCluster {
     kind: PathBuf,
     path: std::ffi::OsString,
     pub kubectl: Kubectl,
+    /// The clusterctl repository it was initialised from (both releases when
+    /// it started from the previous one).
+    repository: Option<crate::harness::clusterctl::LocalRepository>,
+    /// The CA of the cert-manager stand-in: one for the cluster's life, so a
+    /// provider installed later is trusted like the first ones.
+    stand_in_ca: Option<testenv::Pki>,
 }
 
 impl KindCluster {
@@ -165,7 +193,7 @@ impl KindCluster {
     }
 
     /// Steps 1 to 3 of the module's description, in `work_dir` (blocking: minutes).
-    pub fn create(work_dir: &Path, say: impl Fn(String)) -> Result<Self> {
+    pub fn create(work_dir: &Path, from: InstalledRelease, say: impl Fn(String)) -> Result<Self> {
         let assets = testenv::Assets::locate()?;
         let kubectl = assets.kubectl().context("no kubectl: run `cargo xtask control-plane build`")?;
         let wrapper_dir = env_path(KIND_WRAPPER_DIR_ENV)?;
@@ -173,14 +201,25 @@ impl KindCluster {
         path.push(":");
         path.push(std::env::var_os("PATH").unwrap_or_default());
         std::fs::create_dir_all(work_dir)?;
-        let cluster = KindCluster {
+        let mut cluster = KindCluster {
             kind: env_path(KIND_BIN_ENV)?,
             path,
             kubectl: Kubectl { binary: kubectl, kubeconfig: work_dir.join("kind.kubeconfig") },
+            repository: None,
+            stand_in_ca: None,
         };
         let node_image =
             std::env::var(KIND_NODE_IMAGE_ENV).with_context(|| format!("{KIND_NODE_IMAGE_ENV} is not set"))?;
         let image = std::env::var(PROVIDER_IMAGE_ENV).with_context(|| format!("{PROVIDER_IMAGE_ENV} is not set"))?;
+        let previous = match from {
+            InstalledRelease::Current => None,
+            InstalledRelease::Previous => Some((
+                std::env::var(PREVIOUS_PROVIDER_IMAGE_ENV).with_context(|| {
+                    format!("{PREVIOUS_PROVIDER_IMAGE_ENV} is not set: run the upgrade scenario with `cargo xtask e2e --kind`")
+                })?,
+                env_path(PREVIOUS_RELEASE_DIR_ENV)?,
+            )),
+        };
 
         // 1. The cluster (a leftover of an interrupted run first goes).
         cluster.delete();
@@ -204,6 +243,9 @@ impl KindCluster {
         let capi_images = std::env::var(CAPI_IMAGES_ENV).with_context(|| format!("{CAPI_IMAGES_ENV} is not set"))?;
         let mut images: Vec<&str> = capi_images.split(',').filter(|i| !i.is_empty()).collect();
         images.push(&image);
+        if let Some((previous_image, _)) = &previous {
+            images.push(previous_image);
+        }
         let mut load = cluster.kind();
         load.args(["load", "docker-image", "--name", CLUSTER]).args(&images);
         run("kind load docker-image", &mut load)?;
@@ -211,9 +253,97 @@ impl KindCluster {
 
         // 3. clusterctl init: CAPI core, the kubeadm providers and this provider.
         let t = Instant::now();
-        clusterctl_init(&cluster.kubectl, work_dir, &image)?;
-        say(format!("clusterctl init: every provider's Deployment Available in {:.0?}", t.elapsed()));
+        let assets = testenv::Assets::locate()?;
+        run(
+            "applying cert-manager's CRDs",
+            cluster.kubectl.command(&["apply", "--server-side", "-f"]).arg(assets.cert_manager_crds_dir()?),
+        )?;
+        let repository = crate::harness::clusterctl::LocalRepository::release_with_image(
+            &work_dir.join("repository"),
+            CURRENT_VERSION,
+            &image,
+        )?
+        .with_capi_release(&assets)?;
+        let version = match &previous {
+            None => CURRENT_VERSION,
+            Some((_, dir)) => {
+                let from = dir.join(crate::harness::clusterctl::INFRA_PROVIDER).join(PREVIOUS_VERSION);
+                copy_files(&from, &repository.releases().join(PREVIOUS_VERSION))?;
+                PREVIOUS_VERSION
+            }
+        };
+        let kubeconfig = cluster.kubectl.kubeconfig.display().to_string();
+        let core = format!("cluster-api:{CAPI_VERSION}");
+        let kubeadm = format!("kubeadm:{CAPI_VERSION}");
+        let infrastructure = format!("libvirt:{version}");
+        repository.clusterctl(&[
+            "init",
+            "--kubeconfig",
+            &kubeconfig,
+            "--core",
+            &core,
+            "--bootstrap",
+            &kubeadm,
+            "--control-plane",
+            &kubeadm,
+            "--infrastructure",
+            &infrastructure,
+        ])?;
+        cluster.repository = Some(repository);
+        cluster.stand_in_ca = Some(testenv::Pki::new_ca("capl-e2e-cert-manager-stand-in")?);
+        cluster.stand_in_for_cert_manager()?;
+        cluster.wait_providers_available()?;
+        say(format!(
+            "clusterctl init ({version} of this provider): every provider's Deployment Available in {:.0?}",
+            t.elapsed()
+        ));
         Ok(cluster)
+    }
+
+    /// `clusterctl upgrade apply` of this provider to `version`, as an operator
+    /// runs it; then what the operator does around it: the cert-manager
+    /// stand-in for the new components, the flags added to the Deployment
+    /// by hand carried over, and the wait for every provider to be Available
+    /// and the manager rolled out. Returns clusterctl's log.
+    pub fn upgrade_provider(&self, version: &str) -> Result<String> {
+        let repository = self.repository.as_ref().context("the cluster was not made by clusterctl init")?;
+        let before = self.manager_args()?;
+        let kubeconfig = self.kubectl.kubeconfig.display().to_string();
+        let target = format!("{NAMESPACE}/libvirt:{version}");
+        let out = repository
+            .clusterctl_output(&["upgrade", "apply", "--kubeconfig", &kubeconfig, "--infrastructure", &target])?
+            .stderr;
+        self.stand_in_for_cert_manager()?;
+        let after = self.manager_args()?;
+        let lost: Vec<String> = before.into_iter().filter(|a| !after.contains(a)).collect();
+        if !lost.is_empty() {
+            self.add_manager_args(&lost)?;
+        }
+        self.wait_providers_available()?;
+        self.kubectl.manager_rollout()?;
+        Ok(out)
+    }
+
+    /// The manager container's arguments.
+    fn manager_args(&self) -> Result<Vec<String>> {
+        let deployment = self.kubectl.json(&["get", "deployment", "-n", NAMESPACE, DEPLOYMENT])?;
+        Ok(deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect())
+    }
+
+    fn wait_providers_available(&self) -> Result<()> {
+        let timeout = format!("--timeout={ROLLOUT_LIMIT}");
+        let kubectl = &self.kubectl;
+        kubectl.out(&["wait", "--for=condition=Available", "deployment", "--all", "-A", &timeout]).map(|_| ()).map_err(
+            |e| {
+                let pods = kubectl.out(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_default();
+                e.context(format!("the providers' Deployments did not become Available; Pods:\n{pods}"))
+            },
+        )
     }
 
     /// A client of the cluster's API server.
@@ -239,6 +369,24 @@ impl KindCluster {
     fn delete(&self) {
         let _ = self.kind().args(["delete", "cluster", "--name", CLUSTER]).output();
     }
+
+    fn stand_in_for_cert_manager(&self) -> Result<()> {
+        let ca = self.stand_in_ca.as_ref().context("no stand-in CA")?;
+        stand_in_for_cert_manager(&self.kubectl, ca)
+    }
+}
+
+/// Copies the files of directory `from` into `to` (made when missing).
+fn copy_files(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        if path.is_file() {
+            let name = path.file_name().context("a file without a name")?;
+            std::fs::copy(&path, to.join(name)).with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for KindCluster {
@@ -247,58 +395,26 @@ impl Drop for KindCluster {
     }
 }
 
-/// `clusterctl init` of CAPI core, the kubeadm providers and this provider
-/// (release `v0.1.0` with the manager image `image`) from local repositories,
-/// with cert-manager's CRDs applied first and cert-manager declared externally
-/// provisioned ([`crate::harness::clusterctl::LocalRepository::with_capi_release`]);
-/// then [`stand_in_for_cert_manager`].
-fn clusterctl_init(kubectl: &Kubectl, work_dir: &Path, image: &str) -> Result<()> {
-    let assets = testenv::Assets::locate()?;
-    run(
-        "applying cert-manager's CRDs",
-        kubectl.command(&["apply", "--server-side", "-f"]).arg(assets.cert_manager_crds_dir()?),
-    )?;
-    let repository =
-        crate::harness::clusterctl::LocalRepository::release_with_image(&work_dir.join("repository"), "v0.1.0", image)?
-            .with_capi_release(&assets)?;
-    let kubeconfig = kubectl.kubeconfig.display().to_string();
-    let core = format!("cluster-api:{CAPI_VERSION}");
-    let kubeadm = format!("kubeadm:{CAPI_VERSION}");
-    repository.clusterctl(&[
-        "init",
-        "--kubeconfig",
-        &kubeconfig,
-        "--core",
-        &core,
-        "--bootstrap",
-        &kubeadm,
-        "--control-plane",
-        &kubeadm,
-        "--infrastructure",
-        "libvirt:v0.1.0",
-    ])?;
-    stand_in_for_cert_manager(kubectl)?;
-    let timeout = format!("--timeout={ROLLOUT_LIMIT}");
-    kubectl.out(&["wait", "--for=condition=Available", "deployment", "--all", "-A", &timeout]).map(|_| ()).map_err(
-        |e| {
-            let pods = kubectl.out(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_default();
-            e.context(format!("the providers' Deployments did not become Available; Pods:\n{pods}"))
-        },
-    )
-}
-
 /// What cert-manager would do for the providers' components: a Secret for
 /// every Certificate (signed by one CA made here, with the Certificate's DNS
 /// names), and that CA as the `caBundle` of every webhook configuration and
 /// CRD conversion webhook annotated `cert-manager.io/inject-ca-from`.
 /// (cert-manager itself cannot be built from the Go module proxy; see the book's
-/// developing page, "On kind".)
-fn stand_in_for_cert_manager(kubectl: &Kubectl) -> Result<()> {
-    let ca = testenv::Pki::new_ca("capl-e2e-cert-manager-stand-in")?;
+/// developing page, "On kind".) A Secret that exists already is kept, as
+/// cert-manager keeps a valid one: the Pods that mount it go on trusting it.
+fn stand_in_for_cert_manager(kubectl: &Kubectl, ca: &testenv::Pki) -> Result<()> {
     let bundle = serde_json::to_value(k8s_openapi::ByteString(ca.ca_pem().as_bytes().to_vec()))?;
     let certificates = kubectl.json(&["get", "certificates.cert-manager.io", "-A"])?;
+    let existing = kubectl.json(&["get", "secrets", "-A", "--field-selector", "type=kubernetes.io/tls"])?;
+    let exists = |namespace: &str, name: &str| {
+        existing["items"].as_array().into_iter().flatten().any(|s| {
+            s["metadata"]["namespace"].as_str() == Some(namespace) && s["metadata"]["name"].as_str() == Some(name)
+        })
+    };
     let mut secrets = Vec::new();
+    let mut certificate_count = 0;
     for c in certificates["items"].as_array().into_iter().flatten() {
+        certificate_count += 1;
         let names: Vec<String> = c["spec"]["dnsNames"]
             .as_array()
             .into_iter()
@@ -307,6 +423,9 @@ fn stand_in_for_cert_manager(kubectl: &Kubectl) -> Result<()> {
             .collect();
         let secret = c["spec"]["secretName"].as_str().context("a Certificate without secretName")?;
         let namespace = c["metadata"]["namespace"].as_str().unwrap_or_default();
+        if exists(namespace, secret) {
+            continue;
+        }
         let (cert, key) = ca.serving_cert_for(names.first().map_or("webhook", String::as_str), &names)?;
         secrets.push(json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
@@ -314,8 +433,10 @@ fn stand_in_for_cert_manager(kubectl: &Kubectl) -> Result<()> {
             "stringData": {"ca.crt": ca.ca_pem(), "tls.crt": cert, "tls.key": key},
         }));
     }
-    ensure!(!secrets.is_empty(), "clusterctl installed no cert-manager Certificate: nothing to stand in for");
-    kubectl.apply(&secrets)?;
+    ensure!(certificate_count > 0, "clusterctl installed no cert-manager Certificate: nothing to stand in for");
+    if !secrets.is_empty() {
+        kubectl.apply(&secrets)?;
+    }
     for kind in ["validatingwebhookconfigurations", "mutatingwebhookconfigurations", "customresourcedefinitions"] {
         let list = kubectl.json(&["get", kind])?;
         for object in list["items"].as_array().into_iter().flatten() {

@@ -62,6 +62,34 @@ pub(crate) async fn create_machine(stack: &Stack, ns: &str, cluster: &str, name:
     Ok(())
 }
 
+/// Creates LibvirtMachineTemplate `<md>-tmpl` and MachineDeployment `md` of
+/// `replicas` machines in cluster `cluster` (made by [`create_cluster`]).
+pub(crate) async fn create_machine_deployment(
+    stack: &Stack,
+    ns: &str,
+    cluster: &str,
+    md: &str,
+    replicas: i64,
+) -> Result<()> {
+    let client = stack.client();
+    let template = format!("{md}-tmpl");
+    objects::create(
+        &client,
+        ns,
+        Kind::LibvirtMachineTemplate,
+        objects::libvirt_machine_template(ns, &template, cluster, &stack.placement.image),
+    )
+    .await?;
+    objects::create(
+        &client,
+        ns,
+        Kind::MachineDeployment,
+        objects::machine_deployment(ns, md, cluster, replicas, &template, &format!("{cluster}-bootstrap")),
+    )
+    .await?;
+    Ok(())
+}
+
 /// What a running machine looks like from its LibvirtMachine.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {

@@ -44,7 +44,12 @@ pub enum Management {
 }
 
 impl Management {
-    pub async fn start(kind: ManagementKind, work_dir: &Path) -> Result<Self> {
+    /// `from`: which release of this provider a kind cluster's `clusterctl init` installs.
+    pub async fn start(
+        kind: ManagementKind,
+        from: crate::harness::kind_cluster::InstalledRelease,
+        work_dir: &Path,
+    ) -> Result<Self> {
         match kind {
             ManagementKind::Local => {
                 let env = TestEnv::start().await.context("starting the local control plane")?;
@@ -69,7 +74,7 @@ impl Management {
             ManagementKind::Kind => {
                 let dir = work_dir.join("kind");
                 let cluster =
-                    crate::blocking(|| KindCluster::create(&dir, |m| crate::harness::progress::say("kind", m)))?;
+                    crate::blocking(|| KindCluster::create(&dir, from, |m| crate::harness::progress::say("kind", m)))?;
                 let client = cluster.client().await?;
                 Ok(Management::Kind { cluster, client })
             }

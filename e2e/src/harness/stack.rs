@@ -80,6 +80,9 @@ pub struct StackConfig {
     pub guest_image: Option<PathBuf>,
     /// The local control plane (default) or a kind cluster.
     pub management: ManagementKind,
+    /// Which release of this provider a kind cluster starts with (the suite
+    /// sets it when the upgrade scenario runs).
+    pub release: crate::harness::kind_cluster::InstalledRelease,
 }
 
 impl StackConfig {
@@ -120,7 +123,7 @@ impl StackConfig {
         if management == ManagementKind::Kind && backend != Backend::Container {
             bail!("a kind management cluster reaches only the containerized libvirtd (--libvirt container)");
         }
-        Ok(Self { backend, provider_binary, guest_image, management })
+        Ok(Self { backend, provider_binary, guest_image, management, release: Default::default() })
     }
 }
 
@@ -172,7 +175,7 @@ impl Stack {
         std::fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         // The management cluster first: a kind cluster makes the docker network
         // the containerized libvirtd joins.
-        let management = Management::start(config.management, &work_dir).await?;
+        let management = Management::start(config.management, config.release, &work_dir).await?;
         let mut container = None;
         let mut credentials = None;
         let (placement, host, console_dir) = match &config.backend {

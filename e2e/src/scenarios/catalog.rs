@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use crate::harness::management::ManagementKind;
 use crate::harness::stack::{Backend, Stack, StackConfig};
-use crate::scenarios::{clusterctl_move, deployed, init, machine, multihost, workload};
+use crate::scenarios::{clusterctl_move, deployed, init, machine, multihost, upgrade, workload};
 
 /// The future a scenario returns: a one-line observation on success.
 pub type ScenarioFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<String>> + 'a>>;
@@ -36,6 +36,10 @@ pub enum Needs {
     LocalProcessesAndPrivateLibvirtd,
     /// The kind management cluster, with the provider as its Pod.
     Kind,
+    /// The kind management cluster, made with the previous release of this
+    /// provider (the scenario upgrades it; the scenarios after it run on the
+    /// upgraded installation).
+    KindFromPreviousRelease,
     /// Not the kind management cluster: the scenario checks what that
     /// cluster's own setup already did (`clusterctl init`).
     NotKind,
@@ -55,7 +59,9 @@ impl Scenario {
                      (it starts a second manager and reads the volumes' inodes on this machine's disk)"
                         .to_string()
                 }),
-            Needs::Kind => (!kind).then(|| "needs the kind management cluster (--kind)".to_string()),
+            Needs::Kind | Needs::KindFromPreviousRelease => {
+                (!kind).then(|| "needs the kind management cluster (--kind)".to_string())
+            }
             Needs::NotKind => kind.then(|| "the kind management cluster was made by clusterctl init".to_string()),
         }
     }
@@ -71,6 +77,13 @@ pub fn all() -> Vec<Scenario> {
             id: "init",
             run: |s| Box::pin(init::clusterctl_init(s)),
             needs: Needs::NotKind,
+        },
+        // First on kind: the rest of the suite runs on the upgraded installation.
+        Scenario {
+            name: "clusterctl upgrade from the previous release; machines untouched",
+            id: "upgrade",
+            run: |s| Box::pin(upgrade::upgrade(s)),
+            needs: Needs::KindFromPreviousRelease,
         },
         Scenario {
             name: "the provider's Pod: Ready, leading, nonroot, read-only; rollout restart",

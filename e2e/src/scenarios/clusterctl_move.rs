@@ -110,7 +110,7 @@ pub async fn clusterctl_move(stack: &mut Stack) -> Result<String> {
     let workload = TestEnv::start().await.context("starting the workload cluster's API server")?;
     let target_dir = stack.work_dir.join("target");
     std::fs::create_dir_all(&target_dir)?;
-    let target = Management::start(ManagementKind::Local, &target_dir)
+    let target = Management::start(ManagementKind::Local, Default::default(), &target_dir)
         .await
         .context("starting the target management cluster (API server, CAPI core, CRDs)")?;
     let mut target_provider = stack

@@ -9,8 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 
 use crate::harness::machines::{
-    HostObjects, MACHINE_READY, Running, check_on_host, clean_up, create_cluster, create_machine, describe,
-    host_objects, running_facts, wait_guest_console, wait_host_objects, wait_running,
+    HostObjects, MACHINE_READY, Running, check_on_host, clean_up, create_cluster, create_machine,
+    create_machine_deployment, describe, host_objects, running_facts, wait_guest_console, wait_host_objects,
+    wait_running,
 };
 use crate::harness::objects::{self, CLUSTER_NAME_LABEL, Kind};
 use crate::harness::progress::say;
@@ -68,23 +69,10 @@ pub(crate) async fn single_machine(stack: &mut Stack) -> Result<String> {
 pub(crate) async fn machine_deployment(stack: &mut Stack) -> Result<String> {
     let id = "md";
     let ns = stack.namespace(id).await?;
-    let (cluster, md, template) = ("c2", "c2-md", "c2-tmpl");
+    let (cluster, md) = ("c2", "c2-md");
     create_cluster(stack, &ns, cluster).await?;
+    create_machine_deployment(stack, &ns, cluster, md, 1).await?;
     let client = stack.client();
-    objects::create(
-        &client,
-        &ns,
-        Kind::LibvirtMachineTemplate,
-        objects::libvirt_machine_template(&ns, template, cluster, &stack.placement.image),
-    )
-    .await?;
-    objects::create(
-        &client,
-        &ns,
-        Kind::MachineDeployment,
-        objects::machine_deployment(&ns, md, cluster, 1, template, &format!("{cluster}-bootstrap")),
-    )
-    .await?;
     say(id, "MachineDeployment with 1 replica created");
     let one = wait_all_running(stack, &ns, 1).await?;
     say(id, format!("1 machine: {} {}", one[0].name, one[0].ip));
@@ -125,7 +113,7 @@ pub(crate) async fn machine_deployment(stack: &mut Stack) -> Result<String> {
 }
 
 /// Waits until the namespace has exactly `count` LibvirtMachines, all running.
-async fn wait_all_running(stack: &Stack, ns: &str, count: usize) -> Result<Vec<Running>> {
+pub(crate) async fn wait_all_running(stack: &Stack, ns: &str, count: usize) -> Result<Vec<Running>> {
     let client = stack.client();
     until(&format!("{count} running LibvirtMachines in {ns}"), MACHINE_READY, || async {
         stack.management.ensure_capi_running()?;

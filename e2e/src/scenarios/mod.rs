@@ -5,7 +5,8 @@
 //! of their own: [`init`] (the offline `clusterctl init`), [`deployed`] (the
 //! provider's Pod as an operator checks it), [`workload`] (real Kubernetes
 //! clusters), [`multihost`] (one cluster over two hosts with IPAM),
-//! [`clusterctl_move`] (`clusterctl move` of a running cluster).
+//! [`clusterctl_move`] (`clusterctl move` of a running cluster), [`upgrade`]
+//! (`clusterctl upgrade` from the previous release).
 //! [`catalog`] lists them all with what each needs of the stack; [`suite`]
 //! runs them.
 
@@ -16,4 +17,5 @@ pub mod init;
 pub mod machine;
 pub mod multihost;
 pub mod suite;
+pub mod upgrade;
 pub mod workload;

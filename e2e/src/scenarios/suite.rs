@@ -4,8 +4,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 
+use crate::harness::kind_cluster::InstalledRelease;
 use crate::harness::stack::{Stack, StackConfig, delete_all_clusters};
-use crate::scenarios::catalog::{self, Scenario};
+use crate::scenarios::catalog::{self, Needs, Scenario};
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone)]
@@ -51,6 +52,12 @@ pub async fn run(config: &StackConfig, only: &[String]) -> Result<Vec<Outcome>> 
     if selected.is_empty() {
         return Ok(outcomes);
     }
+    // A kind cluster starts from the previous release when a scenario upgrades it.
+    let mut config = config.clone();
+    if selected.iter().any(|s| s.needs == Needs::KindFromPreviousRelease) {
+        config.release = InstalledRelease::Previous;
+    }
+    let config = &config;
     let started = Instant::now();
     eprintln!(
         "e2e: starting the stack ({} management cluster, {} libvirtd, provider)",
@@ -161,7 +168,13 @@ mod tests {
     use crate::harness::stack::Backend;
 
     fn config(backend: Backend, management: ManagementKind) -> StackConfig {
-        StackConfig { backend, provider_binary: PathBuf::new(), guest_image: None, management }
+        StackConfig {
+            backend,
+            provider_binary: PathBuf::new(),
+            guest_image: None,
+            management,
+            release: Default::default(),
+        }
     }
 
     fn runs(config: &StackConfig) -> Vec<&'static str> {
@@ -188,7 +201,10 @@ mod tests {
             ]
         );
         let kind = config(Backend::Container, ManagementKind::Kind);
-        assert_eq!(runs(&kind), ["deployed", "single", "md", "pause", "restart", "stopped", "delete", "pod-logs"]);
+        assert_eq!(
+            runs(&kind),
+            ["upgrade", "deployed", "single", "md", "pause", "restart", "stopped", "delete", "pod-logs"]
+        );
         let container = config(Backend::Container, ManagementKind::Local);
         assert_eq!(runs(&container), ["init", "single", "md", "pause", "restart", "stopped", "delete"]);
     }
