@@ -27,6 +27,10 @@ pub const REAL_DOCKER: &str = "CAPL_REAL_DOCKER";
 pub const PROVIDER_IMAGE: &str = "CAPL_PROVIDER_IMAGE";
 /// CAPI's images loaded into kind, comma-separated.
 pub const CAPI_IMAGES: &str = "CAPL_CAPI_IMAGES";
+/// cert-manager's static manifest for kind (`cargo xtask cert-manager`).
+pub const CERT_MANAGER_MANIFEST: &str = "CAPL_CERT_MANAGER_MANIFEST";
+/// cert-manager's images loaded into kind, comma-separated.
+pub const CERT_MANAGER_IMAGES: &str = "CAPL_CERT_MANAGER_IMAGES";
 /// The previous release's manager image (`cargo xtask previous`).
 pub const PREVIOUS_PROVIDER_IMAGE: &str = "CAPL_PREVIOUS_PROVIDER_IMAGE";
 /// The previous release's clusterctl repository directory (`cargo xtask previous`).

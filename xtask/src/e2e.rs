@@ -18,9 +18,10 @@
 //! (testcontainers, reached over TLS with a credentials Secret) instead of the
 //! private one; a docker engine is started when none answers.
 //!
-//! `--kind`: the management cluster is a kind cluster made offline, with CAPI
-//! core, the kubeadm providers and this provider (its image, built offline)
-//! installed by `clusterctl init`; the provider runs as the Deployment's Pod
+//! `--kind`: the management cluster is a kind cluster made offline, with
+//! cert-manager (built from its Go module) and CAPI core, the kubeadm
+//! providers and this provider (its image, built offline) installed by
+//! `clusterctl init`; the provider runs as the Deployment's Pod
 //! and drives a containerized libvirtd on the kind node's docker network.
 //! The scenarios that need guests routable from this machine or a second
 //! manager process (workload, multihost, move) are the private run's.
@@ -144,6 +145,9 @@ fn run_in_containers(args: &Args) -> Result<()> {
         sh.set_var(env::REAL_DOCKER, &kind.real_docker);
         sh.set_var(env::PROVIDER_IMAGE, image);
         sh.set_var(env::CAPI_IMAGES, capi_images.join(","));
+        let cert_manager = step("cert-manager, built offline", crate::cert_manager::prepare)?;
+        sh.set_var(env::CERT_MANAGER_MANIFEST, &cert_manager.manifest);
+        sh.set_var(env::CERT_MANAGER_IMAGES, cert_manager.images.join(","));
         if args.only.is_empty() || args.only.iter().any(|o| o == "upgrade") {
             let previous = step("previous release, built from this repository's history", crate::previous::release)?;
             sh.set_var(env::PREVIOUS_PROVIDER_IMAGE, previous.image);

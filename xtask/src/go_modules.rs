@@ -85,3 +85,15 @@ pub(crate) fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
     fs::set_permissions(to, fs::Permissions::from_mode(mode))?;
     Ok(())
 }
+
+/// The directory of `module` (`path@version`) in the module cache, downloaded when missing.
+pub(crate) fn module_dir(sh: &Shell, module: &str) -> Result<PathBuf> {
+    let json = cmd!(sh, "go mod download -json {module}")
+        .quiet()
+        .read()
+        .with_context(|| format!("go mod download {module}"))?;
+    // One `"Dir": "<path>",` line.
+    json.lines()
+        .find_map(|l| l.trim().strip_prefix("\"Dir\": \"")?.strip_suffix("\",").map(PathBuf::from))
+        .with_context(|| format!("no Dir in `go mod download -json {module}`:\n{json}"))
+}

@@ -158,6 +158,13 @@ pub fn previous_manager_image(binary: &Path, image: &str, commit: &str) -> Resul
     check_provider_image(image)
 }
 
+/// An image of one static program `binary` (no shared libraries), named `image`.
+pub fn binary_image(binary: &Path, image: &str) -> Result<()> {
+    let sh = Shell::new()?;
+    let work_name = format!("binary-image-{}", short_hash(&[image]));
+    manager_image(&sh, binary, &[], image, &work_name, &[])
+}
+
 /// CAPI core's and the kubeadm providers' images, made the same way from the
 /// managers `cargo xtask control-plane build` built, under the names their
 /// release components use (`registry.k8s.io/cluster-api/<image>:<version>`), so

@@ -89,15 +89,7 @@ pub fn kind_binary() -> Result<PathBuf> {
 
 /// kind's module directory (its `images/base/files`).
 fn kind_source(sh: &Shell) -> Result<PathBuf> {
-    let module = format!("sigs.k8s.io/kind@{KIND_VERSION}");
-    let json = cmd!(sh, "go mod download -json {module}")
-        .quiet()
-        .read()
-        .with_context(|| format!("go mod download {module}"))?;
-    // One `"Dir": "<path>",` line.
-    json.lines()
-        .find_map(|l| l.trim().strip_prefix("\"Dir\": \"")?.strip_suffix("\",").map(PathBuf::from))
-        .with_context(|| format!("no Dir in `go mod download -json {module}`:\n{json}"))
+    crate::go_modules::module_dir(sh, &format!("sigs.k8s.io/kind@{KIND_VERSION}"))
 }
 
 /// The wrapper directory (`docker` = `hack/kind/docker-wrapper`) and the real client.

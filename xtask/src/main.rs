@@ -9,6 +9,7 @@ mod bench;
 mod bench_sim;
 mod bench_tables;
 mod cache_key;
+mod cert_manager;
 mod control_plane;
 mod crates;
 mod demo;
@@ -129,12 +130,20 @@ enum Command {
     /// Build (or reuse) the previous release from this repository's history: its manager, capl-manifests,
     /// clusterctl repository directory and manager image; print their paths and the image.
     Previous,
+    /// Build (or reuse) cert-manager for the kind management cluster from its Go module: its images and
+    /// its static manifest; print the manifest's path and the images.
+    CertManager,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Test(args) => test::run(args),
+        Command::CertManager => {
+            let built = cert_manager::prepare()?;
+            println!("{} {}", built.manifest.display(), built.images.join(" "));
+            Ok(())
+        }
         Command::Previous => {
             let previous = previous::build()?;
             let release = previous::release()?;

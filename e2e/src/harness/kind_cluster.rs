@@ -8,16 +8,20 @@
 //!
 //! [`KindCluster::create`]:
 //! 1. `kind create cluster` (one node, docker network [`DOCKER_NETWORK`]);
-//! 2. `kind load docker-image` of the manager image and of CAPI's (made
+//! 2. `kind load docker-image` of the manager image, of CAPI's (made
 //!    offline from the managers of `cargo xtask control-plane build`, named as
-//!    CAPI's release components name them);
-//! 3. `clusterctl init --core cluster-api --bootstrap kubeadm --control-plane
+//!    CAPI's release components name them) and of cert-manager's
+//!    ([`CERT_MANAGER_IMAGES_ENV`], built from its Go module by `cargo xtask
+//!    cert-manager`);
+//! 3. cert-manager from its static manifest ([`CERT_MANAGER_MANIFEST_ENV`]),
+//!    waited for until its webhook serves with the CA its cainjector injected;
+//! 4. `clusterctl init --core cluster-api --bootstrap kubeadm --control-plane
 //!    kubeadm --infrastructure libvirt` from local repositories (this
-//!    provider's release [`CURRENT_VERSION`] with the manager image),
-//!    cert-manager's CRDs applied first and cert-manager declared externally
-//!    provisioned; cert-manager itself cannot be built offline, so a stand-in
-//!    issues the Certificates' Secrets and injects the CA bundles; every
-//!    provider's Deployment becomes Available.
+//!    provider's release [`CURRENT_VERSION`] with the manager image), with
+//!    cert-manager declared externally provisioned, as for a cluster whose
+//!    operator installed it; cert-manager issues the providers' serving
+//!    certificates and injects their CA; every provider's Deployment becomes
+//!    Available.
 //!
 //! [`InstalledRelease::Previous`] installs the previous release instead
 //! ([`PREVIOUS_VERSION`], from [`PREVIOUS_RELEASE_DIR_ENV`] with its image
@@ -31,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use testenv::control_plane_versions::CAPI_VERSION;
 
@@ -41,6 +45,9 @@ pub const KIND_WRAPPER_DIR_ENV: &str = capl_testbed::env::KIND_WRAPPER_DIR;
 pub const PROVIDER_IMAGE_ENV: &str = capl_testbed::env::PROVIDER_IMAGE;
 /// CAPI's images made offline (`registry.k8s.io/cluster-api/...`), comma-separated.
 pub const CAPI_IMAGES_ENV: &str = capl_testbed::env::CAPI_IMAGES;
+pub const CERT_MANAGER_MANIFEST_ENV: &str = capl_testbed::env::CERT_MANAGER_MANIFEST;
+/// cert-manager's images, comma-separated.
+pub const CERT_MANAGER_IMAGES_ENV: &str = capl_testbed::env::CERT_MANAGER_IMAGES;
 pub const PREVIOUS_PROVIDER_IMAGE_ENV: &str = capl_testbed::env::PREVIOUS_PROVIDER_IMAGE;
 pub const PREVIOUS_RELEASE_DIR_ENV: &str = capl_testbed::env::PREVIOUS_RELEASE_DIR;
 /// This provider's releases in the cluster's clusterctl repository: the
@@ -92,28 +99,6 @@ impl Kubectl {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
         Ok(serde_json::from_str(&self.out(&all)?)?)
-    }
-
-    /// `kubectl apply --server-side` of these objects.
-    pub fn apply(&self, documents: &[Value]) -> Result<()> {
-        use std::io::Write as _;
-        let mut child = self
-            .command(&["apply", "--server-side", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .context("running kubectl apply")?;
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        for d in documents {
-            writeln!(stdin, "---\n{}", serde_json::to_string(d)?)?;
-        }
-        drop(stdin);
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(())
     }
 
     /// Waits (bounded) for the manager's Deployment to be rolled out; the error shows its Pods.
@@ -180,9 +165,6 @@ pub struct KindCluster {
     /// The clusterctl repository it was initialised from (both releases when
     /// it started from the previous one).
     repository: Option<crate::harness::clusterctl::LocalRepository>,
-    /// The CA of the cert-manager stand-in: one for the cluster's life, so a
-    /// provider installed later is trusted like the first ones.
-    stand_in_ca: Option<testenv::Pki>,
 }
 
 impl KindCluster {
@@ -192,7 +174,7 @@ impl KindCluster {
         c
     }
 
-    /// Steps 1 to 3 of the module's description, in `work_dir` (blocking: minutes).
+    /// Steps 1 to 4 of the module's description, in `work_dir` (blocking: minutes).
     pub fn create(work_dir: &Path, from: InstalledRelease, say: impl Fn(String)) -> Result<Self> {
         let assets = testenv::Assets::locate()?;
         let kubectl = assets.kubectl().context("no kubectl: run `cargo xtask control-plane build`")?;
@@ -206,7 +188,6 @@ impl KindCluster {
             path,
             kubectl: Kubectl { binary: kubectl, kubeconfig: work_dir.join("kind.kubeconfig") },
             repository: None,
-            stand_in_ca: None,
         };
         let node_image =
             std::env::var(KIND_NODE_IMAGE_ENV).with_context(|| format!("{KIND_NODE_IMAGE_ENV} is not set"))?;
@@ -238,10 +219,13 @@ impl KindCluster {
         // From here on, dropping `cluster` deletes it again.
         say(format!("kind cluster {CLUSTER} ({node_image}) Ready in {:.0?}", t.elapsed()));
 
-        // 2. The manager image and CAPI's, loaded into the node.
+        // 2. The manager image, CAPI's and cert-manager's, loaded into the node.
         let t = Instant::now();
         let capi_images = std::env::var(CAPI_IMAGES_ENV).with_context(|| format!("{CAPI_IMAGES_ENV} is not set"))?;
-        let mut images: Vec<&str> = capi_images.split(',').filter(|i| !i.is_empty()).collect();
+        let cert_manager_images =
+            std::env::var(CERT_MANAGER_IMAGES_ENV).with_context(|| format!("{CERT_MANAGER_IMAGES_ENV} is not set"))?;
+        let mut images: Vec<&str> =
+            capi_images.split(',').chain(cert_manager_images.split(',')).filter(|i| !i.is_empty()).collect();
         images.push(&image);
         if let Some((previous_image, _)) = &previous {
             images.push(previous_image);
@@ -251,13 +235,14 @@ impl KindCluster {
         run("kind load docker-image", &mut load)?;
         say(format!("{} images loaded in {:.0?}: {}", images.len(), t.elapsed(), images.join(", ")));
 
-        // 3. clusterctl init: CAPI core, the kubeadm providers and this provider.
+        // 3. cert-manager.
+        let t = Instant::now();
+        cluster.install_cert_manager()?;
+        say(format!("cert-manager serving in {:.0?}", t.elapsed()));
+
+        // 4. clusterctl init: CAPI core, the kubeadm providers and this provider.
         let t = Instant::now();
         let assets = testenv::Assets::locate()?;
-        run(
-            "applying cert-manager's CRDs",
-            cluster.kubectl.command(&["apply", "--server-side", "-f"]).arg(assets.cert_manager_crds_dir()?),
-        )?;
         let repository = crate::harness::clusterctl::LocalRepository::release_with_image(
             &work_dir.join("repository"),
             CURRENT_VERSION,
@@ -290,8 +275,6 @@ impl KindCluster {
             &infrastructure,
         ])?;
         cluster.repository = Some(repository);
-        cluster.stand_in_ca = Some(testenv::Pki::new_ca("capl-e2e-cert-manager-stand-in")?);
-        cluster.stand_in_for_cert_manager()?;
         cluster.wait_providers_available()?;
         say(format!(
             "clusterctl init ({version} of this provider): every provider's Deployment Available in {:.0?}",
@@ -301,10 +284,9 @@ impl KindCluster {
     }
 
     /// `clusterctl upgrade apply` of this provider to `version`, as an operator
-    /// runs it; then what the operator does around it: the cert-manager
-    /// stand-in for the new components, the flags added to the Deployment
-    /// by hand carried over, and the wait for every provider to be Available
-    /// and the manager rolled out. Returns clusterctl's log.
+    /// runs it; then what the operator does around it: the flags added to
+    /// the Deployment by hand carried over, and the wait for every provider
+    /// to be Available and the manager rolled out. Returns clusterctl's log.
     pub fn upgrade_provider(&self, version: &str) -> Result<String> {
         let repository = self.repository.as_ref().context("the cluster was not made by clusterctl init")?;
         let before = self.manager_args()?;
@@ -313,7 +295,6 @@ impl KindCluster {
         let out = repository
             .clusterctl_output(&["upgrade", "apply", "--kubeconfig", &kubeconfig, "--infrastructure", &target])?
             .stderr;
-        self.stand_in_for_cert_manager()?;
         let after = self.manager_args()?;
         let lost: Vec<String> = before.into_iter().filter(|a| !after.contains(a)).collect();
         if !lost.is_empty() {
@@ -335,9 +316,17 @@ impl KindCluster {
             .collect())
     }
 
+    /// Waits until cert-manager has issued every provider's serving
+    /// certificate and every Deployment is Available.
     fn wait_providers_available(&self) -> Result<()> {
         let timeout = format!("--timeout={ROLLOUT_LIMIT}");
         let kubectl = &self.kubectl;
+        kubectl
+            .out(&["wait", "--for=condition=Ready", "certificates.cert-manager.io", "--all", "-A", &timeout])
+            .map_err(|e| {
+                let certificates = kubectl.out(&["get", "certificates.cert-manager.io", "-A"]).unwrap_or_default();
+                e.context(format!("cert-manager did not issue every provider's certificate:\n{certificates}"))
+            })?;
         kubectl.out(&["wait", "--for=condition=Available", "deployment", "--all", "-A", &timeout]).map(|_| ()).map_err(
             |e| {
                 let pods = kubectl.out(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_default();
@@ -370,9 +359,45 @@ impl KindCluster {
         let _ = self.kind().args(["delete", "cluster", "--name", CLUSTER]).output();
     }
 
-    fn stand_in_for_cert_manager(&self) -> Result<()> {
-        let ca = self.stand_in_ca.as_ref().context("no stand-in CA")?;
-        stand_in_for_cert_manager(&self.kubectl, ca)
+    /// Applies cert-manager's static manifest and waits until its three
+    /// Deployments are Available and its webhooks carry the CA its cainjector
+    /// injects (before that, the API server cannot call the webhook, and
+    /// clusterctl's check of the cert-manager API fails).
+    fn install_cert_manager(&self) -> Result<()> {
+        let manifest = env_path(CERT_MANAGER_MANIFEST_ENV)?;
+        run(
+            "applying cert-manager's manifest",
+            self.kubectl.command(&["apply", "--server-side", "-f"]).arg(&manifest),
+        )?;
+        let timeout = format!("--timeout={ROLLOUT_LIMIT}");
+        self.kubectl
+            .out(&["wait", "--for=condition=Available", "deployment", "--all", "-n", "cert-manager", &timeout])
+            .map_err(|e| {
+                let pods = self.kubectl.out(&["get", "pods", "-n", "cert-manager", "-o", "wide"]).unwrap_or_default();
+                e.context(format!("cert-manager's Deployments did not become Available; Pods:\n{pods}"))
+            })?;
+        let webhooks = ["validatingwebhookconfiguration", "mutatingwebhookconfiguration"];
+        crate::harness::wait::until_blocking(
+            "cert-manager's webhooks to carry their CA",
+            std::time::Duration::from_secs(120),
+            || {
+                let mut missing = Vec::new();
+                for kind in webhooks {
+                    let config = self.kubectl.json(&["get", kind, "cert-manager-webhook"])?;
+                    let injected = config["webhooks"]
+                        .as_array()
+                        .is_some_and(|w| !w.is_empty() && w.iter().all(|w| w["clientConfig"]["caBundle"].is_string()));
+                    if !injected {
+                        missing.push(kind);
+                    }
+                }
+                Ok(if missing.is_empty() {
+                    crate::harness::wait::Check::Done(())
+                } else {
+                    crate::harness::wait::Check::Pending(format!("no caBundle yet in {missing:?}"))
+                })
+            },
+        )
     }
 }
 
@@ -393,70 +418,6 @@ impl Drop for KindCluster {
     fn drop(&mut self) {
         self.delete();
     }
-}
-
-/// What cert-manager would do for the providers' components: a Secret for
-/// every Certificate (signed by one CA made here, with the Certificate's DNS
-/// names), and that CA as the `caBundle` of every webhook configuration and
-/// CRD conversion webhook annotated `cert-manager.io/inject-ca-from`.
-/// (cert-manager itself cannot be built from the Go module proxy; see the book's
-/// developing page, "On kind".) A Secret that exists already is kept, as
-/// cert-manager keeps a valid one: the Pods that mount it go on trusting it.
-fn stand_in_for_cert_manager(kubectl: &Kubectl, ca: &testenv::Pki) -> Result<()> {
-    let bundle = serde_json::to_value(k8s_openapi::ByteString(ca.ca_pem().as_bytes().to_vec()))?;
-    let certificates = kubectl.json(&["get", "certificates.cert-manager.io", "-A"])?;
-    let existing = kubectl.json(&["get", "secrets", "-A", "--field-selector", "type=kubernetes.io/tls"])?;
-    let exists = |namespace: &str, name: &str| {
-        existing["items"].as_array().into_iter().flatten().any(|s| {
-            s["metadata"]["namespace"].as_str() == Some(namespace) && s["metadata"]["name"].as_str() == Some(name)
-        })
-    };
-    let mut secrets = Vec::new();
-    let mut certificate_count = 0;
-    for c in certificates["items"].as_array().into_iter().flatten() {
-        certificate_count += 1;
-        let names: Vec<String> = c["spec"]["dnsNames"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|n| n.as_str().map(str::to_string))
-            .collect();
-        let secret = c["spec"]["secretName"].as_str().context("a Certificate without secretName")?;
-        let namespace = c["metadata"]["namespace"].as_str().unwrap_or_default();
-        if exists(namespace, secret) {
-            continue;
-        }
-        let (cert, key) = ca.serving_cert_for(names.first().map_or("webhook", String::as_str), &names)?;
-        secrets.push(json!({
-            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": secret, "namespace": namespace},
-            "stringData": {"ca.crt": ca.ca_pem(), "tls.crt": cert, "tls.key": key},
-        }));
-    }
-    ensure!(certificate_count > 0, "clusterctl installed no cert-manager Certificate: nothing to stand in for");
-    if !secrets.is_empty() {
-        kubectl.apply(&secrets)?;
-    }
-    for kind in ["validatingwebhookconfigurations", "mutatingwebhookconfigurations", "customresourcedefinitions"] {
-        let list = kubectl.json(&["get", kind])?;
-        for object in list["items"].as_array().into_iter().flatten() {
-            if object["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_null() {
-                continue;
-            }
-            let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            let patch: Vec<Value> = if kind == "customresourcedefinitions" {
-                vec![json!({"op": "add", "path": "/spec/conversion/webhook/clientConfig/caBundle", "value": bundle})]
-            } else {
-                let webhooks = object["webhooks"].as_array().map_or(0, Vec::len);
-                (0..webhooks)
-                    .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
-                    .collect()
-            };
-            let patch = serde_json::to_string(&patch)?;
-            kubectl.out(&["patch", kind, name, "--type=json", "-p", &patch])?;
-        }
-    }
-    Ok(())
 }
 
 /// The manager's Pods by name.
