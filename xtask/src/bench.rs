@@ -3,7 +3,9 @@
 //! `target/bench/<name>.json`, whose table then replaces that benchmark's in
 //! the book (`docs/src/performance.md`, see `bench_tables`); without a subcommand steady, floor,
 //! overhead, contention and faults run, the scale figures coming from the
-//! steady run (which creates the same 1,000 machines first).
+//! steady run (which creates the same 1,000 machines first). `scale` alone is
+//! followed by `floor` with as many machines; when both ran, the ratios of
+//! the two come last (`bench_ratios`) and first on the page.
 //!
 //! Prepares what the benchmark needs, reusing what exists: the local control
 //! plane (`control-plane build`), a release build of the manager and of the
@@ -29,7 +31,8 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Clone)]
 enum Which {
-    /// 1,000 machines on the simulated host through the API server with CAPI core: created at once, then deleted.
+    /// 1,000 machines on the simulated host through the API server with CAPI core: created at once, then deleted;
+    /// then the floor with as many machines, and their ratios.
     Scale(Rest),
     /// The same 1,000 machines left alone (5 minutes by default): calls, requests and reconciles per minute.
     Steady(Rest),
@@ -80,6 +83,11 @@ impl Which {
 
 pub fn run(args: Args) -> Result<()> {
     let runs = match args.which {
+        // The floor right after, on the same machine: the ratio compares one run with one run.
+        Some(Which::Scale(rest)) => {
+            let machines = machines_args(&rest.args);
+            vec![Which::Scale(rest), Which::Floor(Rest { args: machines })]
+        }
         Some(which) => vec![which],
         None => vec![
             Which::Steady(Rest { args: Vec::new() }),
@@ -125,7 +133,25 @@ pub fn run(args: Args) -> Result<()> {
         step("stop private libvirtd", libvirt_host::down)?;
     }
     result?;
+    if let Some(path) = crate::bench_ratios::write(&out)? {
+        println!("wrote {}", path.display());
+    }
     step("the book's performance tables", bench_tables::write)
+}
+
+/// `--machines N` (or `--machines=N`) out of a benchmark's arguments.
+fn machines_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--machines" {
+            out.push(arg.clone());
+            out.extend(iter.next().cloned());
+        } else if arg.starts_with("--machines=") {
+            out.push(arg.clone());
+        }
+    }
+    out
 }
 
 /// Release builds: the figures are the manager's as it would run.

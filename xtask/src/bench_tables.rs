@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::{repo_root, target_dir};
 
 /// The benchmarks, in the order the page shows them.
-pub const BENCHMARKS: &[&str] = &["scale", "steady", "floor", "overhead", "contention", "faults"];
+pub const BENCHMARKS: &[&str] = &["ratios", "scale", "steady", "floor", "overhead", "contention", "faults"];
 
 /// The page that holds the tables, relative to the repository root.
 pub const PAGE: &str = "docs/src/performance.md";

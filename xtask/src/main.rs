@@ -6,6 +6,7 @@
 
 mod background;
 mod bench;
+mod bench_ratios;
 mod bench_sim;
 mod bench_tables;
 mod cache_key;
