@@ -42,8 +42,7 @@ pub struct CertManager {
 }
 
 fn cache_dir() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    Ok(PathBuf::from(home).join(".cache/cluster-api-provider-libvirt/cert-manager").join(VERSION))
+    crate::paths::user_cache(&format!("cert-manager/{VERSION}"), "cert-manager")
 }
 
 /// Builds (or reuses) the binaries, the manifest and the images.

@@ -43,8 +43,7 @@ pub fn build() -> Result<()> {
 
 /// The mdBook binary: the cached one, else `cargo install` into the cache.
 fn ensure_mdbook() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set: cannot place the mdBook cache")?;
-    let install_root = PathBuf::from(home).join(format!(".cache/cluster-api-provider-libvirt/mdbook-{MDBOOK_VERSION}"));
+    let install_root = crate::paths::user_cache(&format!("mdbook-{MDBOOK_VERSION}"), "mdBook")?;
     let binary = install_root.join("bin/mdbook");
     if binary.is_file() {
         return Ok(binary);

@@ -26,7 +26,7 @@
 //! `USER 65532:65532` and `ENTRYPOINT ["/manager"]` as the Dockerfile does.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -133,12 +133,24 @@ pub fn build_provider_offline(image: &str) -> Result<()> {
         .run()
         .context("building the release manager")?;
     let binary = target_dir().join("release/cluster-api-provider-libvirt");
-    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
-        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    let libvirt = libvirt_client_library()?;
     manager_image(&sh, &binary, &[libvirt.as_path()], image, "provider-image", &[])?;
     check_provider_image(image)?;
     eprintln!("docker-build --offline: built and checked {image} in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The libvirt client library the manager links, resolved to its file.
+fn libvirt_client_library() -> Result<PathBuf> {
+    fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
+        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")
+}
+
+/// The value of label `key` on `image`, if the engine has the image.
+fn image_label(sh: &Shell, image: &str, key: &str) -> Option<String> {
+    let format = format!("{{{{index .Config.Labels \"{key}\"}}}}");
+    let have = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok()?;
+    Some(have.trim().to_string())
 }
 
 /// The previous release's manager image, made from its manager `binary`
@@ -146,13 +158,10 @@ pub fn build_provider_offline(image: &str) -> Result<()> {
 /// image's label names another commit.
 pub fn previous_manager_image(binary: &Path, image: &str, commit: &str) -> Result<()> {
     let sh = Shell::new()?;
-    let format = "{{index .Config.Labels \"io.capl.commit\"}}";
-    let have = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok();
-    if have.as_deref().map(str::trim) == Some(commit) {
+    if image_label(&sh, image, "io.capl.commit").as_deref() == Some(commit) {
         return Ok(());
     }
-    let libvirt = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libvirt.so.0")
-        .context("libvirt.so.0 is not installed here: run `cargo xtask host deps`")?;
+    let libvirt = libvirt_client_library()?;
     let label = format!("LABEL io.capl.commit={commit}");
     manager_image(&sh, binary, &[libvirt.as_path()], image, "previous-provider-image", &[&label])?;
     check_provider_image(image)
@@ -184,9 +193,7 @@ pub fn capi_images(control_plane_dir: &Path) -> Result<Vec<String>> {
         let image = format!("{CAPI_RELEASE_REGISTRY}/{provider_image}:{CAPI_VERSION}");
         // Rebuilt when the binary's mtime differs from what the image's label says.
         let secs = stamp.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0).to_string();
-        let format = "{{index .Config.Labels \"io.capl.binary-mtime\"}}";
-        let have = cmd!(sh, "docker image inspect --format {format} {image}").quiet().ignore_stderr().read().ok();
-        if have.as_deref().map(str::trim) != Some(secs.as_str()) {
+        if image_label(&sh, &image, "io.capl.binary-mtime").as_deref() != Some(secs.as_str()) {
             let label = format!("LABEL io.capl.binary-mtime={secs}");
             manager_image(&sh, &binary, &[], &image, "capi-image", &[&label])?;
         }

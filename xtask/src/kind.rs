@@ -67,8 +67,7 @@ pub fn prepare() -> Result<Kind> {
 }
 
 fn cache_dir() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    Ok(PathBuf::from(home).join(".cache/cluster-api-provider-libvirt/kind"))
+    crate::paths::user_cache("kind", "kind")
 }
 
 /// kind, `go install`ed once per version.

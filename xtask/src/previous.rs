@@ -52,8 +52,7 @@ pub struct Release {
 }
 
 fn cache_dir(commit: &str) -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    Ok(PathBuf::from(home).join(".cache/cluster-api-provider-libvirt/previous").join(commit))
+    crate::paths::user_cache(&format!("previous/{commit}"), "previous release")
 }
 
 /// The previous release's binaries, built once per commit.

@@ -119,7 +119,13 @@ impl Kubectl {
 
     /// The names of the manager's Pods, all of them and the Ready ones, from one listing.
     pub fn manager_pod_names(&self) -> Result<ManagerPods> {
-        let pods = self.manager_pods()?;
+        Ok(ManagerPods::of(&self.manager_pods()?))
+    }
+}
+
+impl ManagerPods {
+    /// The names in a listing of the manager's Pods (JSON).
+    pub fn of(pods: &[Value]) -> Self {
         let name = |p: &Value| p["metadata"]["name"].as_str().map(str::to_string);
         let ready = |p: &&Value| {
             p["metadata"]["deletionTimestamp"].is_null()
@@ -127,10 +133,10 @@ impl Kubectl {
                     .as_array()
                     .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
         };
-        Ok(ManagerPods {
+        ManagerPods {
             all: pods.iter().filter_map(name).collect(),
             ready: pods.iter().filter(ready).filter_map(name).collect(),
-        })
+        }
     }
 }
 

@@ -28,7 +28,8 @@ use serde_json::json;
 
 use crate::harness::clusterctl::INFRA_PROVIDER;
 use crate::harness::kind_cluster::{
-    CURRENT_VERSION, KindCluster, NAMESPACE, PREVIOUS_PROVIDER_IMAGE_ENV, PREVIOUS_VERSION, PROVIDER_IMAGE_ENV,
+    CURRENT_VERSION, KindCluster, ManagerPods, NAMESPACE, PREVIOUS_PROVIDER_IMAGE_ENV, PREVIOUS_VERSION,
+    PROVIDER_IMAGE_ENV,
 };
 use crate::harness::machines::{
     Running, check_on_host, clean_up, create_cluster, create_machine_deployment, wait_host_objects,
@@ -164,7 +165,7 @@ fn check_installed(cluster: &KindCluster, version: &str, image: &str) -> Result<
     // A Pod of the Deployment's previous template may still be terminating.
     wait::until_blocking(&format!("every manager Pod Ready on {image}"), ROLLOUT_BOUND, || {
         let pods = tools.manager_pods()?;
-        let ready = tools.manager_pod_names()?.ready;
+        let ready = ManagerPods::of(&pods).ready;
         let images: Vec<(String, String)> = pods
             .iter()
             .map(|p| {
