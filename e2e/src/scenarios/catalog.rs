@@ -134,12 +134,6 @@ pub fn all() -> Vec<Scenario> {
             needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
-            name: "workload cluster from the ClusterClass flavor",
-            id: "workload-topology",
-            run: |s| Box::pin(workload::workload_topology(s)),
-            needs: Needs::PrivateLibvirtd(GUESTS),
-        },
-        Scenario {
             name: "one Cluster over two hosts on one bridge, addresses and endpoint from IPAM",
             id: "multihost",
             run: |s| Box::pin(multihost::multihost(s)),

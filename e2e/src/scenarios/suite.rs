@@ -186,19 +186,7 @@ mod tests {
         let private = config(Backend::Libvirt { uri: "qemu:///system".into() }, ManagementKind::Local);
         assert_eq!(
             runs(&private),
-            [
-                "init",
-                "single",
-                "md",
-                "pause",
-                "restart",
-                "stopped",
-                "delete",
-                "workload",
-                "workload-topology",
-                "multihost",
-                "move"
-            ]
+            ["init", "single", "md", "pause", "restart", "stopped", "delete", "workload", "multihost", "move"]
         );
         let kind = config(Backend::Container, ManagementKind::Kind);
         assert_eq!(

@@ -25,13 +25,10 @@
 //!   its domain, disk, seed ISO and DHCP entry are removed;
 //! - deleting the Cluster leaves nothing of the namespace's on the host, and
 //!   the downloaded image stays in the base pool for the next cluster, having
-//!   been downloaded once for all the machines (and not again by
-//!   `workload-topology`, which finds it there).
+//!   been downloaded once for all the machines.
 //!
-//! `workload-topology`: a cluster from the ClusterClass flavor, up to its
-//! control plane Available; workers, pod traffic and scaling are the same node
-//! image and machine code as in `workload`, not repeated (each emulated guest
-//! costs CI minutes).
+//! A cluster of the ClusterClass flavor is Cluster API's own quick-start spec
+//! with flavor `topology` (`cargo xtask e2e capi`), not a scenario here.
 //!
 //! At most three emulated guests run at once on the 2 host cores. A failure
 //! prints what the workload cluster says, the tail of each guest's serial
@@ -60,25 +57,12 @@ use crate::workload::formation::{Bounds, Formation, KcpWatch};
 use crate::workload::render::Flavor;
 
 const ID: &str = "workload";
-const TOPOLOGY_ID: &str = "workload-topology";
 /// For Nodes, Pods and conditions to settle once their machine runs.
 const SETTLE: Duration = Duration::from_secs(600);
 
 pub async fn workload(stack: &mut Stack) -> Result<String> {
     let ns = stack.namespace(ID).await?;
     let result = run(stack, &ns).await;
-    report_failure(stack, &ns, result).await
-}
-
-/// The `workload-topology` scenario: a cluster from the ClusterClass flavor
-/// (`clusterctl generate cluster --flavor topology --worker-machine-count 0`, which
-/// adds the `libvirt` ClusterClass), checked up to what a user relies on: the
-/// topology controller's KubeadmControlPlane Initialized and Available, its Machine
-/// Running with a nodeRef and its Node Ready with the LibvirtMachine's providerID;
-/// deleting the Cluster leaves nothing on the host.
-pub async fn workload_topology(stack: &mut Stack) -> Result<String> {
-    let ns = stack.namespace(TOPOLOGY_ID).await?;
-    let result = run_topology(stack, &ns).await;
     report_failure(stack, &ns, result).await
 }
 
@@ -92,21 +76,6 @@ async fn report_failure(stack: &Stack, ns: &str, result: Result<String>) -> Resu
         return Err(anyhow::anyhow!("{err:#}"));
     }
     result
-}
-
-async fn run_topology(stack: &mut Stack, ns: &str) -> Result<String> {
-    let formation =
-        Formation::apply(stack, ns, Flavor::Topology, Bounds::DOCUMENTED, Box::new(|m| say(TOPOLOGY_ID, m)))?;
-    let cp = formation.control_plane().await?;
-    clean_up(stack, ns).await?;
-    let left = domains(stack, ns)?;
-    ensure!(left.is_empty(), "domains left after the Cluster was deleted: {left:?}");
-    let kept = formation.image().check_kept(stack)?;
-    say(TOPOLOGY_ID, kept);
-    formation.mark("Cluster deleted, nothing left on the host but the downloaded image");
-    let table = formation.table();
-    eprintln!("  [{TOPOLOGY_ID}] timing (seconds since kubectl apply):\n{table}");
-    Ok(format!("KubeadmControlPlane {}, nodes {:?}\n{table}", cp.kcp, node_names(&cp.nodes)))
 }
 
 async fn run(stack: &mut Stack, ns: &str) -> Result<String> {

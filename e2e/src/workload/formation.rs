@@ -5,8 +5,7 @@
 //! 3. the control plane is Available while its machine is the only guest: its
 //!    Node Ready through the endpoint, its Machine Running with a nodeRef and
 //!    the Node's providerID its LibvirtMachine's, KCP Available;
-//! 4. one worker: the MachineDeployment scaled 0 -> 1 (or the topology's
-//!    worker count), two Nodes Ready, two Machines Running, providerIDs.
+//! 4. one worker: the MachineDeployment scaled 0 -> 1, two Nodes Ready, two Machines Running, providerIDs.
 //!
 //! Each step has a bound ([`Bounds::DOCUMENTED`]). A step that does not finish
 //! within it, or that fails (kubeadm's own error on a guest's console fails it
@@ -151,8 +150,6 @@ pub(crate) struct ControlPlane {
     pub(crate) kcp: String,
     /// A client of the workload cluster, through the endpoint.
     pub(crate) workload: Client,
-    /// Its one Node.
-    pub(crate) nodes: Vec<Node>,
 }
 
 /// The cluster with its worker.
@@ -241,7 +238,7 @@ impl<'a> Formation<'a> {
             .await?;
         self.mark("control-plane VM started");
 
-        // The topology controller names the KubeadmControlPlane; there is one.
+        // The KubeadmControlPlane is found by listing; there is one.
         let kcps = &self.kcps;
         let cp_domain = std::slice::from_ref(&vm.domain);
         let kcp = self
@@ -263,7 +260,7 @@ impl<'a> Formation<'a> {
         self.mark("kubeadm init done (KCP initialized)");
 
         let kcp_name = kcp.as_str();
-        let (workload, nodes) = self
+        let workload = self
             .step(Step::ControlPlaneAvailable, |deadline| async move {
                 let workload = workload_client(client, ns, left(deadline)).await?;
                 let nodes = wait_nodes_ready(&Api::all(workload.clone()), 1, left(deadline)).await?;
@@ -271,15 +268,14 @@ impl<'a> Formation<'a> {
                 wait_machines_running(client, ns, 1, left(deadline)).await?;
                 check_provider_ids(client, ns, &nodes).await?;
                 kcp_available(client, ns, kcps, kcp_name, left(deadline)).await?;
-                Ok((workload, nodes))
+                Ok(workload)
             })
             .await?;
         self.mark("KCP Available, its Machine Running with a nodeRef");
-        Ok(ControlPlane { kcp, workload, nodes })
+        Ok(ControlPlane { kcp, workload })
     }
 
-    /// Step 4: one worker (the MachineDeployment, or the topology's workers,
-    /// scaled from 0 to 1) joins: two Nodes Ready with their LibvirtMachines'
+    /// Step 4: one worker (the MachineDeployment scaled from 0 to 1) joins: two Nodes Ready with their LibvirtMachines'
     /// providerIDs, two Machines Running with a nodeRef.
     pub(crate) async fn add_worker(&self, cp: &ControlPlane) -> Result<Grown> {
         self.step(Step::WorkerJoined, |deadline| async move { self.workers_joined(cp, 1, deadline).await }).await
@@ -333,23 +329,10 @@ impl<'a> Formation<'a> {
         }
     }
 
-    /// Sets the number of workers: the MachineDeployment's replicas, or with the
-    /// topology flavor the Cluster's first worker topology's.
+    /// Sets the number of workers: the MachineDeployment's replicas.
     pub(crate) async fn scale_workers(&self, replicas: u32) -> Result<()> {
         let (client, ns) = (&self.client, self.ns.as_str());
         match self.flavor {
-            Flavor::Topology => {
-                let cluster = objects::get(client, ns, Kind::Cluster, CLUSTER).await?.context("the Cluster is gone")?;
-                let mut deployments = cluster.data["spec"]["topology"]["workers"]["machineDeployments"].clone();
-                let Some(first) = deployments.as_array_mut().and_then(|a| a.first_mut()) else {
-                    bail!("Cluster {ns}/{CLUSTER} has no worker topology to scale");
-                };
-                let from = first["replicas"].clone();
-                first["replicas"] = json!(replicas);
-                let patch = json!({"spec": {"topology": {"workers": {"machineDeployments": deployments}}}});
-                objects::merge_patch(client, ns, Kind::Cluster, CLUSTER, patch).await?;
-                (self.say)(format!("Cluster {CLUSTER}'s workers scaled {from} -> {replicas}"));
-            }
             Flavor::Default | Flavor::AllocatedEndpoint => {
                 let md = format!("{CLUSTER}-md-0");
                 let current = objects::get(client, ns, Kind::MachineDeployment, &md)

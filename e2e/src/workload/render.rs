@@ -24,9 +24,6 @@ const RELEASE_VERSION: &str = "v0.1.0";
 pub(crate) enum Flavor {
     /// `cluster-template.yaml`: a KubeadmControlPlane and a MachineDeployment.
     Default,
-    /// `cluster-template-topology.yaml`: a Cluster of the `libvirt` ClusterClass
-    /// (`clusterclass-libvirt.yaml`).
-    Topology,
     /// `cluster-template-allocated-endpoint.yaml`: the default flavor with the
     /// endpoint allocated from the libvirt network by the provider.
     AllocatedEndpoint,
@@ -37,7 +34,6 @@ impl Flavor {
     pub(crate) fn name(self) -> Option<&'static str> {
         match self {
             Flavor::Default => None,
-            Flavor::Topology => Some("topology"),
             Flavor::AllocatedEndpoint => Some("allocated-endpoint"),
         }
     }
@@ -126,7 +122,7 @@ impl ServedImage {
 }
 
 /// The sha256 of a file as `sha256sum` prints it.
-fn sha256_of(file: &Path) -> Result<String> {
+pub(crate) fn sha256_of(file: &Path) -> Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
     let mut f = std::fs::File::open(file)
@@ -144,7 +140,7 @@ fn sha256_of(file: &Path) -> Result<String> {
 }
 
 /// base64 of `bytes`, as Kubernetes writes Secret data.
-fn base64(bytes: &[u8]) -> Result<String> {
+pub(crate) fn base64(bytes: &[u8]) -> Result<String> {
     let value = serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec()))?;
     value.as_str().map(str::to_string).context("ByteString did not serialize to a string")
 }
@@ -155,7 +151,6 @@ fn base64(bytes: &[u8]) -> Result<String> {
 fn generate_cluster(stack: &Stack, ns: &str, image: &ServedImage, flavor: Flavor) -> Result<PathBuf> {
     let dir = stack.work_dir.join(match flavor {
         Flavor::Default => "workload",
-        Flavor::Topology => "workload-topology",
         Flavor::AllocatedEndpoint => "workload-allocated-endpoint",
     });
     let repository = LocalRepository::release(&dir.join("repository"), RELEASE_VERSION)?;
@@ -200,11 +195,9 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &ServedImage, flavor: Flavor
     } else {
         variables.push(("CAPL_CONTROL_PLANE_ENDPOINT_HOST", stack.placement.endpoint_host.clone()));
     }
-    if flavor != Flavor::Topology {
-        // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one vCPU
-        // leaves the control plane (2 vCPUs) enough to keep answering.
-        variables.push(("CAPL_WORKER_VCPU", "1".to_string()));
-    }
+    // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one vCPU
+    // leaves the control plane (2 vCPUs) enough to keep answering.
+    variables.push(("CAPL_WORKER_VCPU", "1".to_string()));
     for (name, _) in &variables {
         ensure!(
             listed.contains(name),
@@ -227,14 +220,6 @@ fn generate_cluster(stack: &Stack, ns: &str, image: &ServedImage, flavor: Flavor
     .concat();
     let env: Vec<(&str, &str)> = variables.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let rendered = repository.clusterctl_env(&args, &env)?;
-    if flavor == Flavor::Topology {
-        // clusterctl adds the ClusterClass the Cluster names (the release's
-        // clusterclass-libvirt.yaml) when the management cluster lacks it.
-        ensure!(
-            rendered.contains("kind: ClusterClass"),
-            "`clusterctl generate cluster --flavor topology` did not add the ClusterClass `libvirt`:\n{rendered}"
-        );
-    }
     // What only this rig's emulated machines need (not in templates/).
     let rendered = super::emulation::patch_manifest(&rendered)?;
     let path = dir.join("cluster.yaml");
