@@ -27,6 +27,8 @@ pub const REAL_DOCKER: &str = "CAPL_REAL_DOCKER";
 pub const PROVIDER_IMAGE: &str = "CAPL_PROVIDER_IMAGE";
 /// CAPI's images loaded into kind, comma-separated.
 pub const CAPI_IMAGES: &str = "CAPL_CAPI_IMAGES";
+/// The Ginkgo suite of Cluster API's own e2e specs (`e2e/capi/`), built by `cargo xtask e2e capi`.
+pub const CAPI_SPECS_BIN: &str = "CAPL_CAPI_SPECS_BIN";
 /// cert-manager's static manifest for kind (`cargo xtask cert-manager`).
 pub const CERT_MANAGER_MANIFEST: &str = "CAPL_CERT_MANAGER_MANIFEST";
 /// cert-manager's images loaded into kind, comma-separated.

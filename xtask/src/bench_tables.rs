@@ -59,12 +59,18 @@ pub fn render(json: &Value, path: &Path) -> Result<String> {
 
 /// `text` with the block of benchmark `name` replaced by `table`.
 pub fn replace_block(text: &str, name: &str, table: &str) -> Result<String> {
-    let (start, end) = (format!("<!-- bench: {name} -->\n"), format!("<!-- /bench: {name} -->"));
+    replace_marked(text, PAGE, "bench", name, table)
+}
+
+/// The text of `page` with the block between `<!-- <tag>: <name> -->` and
+/// `<!-- /<tag>: <name> -->` replaced by `table`.
+pub fn replace_marked(text: &str, page: &str, tag: &str, name: &str, table: &str) -> Result<String> {
+    let (start, end) = (format!("<!-- {tag}: {name} -->\n"), format!("<!-- /{tag}: {name} -->"));
     let Some(from) = text.find(&start).map(|i| i + start.len()) else {
-        bail!("{PAGE} has no `{}` marker", start.trim());
+        bail!("{page} has no `{}` marker", start.trim());
     };
     let Some(to) = text[from..].find(&end).map(|i| i + from) else {
-        bail!("{PAGE} has no `{end}` marker after `{}`", start.trim());
+        bail!("{page} has no `{end}` marker after `{}`", start.trim());
     };
     Ok(format!("{}{table}{}", &text[..from], &text[to..]))
 }

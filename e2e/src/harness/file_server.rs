@@ -1,4 +1,5 @@
-//! One file over HTTP/1.1 on 127.0.0.1, as a user's web server offers a node
+//! One file over HTTP/1.1 (on 127.0.0.1, or an address of this machine that
+//! a kind cluster's Pods reach), as a user's web server offers a node
 //! image: `GET /<name>` answers 200 with the file, any other path 404. Each
 //! connection has a thread of its own and the file is streamed from disk, so
 //! an image of any size costs no memory. The server counts the GETs of the
@@ -29,13 +30,20 @@ pub struct FileServer {
 impl FileServer {
     /// Serves `file` as `/<its file name>` on a free port of 127.0.0.1.
     pub fn start(file: &Path) -> Result<Self> {
+        Self::start_on(file, "127.0.0.1")
+    }
+
+    /// Serves `file` as `/<its file name>` on a free port of `address` (an
+    /// address of this machine).
+    pub fn start_on(file: &Path, address: &str) -> Result<Self> {
         let name = file
             .file_name()
             .and_then(|n| n.to_str())
             .with_context(|| format!("{} has no file name to serve it under", file.display()))?
             .to_string();
         std::fs::metadata(file).with_context(|| format!("serving {}", file.display()))?;
-        let listener = TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 for the image server")?;
+        let listener =
+            TcpListener::bind((address, 0)).with_context(|| format!("binding {address}:0 for the image server"))?;
         let addr = listener.local_addr()?;
         let (gets, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
         let (path, counted, stopped, served) = (format!("/{name}"), gets.clone(), stop.clone(), file.to_path_buf());
@@ -54,7 +62,7 @@ impl FileServer {
         Ok(Self { addr, name, gets, stop, accept: Some(accept) })
     }
 
-    /// `http://127.0.0.1:<port>/<name>`.
+    /// `http://<address>:<port>/<name>`.
     pub fn url(&self) -> String {
         format!("http://{}/{}", self.addr, self.name)
     }
