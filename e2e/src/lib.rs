@@ -21,6 +21,7 @@
 //! `tests/e2e.rs`.
 
 pub mod bench;
+pub mod capi_specs;
 pub mod demo;
 pub mod harness;
 pub mod scenarios;

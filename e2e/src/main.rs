@@ -18,7 +18,7 @@ enum Command {
     /// Run the scenarios against the private libvirtd and print a summary table.
     Run {
         /// Run only these scenario ids (init, deployed, single, md, pause, restart, stopped, delete,
-        /// workload, workload-topology, multihost, move, pod-logs).
+        /// workload, multihost, move, pod-logs).
         #[arg(long)]
         only: Vec<String>,
         /// The management cluster is a kind cluster with everything installed by
@@ -31,6 +31,16 @@ enum Command {
         /// engine and the image of `cargo xtask libvirtd-image`).
         #[arg(long, value_parser = ["private", "container"], default_value = "private")]
         libvirt: String,
+    },
+    /// Cluster API's own e2e specs (`e2e/capi/`) on kind and a containerized
+    /// libvirtd (started by `cargo xtask e2e capi`): prints spec, result, duration.
+    Capi {
+        /// Only these specs (quick-start, quick-start-topology, md-remediation); repeatable.
+        #[arg(long)]
+        focus: Vec<String>,
+        /// Every spec of the suite, not only the default set.
+        #[arg(long)]
+        all: bool,
     },
     /// A benchmark of the provider at scale (started by `cargo xtask bench`): prints a table, writes JSON.
     Bench {
@@ -153,6 +163,12 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { only, kind, libvirt } => run(&only, kind, &libvirt).await,
         Command::Bench { which, out } => bench(which, out).await,
+        Command::Capi { focus, all } => match e2e::capi_specs::select(&focus, all) {
+            Ok(specs) => tokio::task::spawn_blocking(move || e2e::capi_specs::run(&specs))
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("the upstream specs' runner panicked: {e}"))),
+            Err(err) => Err(err),
+        },
         Command::Demo { hypervisor, exit_after_ready, workload, timeout_factor } => {
             match StackConfig::from_env(hypervisor == "sim") {
                 Ok(config) if workload => {

@@ -1,0 +1,45 @@
+package capi
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	"k8s.io/utils/ptr"
+
+	capie2e "sigs.k8s.io/cluster-api/test/e2e"
+)
+
+// Each Describe carries one label, the spec's name in `cargo xtask e2e capi
+// --focus NAME` and in its table.
+
+// quickStart is QuickStartSpec's input with the flavor `flavor` (nil: the default).
+func quickStart(flavor *string) func() capie2e.QuickStartSpecInput {
+	return func() capie2e.QuickStartSpecInput {
+		return capie2e.QuickStartSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+			Flavor:                flavor,
+		}
+	}
+}
+
+var _ = Describe("quick-start", Label("quick-start"), func() {
+	capie2e.QuickStartSpec(ctx, quickStart(nil))
+})
+
+var _ = Describe("quick-start with a ClusterClass", Label("quick-start-topology"), func() {
+	capie2e.QuickStartSpec(ctx, quickStart(ptr.To("topology")))
+})
+
+var _ = Describe("md-remediation", Label("md-remediation"), func() {
+	capie2e.MachineDeploymentRemediationSpec(ctx, func() capie2e.MachineDeploymentRemediationSpecInput {
+		return capie2e.MachineDeploymentRemediationSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+		}
+	})
+})
