@@ -19,7 +19,8 @@
 //!    kubeadm --infrastructure libvirt` from local repositories (this
 //!    provider's release [`CURRENT_VERSION`] with the manager image), with
 //!    cert-manager declared externally provisioned, as for a cluster whose
-//!    operator installed it; cert-manager issues the providers' serving
+//!    operator installed it, and `CLUSTER_TOPOLOGY=true` (CAPI core's
+//!    ClusterClass feature); cert-manager issues the providers' serving
 //!    certificates and injects their CA; every provider's Deployment becomes
 //!    Available.
 //!
@@ -267,7 +268,7 @@ impl KindCluster {
         let core = format!("cluster-api:{CAPI_VERSION}");
         let kubeadm = format!("kubeadm:{CAPI_VERSION}");
         let infrastructure = format!("libvirt:{version}");
-        repository.clusterctl(&[
+        let init = [
             "init",
             "--kubeconfig",
             &kubeconfig,
@@ -279,7 +280,10 @@ impl KindCluster {
             &kubeadm,
             "--infrastructure",
             &infrastructure,
-        ])?;
+        ];
+        // ClusterClass needs CAPI core's ClusterTopology feature, which a user
+        // turns on the same way before `clusterctl init`.
+        repository.clusterctl_env(&init, &[("CLUSTER_TOPOLOGY", "true")])?;
         cluster.repository = Some(repository);
         cluster.wait_providers_available()?;
         say(format!(
