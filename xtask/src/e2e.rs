@@ -38,7 +38,7 @@ use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, ste
 #[derive(clap::Args, Default)]
 pub struct Args {
     /// Only these scenarios (ids: init, upgrade, deployed, single, md, pause, restart, stopped, delete, workload,
-    /// workload-topology, multihost, move, pod-logs); repeatable. Without it, every scenario the
+    /// multihost, move, pod-logs); repeatable. Without it, every scenario the
     /// stack can run (upgrade, deployed and pod-logs need --kind).
     #[arg(long)]
     only: Vec<String>,
@@ -53,6 +53,30 @@ pub struct Args {
     /// The libvirt host: the private libvirtd (`host up`) or a containerized one.
     #[arg(long, value_enum, default_value_t)]
     libvirt: Libvirt,
+    #[command(subcommand)]
+    pub upstream: Option<Upstream>,
+}
+
+/// Suites other than this repository's own scenarios.
+#[derive(clap::Subcommand)]
+pub enum Upstream {
+    /// Cluster API's own e2e specs (sigs.k8s.io/cluster-api/test/e2e) on kind
+    /// and a containerized libvirtd; prints spec, result, duration.
+    Capi(CapiArgs),
+}
+
+/// The arguments of `cargo xtask e2e capi`.
+#[derive(clap::Args, Default, Clone)]
+pub struct CapiArgs {
+    /// Only these specs (quick-start, quick-start-topology, md-remediation); repeatable.
+    #[arg(long)]
+    pub focus: Vec<String>,
+    /// Every spec of the suite, not only the default set CI runs.
+    #[arg(long)]
+    pub all: bool,
+    /// Only build the Ginkgo suite (or find it cached) and print its path.
+    #[arg(long)]
+    pub build_only: bool,
 }
 
 /// Which libvirt host the suite drives.
@@ -120,43 +144,18 @@ pub fn run(args: Args) -> Result<()> {
 /// control plane cache for kubectl and CAPI's CRDs).
 fn run_in_containers(args: &Args) -> Result<()> {
     let started = Instant::now();
-    // virsh, for the checks on the host.
-    step("host packages", libvirt_host::deps)?;
-    step("control plane", || control_plane::run(control_plane::Command::Build))?;
-    step("docker engine", || crate::docker_engine::up().map(drop))?;
-    let libvirtd_image = step("containerized libvirtd image", crate::images::libvirtd_image)?;
-    let guest = step("guest image", || guest_image::build(false))?;
-    let bins = step("build provider and e2e runner", build_binaries)?;
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
-    sh.set_var(env::LIBVIRTD_IMAGE, &libvirtd_image);
-    sh.set_var(env::GUEST_IMAGE, &guest);
-    sh.set_var(env::MANIFESTS_BIN, &bins.manifests);
     let mut mode = vec!["--libvirt".to_string(), "container".to_string()];
-    if args.kind {
-        let kind = step("kind and its node image", crate::kind::prepare)?;
-        let image = crate::images::TEST_MANAGER_IMAGE;
-        step("manager image, built offline", || crate::images::build_provider_offline(image))?;
-        let capi_images =
-            step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
-        sh.set_var(env::KIND_BIN, &kind.binary);
-        sh.set_var(env::KIND_NODE_IMAGE, &kind.node_image);
-        sh.set_var(env::KIND_WRAPPER_DIR, &kind.wrapper_dir);
-        sh.set_var(env::REAL_DOCKER, &kind.real_docker);
-        sh.set_var(env::PROVIDER_IMAGE, image);
-        sh.set_var(env::CAPI_IMAGES, capi_images.join(","));
-        let cert_manager = step("cert-manager, built offline", crate::cert_manager::prepare)?;
-        sh.set_var(env::CERT_MANAGER_MANIFEST, &cert_manager.manifest);
-        sh.set_var(env::CERT_MANAGER_IMAGES, cert_manager.images.join(","));
-        if args.only.is_empty() || args.only.iter().any(|o| o == "upgrade") {
-            let previous = step("previous release, built from this repository's history", crate::previous::release)?;
-            sh.set_var(env::PREVIOUS_PROVIDER_IMAGE, previous.image);
-            sh.set_var(env::PREVIOUS_RELEASE_DIR, &previous.dir);
-        }
+    let bins = if args.kind {
+        let upgrade = args.only.is_empty() || args.only.iter().any(|o| o == "upgrade");
         mode.push("--kind".into());
+        prepare_kind(&sh, upgrade)?
     } else {
+        let bins = prepare_containers(&sh)?;
         sh.set_var(env::PROVIDER_BIN, &bins.provider);
-    }
+        bins
+    };
     sh.set_var(SUMMARY_ENV, summary_path(if args.kind { "kind" } else { "container" }));
     let runner = &bins.e2e;
     let only: Vec<String> = args.only.iter().flat_map(|o| ["--only".to_string(), o.clone()]).collect();
@@ -166,6 +165,49 @@ fn run_in_containers(args: &Args) -> Result<()> {
     });
     eprintln!("xtask e2e: finished in {:.0} s", started.elapsed().as_secs_f64());
     result
+}
+
+/// What every run on a containerized libvirtd needs: virsh, the control
+/// plane cache (kubectl, CAPI's CRDs), a docker engine, the libvirtd image,
+/// the guest image and the binaries (returned); their variables set in `sh`.
+fn prepare_containers(sh: &Shell) -> Result<Binaries> {
+    step("host packages", libvirt_host::deps)?;
+    step("control plane", || control_plane::run(control_plane::Command::Build))?;
+    step("docker engine", || crate::docker_engine::up().map(drop))?;
+    let libvirtd_image = step("containerized libvirtd image", crate::images::libvirtd_image)?;
+    let guest = step("guest image", || guest_image::build(false))?;
+    let bins = step("build provider and e2e runner", build_binaries)?;
+    sh.set_var(env::LIBVIRTD_IMAGE, &libvirtd_image);
+    sh.set_var(env::GUEST_IMAGE, &guest);
+    sh.set_var(env::MANIFESTS_BIN, &bins.manifests);
+    Ok(bins)
+}
+
+/// [`prepare_containers`] plus what a kind management cluster needs, built
+/// offline: kind and its node image, the manager image, CAPI's images,
+/// cert-manager and (with `previous`) the previous release.
+pub fn prepare_kind(sh: &Shell, previous: bool) -> Result<Binaries> {
+    let bins = prepare_containers(sh)?;
+    let kind = step("kind and its node image", crate::kind::prepare)?;
+    let image = crate::images::TEST_MANAGER_IMAGE;
+    step("manager image, built offline", || crate::images::build_provider_offline(image))?;
+    let capi_images =
+        step("CAPI images, built offline", || crate::images::capi_images(&control_plane::control_plane_dir()?))?;
+    sh.set_var(env::KIND_BIN, &kind.binary);
+    sh.set_var(env::KIND_NODE_IMAGE, &kind.node_image);
+    sh.set_var(env::KIND_WRAPPER_DIR, &kind.wrapper_dir);
+    sh.set_var(env::REAL_DOCKER, &kind.real_docker);
+    sh.set_var(env::PROVIDER_IMAGE, image);
+    sh.set_var(env::CAPI_IMAGES, capi_images.join(","));
+    let cert_manager = step("cert-manager, built offline", crate::cert_manager::prepare)?;
+    sh.set_var(env::CERT_MANAGER_MANIFEST, &cert_manager.manifest);
+    sh.set_var(env::CERT_MANAGER_IMAGES, cert_manager.images.join(","));
+    if previous {
+        let previous = step("previous release, built from this repository's history", crate::previous::release)?;
+        sh.set_var(env::PREVIOUS_PROVIDER_IMAGE, previous.image);
+        sh.set_var(env::PREVIOUS_RELEASE_DIR, &previous.dir);
+    }
+    Ok(bins)
 }
 
 /// The variable that tells `capl-e2e run` where to write its summary table too.

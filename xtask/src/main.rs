@@ -10,6 +10,7 @@ mod bench_ratios;
 mod bench_sim;
 mod bench_tables;
 mod cache_key;
+mod capi_specs;
 mod cert_manager;
 mod control_plane;
 mod crates;
@@ -134,6 +135,10 @@ enum Command {
     /// Build (or reuse) cert-manager for the kind management cluster from its Go module: its images and
     /// its static manifest; print the manifest's path and the images.
     CertManager,
+    /// Build (or reuse), one after another, what the suites on kind need beyond the workspace: kind and its
+    /// node image, cert-manager, the previous release and Cluster API's e2e suite (`test` runs it in the
+    /// background).
+    KindPrerequisites,
 }
 
 fn main() -> Result<()> {
@@ -158,6 +163,13 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Command::KindPrerequisites => {
+            kind::prepare()?;
+            cert_manager::prepare()?;
+            previous::release()?;
+            capi_specs::build()?;
+            Ok(())
+        }
         Command::Manifests => manifests::write(),
         Command::Docs => docs::build(),
         Command::Release { version, image, out, watch_namespace } => {
@@ -180,6 +192,7 @@ fn main() -> Result<()> {
         Command::BenchSim(args) => bench_sim::run(args),
         Command::GuestImage(args) => guest_image::run(args),
         Command::NodeImage(args) => node_image::run(args),
+        Command::E2e(e2e::Args { upstream: Some(e2e::Upstream::Capi(capi)), .. }) => capi_specs::run(&capi),
         Command::E2e(args) => e2e::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Workflows => workflows::lint(),

@@ -30,7 +30,9 @@
 //! 6. `cargo xtask e2e`: real CAPI Machines become real VMs, with its summary
 //!    table, then `cargo xtask e2e --kind`: the suite on a kind management
 //!    cluster, the provider as the Pod of its image, the host a containerized
-//!    libvirtd (both left out only when a test name filter was given);
+//!    libvirtd, then `cargo xtask e2e capi`: Cluster API's own e2e specs (the
+//!    default set) on kind, their Ginkgo suite built beside the suites before
+//!    it (all three left out only when a test name filter was given);
 //! 7. the private libvirtd is stopped again, and a dockerd that step 4
 //!    started (unless `--keep-host`; also when a step fails on the way);
 //! 8. the README's main command as written, `cargo xtask demo
@@ -141,22 +143,25 @@ pub fn run(args: Args) -> Result<()> {
         cmd!(sh, "cargo test --locked -p e2e --lib --bins").run().map_err(anyhow::Error::from)
     });
     let packaged = step("crates: cargo package", crate::crates::package);
-    let summaries = ["private", "kind"].map(e2e::summary_path);
+    let summaries = [e2e::summary_path("private"), e2e::summary_path("kind"), crate::capi_specs::summary_path()];
     for path in &summaries {
         let _ = std::fs::remove_file(path);
     }
     let node_image = node_image.map_or(Ok(()), |job| job.join().map(drop));
-    // kind's node image (made of the node image's binaries) is needed only by the
-    // suite on kind: it is built beside the suite on the private libvirtd.
+    // What only the suites on kind need (kind's node image, made of the node
+    // image's binaries; cert-manager; the previous release; Cluster API's e2e
+    // suite, mostly the Kubernetes packages the control plane's build compiled)
+    // is built beside the suite on the private libvirtd, one after another.
     let kind_image = match (&node_image, extra.is_empty()) {
-        (Ok(()), true) => Some(Background::start("kind-node-image", Priority::Lower, &["kind-node-image"])?),
+        (Ok(()), true) => Some(Background::start("kind-prerequisites", Priority::Lower, &["kind-prerequisites"])?),
         _ => None,
     };
     let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
     let kind_image = kind_image.map_or(Ok(()), |job| job.join().map(drop));
     let kind =
         if extra.is_empty() { kind_image.and_then(|()| e2e::run(e2e::Args::kind_for_test_command())) } else { Ok(()) };
-    let e2e = e2e.and(kind);
+    let capi = if extra.is_empty() { crate::capi_specs::run(&e2e::CapiArgs::default()) } else { Ok(()) };
+    let e2e = e2e.and(kind).and(capi);
     let result = workspace.and(e2e_units).and(packaged).and(e2e);
 
     if !args.keep_host {
