@@ -68,10 +68,6 @@ pub fn build() -> Result<PathBuf> {
 
 /// Prepares everything and runs `capl-e2e capi`.
 pub fn run(args: &CapiArgs) -> Result<()> {
-    if args.build_only {
-        println!("{}", build()?.display());
-        return Ok(());
-    }
     let started = Instant::now();
     let sh = Shell::new()?;
     sh.change_dir(repo_root());

@@ -74,9 +74,6 @@ pub struct CapiArgs {
     /// Every spec of the suite, not only the default set CI runs.
     #[arg(long)]
     pub all: bool,
-    /// Only build the Ginkgo suite (or find it cached) and print its path.
-    #[arg(long)]
-    pub build_only: bool,
 }
 
 /// Which libvirt host the suite drives.

@@ -10,8 +10,10 @@
 //!    a [`Background`] job beside steps 1 (the book), 3 and 4, joined before
 //!    step 5; the node image (`cargo xtask node-image`) is another, at a
 //!    lower priority, started with it and joined before step 6, the first that
-//!    needs it; kind's node image (`cargo xtask kind-node-image`) is a third,
-//!    beside the suite on the private libvirtd, joined before the one on kind;
+//!    needs it; what only the runs on kind need (`cargo xtask
+//!    kind-prerequisites`: kind's node image, cert-manager, the previous
+//!    release, the upstream specs' Ginkgo suite) is a third, beside the suite
+//!    on the private libvirtd, joined before the one on kind;
 //! 3. a private libvirtd with its own network and pools, and the test guest
 //!    image (`cargo xtask guest-image`);
 //! 4. a docker engine (`cargo xtask docker-engine up`: the running one, or
@@ -31,8 +33,8 @@
 //!    table, then `cargo xtask e2e --kind`: the suite on a kind management
 //!    cluster, the provider as the Pod of its image, the host a containerized
 //!    libvirtd, then `cargo xtask e2e capi`: Cluster API's own e2e specs (the
-//!    default set) on kind, their Ginkgo suite built beside the suites before
-//!    it (all three left out only when a test name filter was given);
+//!    default set) on kind (all three left out only when a test name filter
+//!    was given);
 //! 7. the private libvirtd is stopped again, and a dockerd that step 4
 //!    started (unless `--keep-host`; also when a step fails on the way);
 //! 8. the README's main command as written, `cargo xtask demo
@@ -152,14 +154,17 @@ pub fn run(args: Args) -> Result<()> {
     // image's binaries; cert-manager; the previous release; Cluster API's e2e
     // suite, mostly the Kubernetes packages the control plane's build compiled)
     // is built beside the suite on the private libvirtd, one after another.
-    let kind_image = match (&node_image, extra.is_empty()) {
+    let kind_prerequisites = match (&node_image, extra.is_empty()) {
         (Ok(()), true) => Some(Background::start("kind-prerequisites", Priority::Lower, &["kind-prerequisites"])?),
         _ => None,
     };
     let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
-    let kind_image = kind_image.map_or(Ok(()), |job| job.join().map(drop));
-    let kind =
-        if extra.is_empty() { kind_image.and_then(|()| e2e::run(e2e::Args::kind_for_test_command())) } else { Ok(()) };
+    let kind_prerequisites = kind_prerequisites.map_or(Ok(()), |job| job.join().map(drop));
+    let kind = if extra.is_empty() {
+        kind_prerequisites.and_then(|()| e2e::run(e2e::Args::kind_for_test_command()))
+    } else {
+        Ok(())
+    };
     let capi = if extra.is_empty() { crate::capi_specs::run(&e2e::CapiArgs::default()) } else { Ok(()) };
     let e2e = e2e.and(kind).and(capi);
     let result = workspace.and(e2e_units).and(packaged).and(e2e);

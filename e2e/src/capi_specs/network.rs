@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::harness::host_view::HostView;
 use crate::harness::kind_cluster::{CLUSTER, Kubectl};
-use testenv::test_host::{BASE_POOL, DISK_POOL, pool_xml};
+use testenv::test_host::DISK_POOL;
 
 /// The network's name, bridge and subnet (not the private libvirtd's, whose
 /// bridge may be up on this machine at the same time).
@@ -31,8 +31,6 @@ const PREFIX: &str = "10.252.0";
 const DHCP: (u8, u8) = (2, 99);
 /// The control-plane endpoint of every spec's cluster (one cluster at a time).
 pub const ENDPOINT_HOST: &str = "10.252.0.250";
-/// Where the containerized libvirtd keeps the pools' files.
-const POOLS_DIR: &str = "/var/lib/capl-e2e/pools";
 
 /// `10.252.0.0/24`.
 pub fn subnet() -> String {
@@ -56,13 +54,7 @@ pub fn define(host: &HostView, work_dir: &Path, via: &str) -> Result<Routes> {
     std::fs::write(&file, network_xml())?;
     host.virsh(&["net-define", &file.display().to_string()])?;
     host.virsh(&["net-start", NAME])?;
-    for pool in [BASE_POOL, DISK_POOL] {
-        let file = work_dir.join(format!("{pool}.xml"));
-        std::fs::write(&file, pool_xml(pool, &Path::new(POOLS_DIR).join(pool)))?;
-        host.virsh(&["pool-define", &file.display().to_string()])?;
-        host.virsh(&["pool-build", pool])?;
-        host.virsh(&["pool-start", pool])?;
-    }
+    crate::harness::stack::define_container_pools(host, work_dir)?;
     let routes = Routes { subnet: subnet() };
     run("adding the route to the guests on this machine", Command::new("ip").args(routes.args("replace", via)))?;
     let node = format!("{CLUSTER}-control-plane");

@@ -394,6 +394,13 @@ fn define_test_host(host: &HostView, work_dir: &Path) -> Result<()> {
     std::fs::write(&network, testenv::test_host::network_xml())?;
     host.virsh(&["net-define", &network.display().to_string()])?;
     host.virsh(&["net-start", TEST_NETWORK])?;
+    define_container_pools(host, work_dir)?;
+    check_test_host(host)
+}
+
+/// Defines, builds and starts the test pools of `cargo xtask host up` on a
+/// fresh containerized libvirtd (their files under [`CONTAINER_POOLS_DIR`]).
+pub fn define_container_pools(host: &HostView, work_dir: &Path) -> Result<()> {
     for pool in [TEST_BASE_POOL, TEST_DISK_POOL] {
         let file = work_dir.join(format!("{pool}.xml"));
         std::fs::write(&file, testenv::test_host::pool_xml(pool, &Path::new(CONTAINER_POOLS_DIR).join(pool)))?;
@@ -401,7 +408,7 @@ fn define_test_host(host: &HostView, work_dir: &Path) -> Result<()> {
         host.virsh(&["pool-build", pool])?;
         host.virsh(&["pool-start", pool])?;
     }
-    check_test_host(host)
+    Ok(())
 }
 
 /// Removes every domain, volume (and seed ISO) and DHCP host of the test pool and

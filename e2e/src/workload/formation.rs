@@ -5,7 +5,8 @@
 //! 3. the control plane is Available while its machine is the only guest: its
 //!    Node Ready through the endpoint, its Machine Running with a nodeRef and
 //!    the Node's providerID its LibvirtMachine's, KCP Available;
-//! 4. one worker: the MachineDeployment scaled 0 -> 1, two Nodes Ready, two Machines Running, providerIDs.
+//! 4. one worker: the MachineDeployment scaled 0 -> 1, two Nodes Ready, two
+//!    Machines Running, providerIDs.
 //!
 //! Each step has a bound ([`Bounds::DOCUMENTED`]). A step that does not finish
 //! within it, or that fails (kubeadm's own error on a guest's console fails it
@@ -166,7 +167,6 @@ type Say<'a> = Box<dyn Fn(String) + Send + Sync + 'a>;
 pub(crate) struct Formation<'a> {
     stack: &'a Stack,
     ns: String,
-    flavor: Flavor,
     bounds: Bounds,
     client: Client,
     kcps: Api<DynamicObject>,
@@ -186,7 +186,7 @@ impl<'a> Formation<'a> {
         let client = stack.client();
         let kcps = Api::namespaced_with(client.clone(), ns, &kubeadm_control_plane());
         let rows = Mutex::new(Vec::new());
-        Ok(Self { stack, ns: ns.to_string(), flavor, bounds, client, kcps, started, rows, say, image })
+        Ok(Self { stack, ns: ns.to_string(), bounds, client, kcps, started, rows, say, image })
     }
 
     /// The node image the machines name by URL.
@@ -275,8 +275,9 @@ impl<'a> Formation<'a> {
         Ok(ControlPlane { kcp, workload })
     }
 
-    /// Step 4: one worker (the MachineDeployment scaled from 0 to 1) joins: two Nodes Ready with their LibvirtMachines'
-    /// providerIDs, two Machines Running with a nodeRef.
+    /// Step 4: one worker (the MachineDeployment scaled from 0 to 1) joins: two
+    /// Nodes Ready with their LibvirtMachines' providerIDs, two Machines Running
+    /// with a nodeRef.
     pub(crate) async fn add_worker(&self, cp: &ControlPlane) -> Result<Grown> {
         self.step(Step::WorkerJoined, |deadline| async move { self.workers_joined(cp, 1, deadline).await }).await
     }
@@ -332,18 +333,13 @@ impl<'a> Formation<'a> {
     /// Sets the number of workers: the MachineDeployment's replicas.
     pub(crate) async fn scale_workers(&self, replicas: u32) -> Result<()> {
         let (client, ns) = (&self.client, self.ns.as_str());
-        match self.flavor {
-            Flavor::Default | Flavor::AllocatedEndpoint => {
-                let md = format!("{CLUSTER}-md-0");
-                let current = objects::get(client, ns, Kind::MachineDeployment, &md)
-                    .await?
-                    .with_context(|| format!("MachineDeployment {ns}/{md} does not exist"))?;
-                let from = current.data["spec"]["replicas"].clone();
-                objects::merge_patch(client, ns, Kind::MachineDeployment, &md, json!({"spec": {"replicas": replicas}}))
-                    .await?;
-                (self.say)(format!("MachineDeployment {md} scaled {from} -> {replicas}"));
-            }
-        }
+        let md = format!("{CLUSTER}-md-0");
+        let current = objects::get(client, ns, Kind::MachineDeployment, &md)
+            .await?
+            .with_context(|| format!("MachineDeployment {ns}/{md} does not exist"))?;
+        let from = current.data["spec"]["replicas"].clone();
+        objects::merge_patch(client, ns, Kind::MachineDeployment, &md, json!({"spec": {"replicas": replicas}})).await?;
+        (self.say)(format!("MachineDeployment {md} scaled {from} -> {replicas}"));
         Ok(())
     }
 
