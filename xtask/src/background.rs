@@ -18,9 +18,10 @@
 //! A thread of its own waits for the child and notes when it ended, so that a
 //! job's time is its own even when it is joined long after it finished.
 //!
-//! The child runs in a process group of its own, so that stopping it (a failed
-//! foreground step drops the job) also stops what it started (Go compilers,
-//! a build-time containerd). Its output goes to a log file under
+//! The child runs in a session (so a process group) of its own, so that
+//! stopping it (a failed foreground step drops the job) also stops what it
+//! started (Go compilers, a build-time containerd), and so that a lower
+//! priority holds against the emulated guests too (see [`own_session`]). Its output goes to a log file under
 //! `target/tmp/background/`; a failed job's error quotes the end of it.
 
 use std::fs::{self, File};
@@ -37,8 +38,19 @@ use anyhow::{Context, Result, bail};
 pub enum Priority {
     /// As the foreground: for a job whose result the next steps soon wait for.
     Same,
-    /// `nice -n 10`: the job takes what the foreground leaves idle.
+    /// `nice -n 10`, for the job's session as well as its processes: the job
+    /// takes what the foreground leaves idle.
     Lower,
+}
+
+impl Priority {
+    /// The niceness of the job's processes and of its session's autogroup.
+    fn niceness(self) -> &'static str {
+        match self {
+            Priority::Same => "0",
+            Priority::Lower => "10",
+        }
+    }
 }
 /// How many lines of a failed job's log its error quotes.
 const TAIL_LINES: usize = 40;
@@ -98,21 +110,25 @@ impl Background {
         fs::create_dir_all(&dir)?;
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let niceness = match priority {
-            Priority::Same => "0",
-            Priority::Lower => "10",
-        };
-        let mut child = Command::new("nice")
+        let niceness = priority.niceness();
+        let mut command = Command::new("nice");
+        command
             .args(["-n", niceness])
             .arg(exe)
             .args(args)
             .current_dir(crate::repo_root())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
-            .stderr(out)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("starting the background job {name}"))?;
+            .stderr(out);
+        // SAFETY: between fork and exec the closure makes only async-signal-safe
+        // system calls (setsid, open, write, close) and allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                own_session(niceness);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().with_context(|| format!("starting the background job {name}"))?;
         let started = Instant::now();
         eprintln!("==> {name}: started in the background (log: {})", log.display());
         let group = child.id() as libc::pid_t;
@@ -169,6 +185,29 @@ impl Background {
     }
 }
 
+/// In the child before exec: a session of its own (and so a process group of
+/// its own, which [`Drop`] signals) with `niceness` as its autogroup's.
+///
+/// With the kernel's autogroup scheduling (on by default in Debian's and
+/// Ubuntu's kernels) the CPU is first shared between sessions and cgroups and
+/// only then between the processes of each by their niceness: a job niced in
+/// the foreground's session would still take its session's share from the
+/// emulated guests (each QEMU runs in libvirt's `machine` cgroup). In a
+/// session of its own, whose autogroup has the job's niceness, it takes only
+/// what the foreground and the guests leave. Where the kernel has no
+/// autogroups the file is missing and the processes' niceness does the same.
+fn own_session(niceness: &str) {
+    // SAFETY: plain system calls on a NUL-terminated path and a byte buffer that outlive them.
+    unsafe {
+        libc::setsid();
+        let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, niceness.as_ptr().cast(), niceness.len());
+            libc::close(fd);
+        }
+    }
+}
+
 /// Copies the program at `src` to `dir/xtask` (through a temporary name and a
 /// rename, so that a job of an earlier run still executing the old copy keeps it).
 fn copy_program(src: &Path, dir: &Path) -> Result<PathBuf> {
@@ -204,6 +243,39 @@ mod tests {
     use super::*;
 
     // The jobs run `ls` and `sleep` in place of `cargo xtask`.
+
+    /// A field of `/proc/<pid>/stat` after the command name (3 is the state).
+    fn stat_field(stat: &str, field: usize) -> String {
+        let after = stat.rsplit_once(") ").expect("a stat line").1;
+        after.split(' ').nth(field - 3).expect("the field").to_string()
+    }
+
+    /// A lower-priority job leads a session of its own whose autogroup (where
+    /// the kernel has them) has niceness 10, beside its processes' niceness.
+    #[test]
+    fn a_lower_priority_job_runs_niced_in_a_session_of_its_own() {
+        let script = "cat /proc/self/stat; cat /proc/self/autogroup 2>/dev/null || echo 'no autogroup'";
+        let job =
+            Background::start_program("test-job-session", Priority::Lower, Path::new("sh"), &["-c", script]).unwrap();
+        let leader = job.group;
+        let log = job.log.clone();
+        job.join().unwrap();
+        let text = fs::read_to_string(&log).unwrap();
+        let mut lines = text.lines();
+        let stat = lines.next().expect("the job's stat line");
+        // sh runs as the child itself (nice execs it), so it leads the session.
+        assert_eq!(stat_field(stat, 6), leader.to_string(), "session of the job: {stat}");
+        assert_eq!(stat_field(stat, 19), "10", "niceness of the job's processes: {stat}");
+        let autogroup = lines.next().expect("the job's autogroup line");
+        match fs::read_to_string("/proc/self/autogroup") {
+            Ok(ours) => {
+                assert!(autogroup.ends_with("nice 10"), "the job's autogroup: {autogroup}");
+                let ours = ours.trim().split(' ').next().unwrap_or_default().to_string();
+                assert!(!autogroup.starts_with(&format!("{ours} ")), "the job shares {ours} with this process");
+            }
+            Err(_) => assert_eq!(autogroup, "no autogroup"),
+        }
+    }
 
     #[test]
     fn a_job_that_succeeds_joins_without_error() {
