@@ -43,3 +43,15 @@ var _ = Describe("md-remediation", Label("md-remediation"), func() {
 		}
 	})
 })
+
+var _ = Describe("md-scale", Label("md-scale"), func() {
+	capie2e.MachineDeploymentScaleSpec(ctx, func() capie2e.MachineDeploymentScaleSpecInput {
+		return capie2e.MachineDeploymentScaleSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+		}
+	})
+})

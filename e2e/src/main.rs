@@ -35,7 +35,7 @@ enum Command {
     /// Cluster API's own e2e specs (`e2e/capi/`) on kind and a containerized
     /// libvirtd (started by `cargo xtask e2e capi`): prints spec, result, duration.
     Capi {
-        /// Only these specs (quick-start, quick-start-topology, md-remediation); repeatable.
+        /// Only these specs (quick-start, quick-start-topology, md-remediation, md-scale); repeatable.
         #[arg(long)]
         focus: Vec<String>,
         /// Every spec of the suite, not only the default set.

@@ -68,7 +68,7 @@ pub enum Upstream {
 /// The arguments of `cargo xtask e2e capi`.
 #[derive(clap::Args, Default, Clone)]
 pub struct CapiArgs {
-    /// Only these specs (quick-start, quick-start-topology, md-remediation); repeatable.
+    /// Only these specs (quick-start, quick-start-topology, md-remediation, md-scale); repeatable.
     #[arg(long)]
     pub focus: Vec<String>,
     /// Every spec of the suite, not only the default set CI runs.

@@ -70,6 +70,11 @@ pub const SPECS: &[Spec] = &[
         what: "MachineDeploymentRemediationSpec: a MachineHealthCheck replaces a worker whose Node turned unhealthy",
         default: true,
     },
+    Spec {
+        id: "md-scale",
+        what: "MachineDeploymentScaleSpec: the workers' MachineDeployment scaled 1 -> 3 -> 1, then deleted",
+        default: false,
+    },
 ];
 
 /// The specs `focus` names (every default one when empty, all with `all`);
@@ -212,4 +217,56 @@ fn run_suite(
     }
     let status = child.wait().context("waiting for the suite")?;
     Ok(status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_file(path: &str) -> String {
+        let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+        std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("reading {}: {e}", full.display()))
+    }
+
+    /// The Ginkgo labels of `specs_test.go`, in file order.
+    fn suite_labels() -> Vec<String> {
+        let source = repo_file("e2e/capi/specs_test.go");
+        source
+            .lines()
+            .filter(|line| line.starts_with("var _ = Describe("))
+            .map(|line| {
+                let label =
+                    line.split("Label(\"").nth(1).unwrap_or_else(|| panic!("a Describe without a Label: {line}"));
+                label.split('"').next().unwrap_or_default().to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_suite_labels_each_listed_spec_once_in_order() {
+        let listed: Vec<&str> = SPECS.iter().map(|s| s.id).collect();
+        assert_eq!(suite_labels(), listed, "e2e/capi/specs_test.go and SPECS disagree");
+    }
+
+    #[test]
+    fn the_developer_page_lists_each_spec_with_its_default() {
+        let page = repo_file("docs/src/developing.md");
+        for spec in SPECS {
+            let row = page
+                .lines()
+                .find(|line| line.starts_with(&format!("| {} | `", spec.id)))
+                .unwrap_or_else(|| panic!("docs/src/developing.md has no row for the spec {}", spec.id));
+            let default = if spec.default { "| yes |" } else { "| no |" };
+            assert!(row.ends_with(default), "the row of {} should end with {default:?}: {row}", spec.id);
+        }
+    }
+
+    #[test]
+    fn the_default_set_is_what_ci_runs_and_all_adds_the_rest() {
+        let default: Vec<&str> = select(&[], false).unwrap().iter().map(|s| s.id).collect();
+        assert_eq!(default, ["quick-start", "quick-start-topology", "md-remediation"]);
+        assert_eq!(select(&[], true).unwrap().len(), SPECS.len());
+        let err = select(&["md-nothing".into()], false).unwrap_err().to_string();
+        assert!(err.contains("md-nothing") && err.contains("md-scale"), "{err}");
+    }
 }
