@@ -208,8 +208,8 @@ enum Outcome<T> {
 pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_factor: f64) -> Result<()> {
     use crate::harness::objects::{self, Kind};
     use crate::workload::client::{node_names, workload_kubeconfig};
-    use crate::workload::diagnose::report_guests;
-    use crate::workload::formation::{Bounds, Formation};
+    use crate::workload::diagnose::{keep_capi_logs, report_guests, report_workload};
+    use crate::workload::formation::{Bounds, Formation, KcpWatch};
     use crate::workload::render::Flavor;
 
     let started = Instant::now();
@@ -256,10 +256,16 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
                 at(),
                 endpoint.unwrap_or("?")
             );
+            // KCP must stay Available while the worker joins and serves.
+            let watch = KcpWatch::start(&formation, &cp.kcp);
             let grown = formation.add_worker(&cp).await?;
+            let served = formation.serve_across_nodes(&cp, &grown).await?;
+            watch.finish("the worker joined and served a Service")?;
+            println!("{} {served}", at());
+            println!("{} {}", at(), formation.image().check_downloaded()?);
             let (_, text) = workload_kubeconfig(formation.client(), ns, Duration::from_secs(60)).await?;
             std::fs::write(kubeconfig_path, text).with_context(|| format!("writing {}", kubeconfig_path.display()))?;
-            anyhow::Ok(grown)
+            anyhow::Ok((grown, formation.table()))
         };
         tokio::select! {
             formed = form => Outcome::Formed(formed),
@@ -269,13 +275,14 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
         }
     };
     let result = match outcome {
-        Outcome::Formed(Ok(grown)) => {
+        Outcome::Formed(Ok((grown, timings))) => {
             println!(
                 "{} the workload cluster is ready: both Nodes are Ready ({})",
                 at(),
                 node_names(&grown.nodes).join(", ")
             );
             println!("{} its kubeconfig: {}", at(), kubeconfig_path.display());
+            println!("{} the steps, in seconds since kubectl apply:\n{}", at(), timings);
             if !exit_after_ready {
                 println!("{} try: kubectl --kubeconfig {} get nodes -o wide", at(), kubeconfig_path.display());
                 println!(
@@ -297,7 +304,9 @@ pub async fn run_workload(config: &StackConfig, exit_after_ready: bool, timeout_
             if let Err(exited) = stack.provider.ensure_running() {
                 println!("{} {exited:#}", at());
             }
+            report_workload(&stack.client(), &ns).await;
             report_guests(&stack, &ns);
+            keep_capi_logs(&stack, &ns);
             Err(err)
         }
         Outcome::Interrupted => {

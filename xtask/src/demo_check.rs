@@ -3,7 +3,7 @@
 //! must start it itself):
 //! - [`exit_after_ready`]: `cargo xtask demo --exit-after-ready`, exactly as
 //!   the README writes it, must report both Nodes of its Kubernetes cluster
-//!   Ready, remove everything and exit 0;
+//!   Ready and a Service answering across them, remove everything and exit 0;
 //! - [`ctrl_c_cleans_up`]: `cargo xtask demo --quick`, interrupted with Ctrl-C
 //!   (SIGINT to its process group, as a terminal sends it) once both machines
 //!   run, must delete its cluster and exit 0.
@@ -32,7 +32,7 @@ const DONE_LINE: &str = "done: everything stopped and removed";
 /// after the cluster was deleted: a leak, which fails the check.
 const LEFTOVERS_LINE: &str = "removed what the provider left behind";
 /// A backstop for the full demo, which bounds each of its steps itself (10 +
-/// 25 + 15 + 30 minutes, see the demo's steps) after preparing the host
+/// 25 + 15 + 30 + 10 minutes, see the demo's steps) after preparing the host
 /// (everything cached by the test run before).
 const CLUSTER_READY_WITHIN: Duration = Duration::from_secs(100 * 60);
 /// Preparing (everything cached by the test run before) and booting two tiny

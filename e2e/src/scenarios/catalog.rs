@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use crate::harness::management::ManagementKind;
 use crate::harness::stack::{Backend, Stack, StackConfig};
-use crate::scenarios::{clusterctl_move, deployed, init, machine, multihost, upgrade, workload};
+use crate::scenarios::{clusterctl_move, deployed, init, machine, multihost, upgrade};
 
 /// The future a scenario returns: a one-line observation on success.
 pub type ScenarioFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<String>> + 'a>>;
@@ -69,7 +69,6 @@ impl Scenario {
 
 /// All scenarios, in the order they run.
 pub fn all() -> Vec<Scenario> {
-    const GUESTS: &str = "the workload cluster's API server and Pods are reached at guest addresses";
     vec![
         // First: it needs nothing of the stack (a fresh API server of its own) and takes seconds.
         Scenario {
@@ -126,12 +125,6 @@ pub fn all() -> Vec<Scenario> {
             id: "delete",
             run: |s| Box::pin(machine::cluster_deletion(s)),
             needs: Needs::Any,
-        },
-        Scenario {
-            name: "workload cluster: kubeadm control plane and workers from the template",
-            id: "workload",
-            run: |s| Box::pin(workload::workload(s)),
-            needs: Needs::PrivateLibvirtd(GUESTS),
         },
         Scenario {
             name: "one Cluster over two hosts on one bridge, addresses and endpoint from IPAM",

@@ -186,7 +186,7 @@ mod tests {
         let private = config(Backend::Libvirt { uri: "qemu:///system".into() }, ManagementKind::Local);
         assert_eq!(
             runs(&private),
-            ["init", "single", "md", "pause", "restart", "stopped", "delete", "workload", "multihost", "move"]
+            ["init", "single", "md", "pause", "restart", "stopped", "delete", "multihost", "move"]
         );
         let kind = config(Backend::Container, ManagementKind::Kind);
         assert_eq!(
@@ -200,7 +200,7 @@ mod tests {
     #[tokio::test]
     async fn a_scenario_asked_for_that_the_stack_cannot_run_fails_without_starting_it() {
         let kind = config(Backend::Container, ManagementKind::Kind);
-        let outcomes = run(&kind, &["workload".to_string()]).await.unwrap();
+        let outcomes = run(&kind, &["multihost".to_string()]).await.unwrap();
         assert_eq!(outcomes.len(), 1);
         assert!(!outcomes[0].passed);
         assert!(outcomes[0].detail.contains("needs the private libvirtd"), "{}", outcomes[0].detail);

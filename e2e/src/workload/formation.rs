@@ -6,7 +6,10 @@
 //!    Node Ready through the endpoint, its Machine Running with a nodeRef and
 //!    the Node's providerID its LibvirtMachine's, KCP Available;
 //! 4. one worker: the MachineDeployment scaled 0 -> 1, two Nodes Ready, two
-//!    Machines Running, providerIDs.
+//!    Machines Running, providerIDs;
+//! 5. a workload is served across the two nodes: a Service's two replicas,
+//!    one on each node, answer a Pod on the control-plane node that found the
+//!    Service by name ([`super::service`]).
 //!
 //! Each step has a bound ([`Bounds::DOCUMENTED`]). A step that does not finish
 //! within it, or that fails (kubeadm's own error on a guest's console fails it
@@ -17,7 +20,6 @@
 //! control plane whose CPUs QEMU emulates on 2 cores answers KCP's etcd and
 //! readiness checks too slowly for minutes on end.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Mutex;
@@ -53,6 +55,9 @@ pub struct Bounds {
     /// measured, the worker waiting for its kubelet's certificate while the
     /// control plane, sharing the 2 cores with it, restarted its controller manager.
     pub worker_joined: Duration,
+    /// For a Service's two replicas to run, one on each node, and answer a
+    /// client Pod; under a minute measured.
+    pub service_answers: Duration,
 }
 
 impl Bounds {
@@ -62,6 +67,7 @@ impl Bounds {
         kubeadm_init: Duration::from_secs(25 * 60),
         control_plane_available: Duration::from_secs(15 * 60),
         worker_joined: Duration::from_secs(30 * 60),
+        service_answers: Duration::from_secs(10 * 60),
     };
 
     /// Every bound multiplied by `factor` (positive).
@@ -72,6 +78,7 @@ impl Bounds {
             kubeadm_init: scale(self.kubeadm_init),
             control_plane_available: scale(self.control_plane_available),
             worker_joined: scale(self.worker_joined),
+            service_answers: scale(self.service_answers),
         }
     }
 
@@ -82,6 +89,7 @@ impl Bounds {
             Step::KubeadmInit => self.kubeadm_init,
             Step::ControlPlaneAvailable => self.control_plane_available,
             Step::WorkerJoined => self.worker_joined,
+            Step::ServiceAnswers => self.service_answers,
         }
     }
 }
@@ -93,11 +101,17 @@ pub enum Step {
     KubeadmInit,
     ControlPlaneAvailable,
     WorkerJoined,
+    ServiceAnswers,
 }
 
 impl Step {
-    pub const ALL: [Step; 4] =
-        [Step::ControlPlaneVm, Step::KubeadmInit, Step::ControlPlaneAvailable, Step::WorkerJoined];
+    pub const ALL: [Step; 5] = [
+        Step::ControlPlaneVm,
+        Step::KubeadmInit,
+        Step::ControlPlaneAvailable,
+        Step::WorkerJoined,
+        Step::ServiceAnswers,
+    ];
 
     /// What the step waits for, as the demo says it.
     pub fn title(self) -> &'static str {
@@ -108,6 +122,9 @@ impl Step {
                 "the control plane Available (its Node Ready, its Machine Running, KubeadmControlPlane Available)"
             }
             Step::WorkerJoined => "the worker joins (two Nodes Ready, two Machines Running)",
+            Step::ServiceAnswers => {
+                "a Service answers across the nodes (its replicas on both, found by name from the control-plane node)"
+            }
         }
     }
 
@@ -157,8 +174,6 @@ pub(crate) struct ControlPlane {
 pub(crate) struct Grown {
     /// Both Nodes, Ready.
     pub(crate) nodes: Vec<Node>,
-    /// Machine name -> Node name, both Running.
-    pub(crate) machines: BTreeMap<String, String>,
 }
 
 type Say<'a> = Box<dyn Fn(String) + Send + Sync + 'a>;
@@ -282,12 +297,16 @@ impl<'a> Formation<'a> {
         self.step(Step::WorkerJoined, |deadline| async move { self.workers_joined(cp, 1, deadline).await }).await
     }
 
-    /// The workers scaled to `workers` (up or down) within the worker's bound:
-    /// `workers` + 1 Nodes, all Ready with their own LibvirtMachines' providerIDs,
-    /// and as many Machines Running with a nodeRef.
-    pub(crate) async fn scale_to(&self, cp: &ControlPlane, workers: u32) -> Result<Grown> {
-        let deadline = Instant::now() + self.bounds.worker_joined;
-        self.workers_joined(cp, workers, deadline).await
+    /// Step 5: a Service whose replicas run on both nodes answers a client Pod
+    /// on the control-plane node that found it by name ([`super::service`]).
+    pub(crate) async fn serve_across_nodes(&self, cp: &ControlPlane, grown: &Grown) -> Result<String> {
+        let answered = self
+            .step(Step::ServiceAnswers, |deadline| async move {
+                super::service::across_nodes(&cp.workload, &grown.nodes, left(deadline), &*self.say).await
+            })
+            .await?;
+        self.mark("a Service answered across the nodes");
+        Ok(answered)
     }
 
     async fn workers_joined(&self, cp: &ControlPlane, workers: u32, deadline: Instant) -> Result<Grown> {
@@ -311,23 +330,10 @@ impl<'a> Formation<'a> {
             })
             .await?;
         self.mark(format!("{workers} worker(s): {count} Nodes Ready"));
-        let machines = wait_machines_running(client, ns, count, left(deadline)).await?;
+        wait_machines_running(client, ns, count, left(deadline)).await?;
         check_provider_ids(client, ns, &nodes).await?;
         self.mark(format!("{count} Machines Running with a nodeRef"));
-        Ok(Grown { nodes, machines })
-    }
-
-    /// Fails unless the KubeadmControlPlane `kcp` is Available now, with KCP's own words.
-    pub(crate) async fn kcp_available_now(&self, kcp: &str) -> Result<()> {
-        let object = self.kcps.get_opt(kcp).await?.context("the KubeadmControlPlane is gone")?;
-        match objects::condition(&object, "Available") {
-            Some(("True", _)) => Ok(()),
-            _ => bail!(
-                "KubeadmControlPlane {kcp} is not Available: Available {}; EtcdClusterHealthy {}",
-                condition_text(&object, "Available"),
-                condition_text(&object, "EtcdClusterHealthy")
-            ),
-        }
+        Ok(Grown { nodes })
     }
 
     /// Sets the number of workers: the MachineDeployment's replicas.
@@ -400,7 +406,7 @@ impl KcpWatch {
     }
 }
 
-/// A scenario that fails before [`KcpWatch::finish`] drops the watch: its task
+/// A run that fails before [`KcpWatch::finish`] drops the watch: its task
 /// stops then too, rather than watching a deleted namespace until the process ends.
 impl Drop for KcpWatch {
     fn drop(&mut self) {
@@ -525,7 +531,7 @@ mod tests {
         let stuck = err.downcast_ref::<Stuck>().expect("a Stuck");
         assert_eq!(stuck.step, Step::WorkerJoined);
         let text = err.to_string();
-        assert!(text.starts_with("stuck at step 4 of 4, the worker joins"), "{text}");
+        assert!(text.starts_with("stuck at step 4 of 5, the worker joins"), "{text}");
         assert!(text.contains("(bound 2 s): timed out after"), "{text}");
         assert!(text.contains("waiting for exactly 2 Nodes, all Ready; last seen:"), "{text}");
         assert!(text.contains("wl-cp ready=true"), "{text}");

@@ -7,6 +7,7 @@
 //!   control-plane VM, `kubeadm init`, the control plane Available while it is
 //!   the only guest, then one worker), each with a bound, each failing with
 //!   the step named and what the cluster showed;
+//! - [`service`]: a Service served across the cluster's nodes, found by name;
 //! - [`client`]: the workload cluster's client and what is read from it
 //!   (Nodes, the Machines behind them, providerIDs);
 //! - [`diagnose`]: what a stuck or failed cluster shows (machine phases, the
@@ -20,3 +21,4 @@ pub(crate) mod diagnose;
 pub(crate) mod emulation;
 pub(crate) mod formation;
 pub(crate) mod render;
+pub(crate) mod service;
