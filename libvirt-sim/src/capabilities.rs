@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::domain_capabilities::DomainCapabilities;
 use crate::xml_scan::escape;
 
 /// A simulated host's hardware and hypervisor offer.
@@ -16,6 +17,8 @@ pub struct Capabilities {
     pub free_memory_bytes: u64,
     pub emulator: String,
     pub machines: Vec<String>,
+    /// What a domain on this host can have (CPU modes and models, firmware, TPM).
+    pub domain: DomainCapabilities,
 }
 
 impl Default for Capabilities {
@@ -28,6 +31,7 @@ impl Default for Capabilities {
             free_memory_bytes: 15 << 30,
             emulator: "/usr/bin/qemu-system-x86_64".into(),
             machines: vec!["pc".into(), "q35".into()],
+            domain: DomainCapabilities::default(),
         }
     }
 }

@@ -144,6 +144,51 @@ impl Connection {
         Ok(self.host.capabilities.to_xml(&self.host.uuid.to_string()))
     }
 
+    /// `virConnectGetDomainCapabilities`: what a domain of type `virttype`
+    /// (default: the best the host offers) on `machine` (default: `pc`) can
+    /// have. Fails, as libvirt does, for an emulator, architecture, machine
+    /// or domain type the host does not offer.
+    pub fn get_domain_capabilities(
+        &self,
+        emulator: Option<&str>,
+        arch: Option<&str>,
+        machine: Option<&str>,
+        virttype: Option<&str>,
+    ) -> Result<String> {
+        let _state = self.call(Op::GetDomainCapabilities)?;
+        let caps = &self.host.capabilities;
+        let emulator = emulator.unwrap_or(&caps.emulator);
+        if emulator != caps.emulator {
+            return Err(Error::new(
+                ErrorCode::InvalidArg,
+                format!("emulator '{emulator}' does not exist on this host"),
+            ));
+        }
+        let arch = arch.unwrap_or(&caps.arch);
+        if arch != caps.arch {
+            return Err(Error::new(
+                ErrorCode::InvalidArg,
+                format!("architecture from emulator '{}' doesn't match given architecture '{arch}'", caps.arch),
+            ));
+        }
+        let best = if caps.domain_types.iter().any(|t| t == "kvm") { "kvm" } else { "qemu" };
+        let virttype = virttype.unwrap_or(best);
+        if !caps.domain_types.iter().any(|t| t == virttype) {
+            return Err(Error::new(
+                ErrorCode::ConfigUnsupported,
+                format!("virttype '{virttype}' is not supported by '{emulator}' on this host"),
+            ));
+        }
+        let machine = machine.unwrap_or("pc");
+        if !caps.machines.iter().any(|m| m == machine) {
+            return Err(Error::new(
+                ErrorCode::InvalidArg,
+                format!("the machine '{machine}' is not supported by emulator '{emulator}'"),
+            ));
+        }
+        Ok(caps.domain.to_xml(emulator, arch, machine, virttype))
+    }
+
     /// `virNodeGetInfo`.
     pub fn node_get_info(&self) -> Result<NodeInfo> {
         let _state = self.call(Op::NodeGetInfo)?;

@@ -18,6 +18,7 @@ macro_rules! ops {
 ops!(
     Connect,
     GetCapabilities,
+    GetDomainCapabilities,
     NodeGetInfo,
     ListNetworks,
     NetworkLookup,

@@ -62,6 +62,32 @@ fn interface_lookups_are_not_supported_like_a_daemon_without_the_interface_drive
     assert_eq!(host.counters().calls(Op::InterfaceLookup), 1);
 }
 
+/// Domain capabilities follow the domain type and machine asked for, as
+/// QEMU's do: host-passthrough only with KVM, Secure Boot only on q35; and
+/// what the host lacks fails as libvirt does.
+#[test]
+fn domain_capabilities_follow_the_domain_type_and_machine() {
+    let host = host("sim://domcaps");
+    let conn = connect(host.uri()).unwrap();
+    let tcg_pc = conn.get_domain_capabilities(None, Some("x86_64"), Some("pc"), Some("qemu")).unwrap();
+    assert!(tcg_pc.contains("<mode name='host-passthrough' supported='no'/>"), "{tcg_pc}");
+    assert!(tcg_pc.contains(">qemu64</model>") && tcg_pc.contains("<value>efi</value>"), "{tcg_pc}");
+    assert!(tcg_pc.contains("<enum name='secure'>\n        <value>no</value>\n      </enum>"), "{tcg_pc}");
+    let kvm_q35 = conn.get_domain_capabilities(None, None, Some("q35"), Some("kvm")).unwrap();
+    assert!(kvm_q35.contains("<mode name='host-passthrough' supported='yes'/>"), "{kvm_q35}");
+    assert!(kvm_q35.contains("<enum name='secure'>\n        <value>yes</value>"), "{kvm_q35}");
+    assert!(kvm_q35.contains("<value>emulator</value>"), "{kvm_q35}");
+    assert_eq!(
+        conn.get_domain_capabilities(None, None, None, Some("xen")).unwrap_err().code(),
+        ErrorCode::ConfigUnsupported
+    );
+    assert_eq!(
+        conn.get_domain_capabilities(None, Some("aarch64"), None, None).unwrap_err().code(),
+        ErrorCode::InvalidArg
+    );
+    assert_eq!(host.counters().calls(Op::GetDomainCapabilities), 4);
+}
+
 #[test]
 fn guests_ask_for_dhcp_after_the_delay_reserved_ip_first() {
     let host = host("sim:///behaviour-dhcp");
