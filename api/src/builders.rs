@@ -103,6 +103,8 @@ impl LibvirtMachineSpec {
             addresses_from_pools: None,
             nameservers: None,
             additional_networks: None,
+            cpu: None,
+            firmware: None,
             provider_id: None,
         }
     }

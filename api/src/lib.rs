@@ -46,7 +46,8 @@ pub use cluster::{
     ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost, NetworkEndpoint,
 };
 pub use machine::{
-    AdditionalNetwork, ChecksumType, ImageFormat, ImageUrl, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
+    AdditionalNetwork, ChecksumType, CpuMode, CpuSpec, CpuTopology, FirmwareSpec, FirmwareType, ImageFormat, ImageUrl,
+    LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
 };
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,

@@ -60,6 +60,9 @@ use super::shared::{Initialization, MachineAddress, PoolReference, SecretReferen
 #[x_kube(validation = Rule::new("has(self.addressesFromPools) == has(oldSelf.addressesFromPools)").message("addressesFromPools is immutable: the machine's addresses came from where it says; roll out a new LibvirtMachineTemplate instead"))]
 #[x_kube(validation = Rule::new("has(self.image) != has(self.imageURL)").message("set exactly one of image (a volume already in the cluster's basePool) and imageURL (a URL and checksum the provider downloads the image from)"))]
 #[x_kube(validation = Rule::new("has(self.image) == has(oldSelf.image) && has(self.imageURL) == has(oldSelf.imageURL)").message("image and imageURL are immutable: the root disk is an overlay on the image; roll out a new LibvirtMachineTemplate instead"))]
+#[x_kube(validation = Rule::new("has(self.cpu) == has(oldSelf.cpu)").message("cpu is immutable: the CPU is made with the domain; roll out a new LibvirtMachineTemplate instead"))]
+#[x_kube(validation = Rule::new("has(self.firmware) == has(oldSelf.firmware)").message("firmware is immutable: the firmware is chosen with the domain; roll out a new LibvirtMachineTemplate instead"))]
+#[x_kube(validation = Rule::new("!has(self.cpu) || !has(self.cpu.topology) || self.cpu.topology.sockets * self.cpu.topology.cores * self.cpu.topology.threads == self.vcpu").message("spec.cpu.topology sockets x cores x threads must equal spec.vcpu: make them equal"))]
 #[x_kube(validation = Rule::new("has(self.additionalNetworks) == has(oldSelf.additionalNetworks)").message("additionalNetworks is immutable: the machine's NICs are made with its domain; roll out a new LibvirtMachineTemplate instead"))]
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
@@ -121,6 +124,18 @@ pub struct LibvirtMachineSpec {
     #[schemars(length(min = 1, max = 3))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("additionalNetworks is immutable: roll out a new LibvirtMachineTemplate instead"))]
     pub additional_networks: Option<Vec<AdditionalNetwork>>,
+    /// The guest CPU: its mode, model and topology, and nested
+    /// virtualisation. Without it the guest gets the host CPU as it is
+    /// (host-passthrough) on KVM and QEMU's default CPU without KVM.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("cpu is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub cpu: Option<CpuSpec>,
+    /// The guest firmware: BIOS or UEFI, Secure Boot, an emulated TPM 2.0.
+    /// Without it: BIOS and no TPM. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("firmware is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    pub firmware: Option<FirmwareSpec>,
     /// Set by the provider to libvirt://<LibvirtMachine UID>; the kubelet must
     /// report the same provider ID.
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
@@ -206,6 +221,86 @@ pub struct AdditionalNetwork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4))]
     pub addresses_from_pools: Option<Vec<PoolReference>>,
+}
+
+/// The guest CPU. The host must offer what is asked for (`virsh
+/// domcapabilities` lists it); the provider checks that before it creates
+/// anything and reports what the host lacks on the LibvirtMachine.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.mode == 'custom' ? has(self.model) : !has(self.model)").message("spec.cpu.model is required with mode custom and refused with the other modes: set mode custom to name a model (e.g. qemu64), or drop the model"))]
+#[x_kube(validation = Rule::new("!has(self.nestedVirtualization) || !self.nestedVirtualization || self.mode != 'custom'").message("spec.cpu.nestedVirtualization needs mode host-passthrough or host-model, which carry the host CPU's vmx or svm, not custom"))]
+pub struct CpuSpec {
+    /// host-passthrough: the host CPU as it is (needs KVM); host-model: the
+    /// named model closest to the host CPU with its extra features; custom:
+    /// exactly the model named in model.
+    pub mode: CpuMode,
+    /// The CPU model of mode custom, as libvirt names it (e.g. qemu64,
+    /// Skylake-Client, EPYC); the host must list it as usable. Only with
+    /// mode custom.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), pattern(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    pub model: Option<String>,
+    /// How the vCPUs are laid out: sockets x cores x threads must equal
+    /// spec.vcpu. Without it, one socket per vCPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<CpuTopology>,
+    /// Lets the guest run virtual machines of its own: needs mode
+    /// host-passthrough or host-model and a host CPU with vmx (Intel) or
+    /// svm (AMD), i.e. a host with KVM and nested virtualisation on.
+    #[serde(default)]
+    pub nested_virtualization: bool,
+}
+
+/// How the guest CPU is made.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuMode {
+    HostPassthrough,
+    HostModel,
+    Custom,
+}
+
+/// The guest CPU topology.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuTopology {
+    /// Sockets.
+    #[schemars(range(min = 1, max = 255))]
+    pub sockets: i32,
+    /// Cores per socket.
+    #[schemars(range(min = 1, max = 255))]
+    pub cores: i32,
+    /// Threads per core.
+    #[schemars(range(min = 1, max = 255))]
+    pub threads: i32,
+}
+
+/// The guest firmware.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.secureBoot) || !self.secureBoot || (has(self.type) && self.type == 'uefi')").message("spec.firmware.secureBoot needs spec.firmware.type uefi: set type uefi or drop secureBoot"))]
+pub struct FirmwareSpec {
+    /// bios (the default) or uefi. UEFI uses the firmware libvirt picks from
+    /// what the host has installed (OVMF on x86_64).
+    #[serde(default, rename = "type")]
+    pub kind: FirmwareType,
+    /// UEFI Secure Boot with the usual keys enrolled. Needs type uefi; the
+    /// machine type is then q35 (otherwise pc) with SMM on.
+    #[serde(default)]
+    pub secure_boot: bool,
+    /// An emulated TPM 2.0 (tpm-crb, swtpm on the host).
+    #[serde(default)]
+    pub tpm: bool,
+}
+
+/// The kind of guest firmware.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FirmwareType {
+    #[default]
+    Bios,
+    Uefi,
 }
 
 pub(crate) fn default_vcpu() -> i32 {

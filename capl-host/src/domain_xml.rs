@@ -1,6 +1,7 @@
 //! Domain XML: the document a LibvirtMachine's domain is defined from, the
 //! `<metadata>` marker that makes a domain ours, and reading both back.
 
+use super::guest_hardware::{CpuMode, CpuSettings, FirmwareSettings, machine_type};
 use super::xml_tree::{XmlElement, escape};
 
 /// The namespace URI of our `<metadata>` element. A domain carrying it was
@@ -89,17 +90,51 @@ pub struct DomainDefinition {
     /// When set, the serial console is also logged to this file on the host.
     pub console_log_path: Option<String>,
     pub owner: OwnerMarker,
+    /// `spec.cpu`; `None`: host-passthrough on kvm, QEMU's default CPU on qemu.
+    pub cpu: Option<CpuSettings>,
+    /// The host CPU feature nested virtualisation requires with host-model
+    /// (`vmx` or `svm`, from the host's domain capabilities).
+    pub nested_feature: Option<String>,
+    /// `spec.firmware`; `None`: BIOS, no TPM.
+    pub firmware: Option<FirmwareSettings>,
 }
 
 /// The domain XML for [`DomainDefinition`].
 ///
 /// Machine type `pc` (i440fx) on x86 so the cloud-init ISO can be an IDE
-/// cdrom, which every guest kernel finds; the root disk is virtio; a virtio
+/// cdrom, which every guest kernel finds (`q35` with a SATA cdrom only for
+/// Secure Boot, which needs it and SMM); the root disk is virtio; a virtio
 /// NIC on the network with the reserved MAC, then one per additional NIC
-/// (on a network or straight on a host bridge); a pty serial console.
+/// (on a network or straight on a host bridge); a pty serial console. UEFI
+/// firmware is chosen by libvirt's firmware auto-selection from what the
+/// host has installed; a TPM is an emulated TPM 2.0 (swtpm).
 pub fn domain_xml(d: &DomainDefinition) -> String {
-    let machine = if matches!(d.arch.as_str(), "x86_64" | "i686") { " machine='pc'" } else { "" };
-    let cpu = if d.domain_type == "kvm" { "  <cpu mode='host-passthrough'/>\n" } else { "" };
+    let firmware = d.firmware.as_ref();
+    let machine_type = machine_type(&d.arch, firmware);
+    let machine = machine_type.map(|m| format!(" machine='{m}'")).unwrap_or_default();
+    let cpu = match &d.cpu {
+        Some(cpu) => cpu_xml(cpu, d.nested_feature.as_deref()),
+        None if d.domain_type == "kvm" => "  <cpu mode='host-passthrough'/>\n".to_string(),
+        None => String::new(),
+    };
+    let uefi = firmware.filter(|f| f.uefi());
+    let os_firmware = if uefi.is_some() { " firmware='efi'" } else { "" };
+    let firmware_features = match uefi {
+        Some(f) => {
+            let on = if f.secure_boot { "yes" } else { "no" };
+            format!(
+                "    <firmware>\n      <feature enabled='{on}' name='enrolled-keys'/>\n      <feature enabled='{on}' name='secure-boot'/>\n    </firmware>\n"
+            )
+        }
+        None => String::new(),
+    };
+    let smm = if firmware.is_some_and(|f| f.secure_boot) { "    <smm state='on'/>\n" } else { "" };
+    let cdrom_target = if machine_type == Some("q35") { "dev='sda' bus='sata'" } else { "dev='hdc' bus='ide'" };
+    let tpm = if firmware.is_some_and(|f| f.tpm) {
+        "    <tpm model='tpm-crb'>\n      <backend type='emulator' version='2.0'/>\n    </tpm>\n"
+    } else {
+        ""
+    };
     let extra: String = d
         .additional_nics
         .iter()
@@ -133,14 +168,14 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
   <vcpu placement='static'>{vcpu}</vcpu>
-  <os>
+  <os{os_firmware}>
     <type arch='{arch}'{machine}>hvm</type>
-    <boot dev='hd'/>
+{firmware_features}    <boot dev='hd'/>
   </os>
   <features>
     <acpi/>
     <apic/>
-  </features>
+{smm}  </features>
 {cpu}  <clock offset='utc'/>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -154,7 +189,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
     <disk type='file' device='cdrom'>
       <driver name='qemu' type='raw'/>
       <source file='{iso}'/>
-      <target dev='hdc' bus='ide'/>
+      <target {cdrom_target}/>
       <readonly/>
     </disk>
     <interface type='network'>
@@ -168,7 +203,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
     <console type='pty'>
       <target type='serial' port='0'/>
     </console>
-  </devices>
+{tpm}  </devices>
 </domain>
 "#,
         domain_type = escape(&d.domain_type),
@@ -188,6 +223,31 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
         network = escape(&d.network),
         mac = escape(&d.mac),
     )
+}
+
+/// The `<cpu>` element for `spec.cpu`: the mode, a custom model (exactly
+/// that model, no fallback to another), the topology, and for nested
+/// virtualisation with host-model the host's vmx or svm (host-passthrough
+/// passes them through as they are).
+fn cpu_xml(cpu: &CpuSettings, nested_feature: Option<&str>) -> String {
+    let mut inner = String::new();
+    if let (CpuMode::Custom, Some(model)) = (cpu.mode, &cpu.model) {
+        inner.push_str(&format!("    <model fallback='forbid'>{}</model>\n", escape(model)));
+    }
+    if let Some(t) = cpu.topology {
+        inner.push_str(&format!(
+            "    <topology sockets='{}' dies='1' cores='{}' threads='{}'/>\n",
+            t.sockets, t.cores, t.threads
+        ));
+    }
+    if let (true, CpuMode::HostModel, Some(feature)) = (cpu.nested_virtualization, cpu.mode, nested_feature) {
+        inner.push_str(&format!("    <feature policy='require' name='{}'/>\n", escape(feature)));
+    }
+    let open = match cpu.mode {
+        CpuMode::Custom => "<cpu mode='custom' match='exact'".to_string(),
+        mode => format!("<cpu mode='{}'", mode.as_str()),
+    };
+    if inner.is_empty() { format!("  {open}/>\n") } else { format!("  {open}>\n{inner}  </cpu>\n") }
 }
 
 /// What the provider reads back from a defined domain.

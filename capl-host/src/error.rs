@@ -121,6 +121,20 @@ pub enum HostError {
     HostnameTooLong { hostname: String, length: usize, max: usize },
 
     #[error(
+        "{field} {detail}; since spec.cpu, spec.firmware and spec.vcpu cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with it put right"
+    )]
+    /// `spec.cpu` or `spec.firmware` contradicts itself or `spec.vcpu`.
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    GuestHardwareContradiction { field: &'static str, detail: String },
+
+    #[error(
+        "{setting} is not available on {uri}: {reason}: {fix}; nothing was created on the host; spec.cpu and spec.firmware cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) that asks for what the host offers"
+    )]
+    /// The host's domain capabilities lack a CPU mode or model, nested
+    /// virtualisation, UEFI, Secure Boot or an emulated TPM the machine asks for.
+    GuestHardwareUnavailable { setting: String, uri: String, reason: String, fix: &'static str },
+
+    #[error(
         "spec.diskGiB {disk_gib} is smaller than the virtual size of base image \"{image}\" ({image_bytes} bytes): spec.diskGiB cannot be changed, so roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with diskGiB of at least {min_gib}"
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
@@ -254,7 +268,9 @@ impl HostError {
             HostError::DiskTooSmall { .. }
             | HostError::ImageUnusable { .. }
             | HostError::NameserverNotAnAddress { .. }
-            | HostError::HostnameTooLong { .. } => FailureKind::InvalidMachineSpec,
+            | HostError::HostnameTooLong { .. }
+            | HostError::GuestHardwareContradiction { .. }
+            | HostError::GuestHardwareUnavailable { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } | HostError::NoAnswer { .. } | HostError::ThreadsUsedUp { .. } => {

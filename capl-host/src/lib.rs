@@ -20,9 +20,11 @@
 pub mod cloud_init;
 pub mod credentials;
 pub mod dhcp;
+pub mod domain_capabilities;
 pub mod domain_xml;
 pub mod endpoint;
 pub mod error;
+pub mod guest_hardware;
 pub mod hypervisor;
 pub mod image;
 pub mod infra;

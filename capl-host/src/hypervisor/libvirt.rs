@@ -186,6 +186,10 @@ impl Hypervisor for LibvirtHypervisor {
         self.conn.capabilities().map_err(from_virt)
     }
 
+    fn domain_capabilities_xml(&self, arch: &str, machine: Option<&str>, virttype: &str) -> Result<String> {
+        self.conn.domain_capabilities(None, Some(arch), machine, Some(virttype), 0).map_err(from_virt)
+    }
+
     fn node_memory(&self) -> Result<NodeMemory> {
         let total = self.conn.node_info().map_err(from_virt)?.memory * 1024;
         let free = self.conn.free_memory().map_err(from_virt)?;

@@ -235,6 +235,12 @@ pub trait Hypervisor: Send + Sync {
     /// `virConnectGetCapabilities`: the host capabilities XML.
     fn capabilities_xml(&self) -> Result<String>;
 
+    /// `virConnectGetDomainCapabilities`: what a domain of type `virttype`
+    /// (`kvm`, `qemu`) for `arch` on `machine` (`pc`, `q35`; `None`: the
+    /// emulator's default) can have: CPU modes and models, firmware, TPM.
+    /// The emulator is the host's default for `arch`.
+    fn domain_capabilities_xml(&self, arch: &str, machine: Option<&str>, virttype: &str) -> Result<String>;
+
     /// Whether a trivial call succeeds on this connection (`virConnectIsAlive`).
     fn is_alive(&self) -> bool;
 

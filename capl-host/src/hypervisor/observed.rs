@@ -73,6 +73,10 @@ where
     fn capabilities_xml(&self) -> Result<String> {
         self.run(Rpc::quick("capabilities"), |h| h.capabilities_xml())
     }
+    fn domain_capabilities_xml(&self, arch: &str, machine: Option<&str>, virttype: &str) -> Result<String> {
+        // Lengthy: libvirt may probe the emulator for it.
+        self.run(Rpc::lengthy("domain_capabilities"), |h| h.domain_capabilities_xml(arch, machine, virttype))
+    }
     fn is_alive(&self) -> bool {
         self.inner.is_alive()
     }

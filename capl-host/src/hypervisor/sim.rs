@@ -94,6 +94,10 @@ impl Hypervisor for SimHypervisor {
         self.conn.get_capabilities().map_err(|e| self.err(e))
     }
 
+    fn domain_capabilities_xml(&self, arch: &str, machine: Option<&str>, virttype: &str) -> Result<String> {
+        self.conn.get_domain_capabilities(None, Some(arch), machine, Some(virttype)).map_err(|e| self.err(e))
+    }
+
     fn node_memory(&self) -> Result<NodeMemory> {
         let total = self.conn.node_get_info().map_err(|e| self.err(e))?.memory_kib * 1024;
         let free = self.conn.node_get_free_memory().map_err(|e| self.err(e))?;

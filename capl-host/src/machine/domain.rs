@@ -1,7 +1,9 @@
 //! The machine's domain: ours or a collision, define, autostart, start, remove.
 
+use crate::domain_capabilities::DomainCapabilities;
 use crate::domain_xml::{DomainDefinition, DomainInfo, choose_domain_type, domain_xml, host_kvm_support, parse_domain};
 use crate::error::{HostError, HostResult, ObjectKind};
+use crate::guest_hardware::{check_host, machine_type};
 use crate::hypervisor::{DomainState, ErrorKind, HypervisorError, UndefineFlags};
 
 use super::MachineRun;
@@ -71,14 +73,12 @@ impl MachineRun<'_> {
             return Ok(());
         }
         let mac = self.reserved_mac()?;
-        let (arch, kvm) = match self.hv.capabilities_xml() {
-            Ok(xml) => host_kvm_support(&xml).map_err(|e| self.unreadable(ObjectKind::Host, &self.uri, e))?,
-            Err(e) => return Err(self.error("read the capabilities of", ObjectKind::Host, &self.uri.clone(), e)),
-        };
+        let (arch, domain_type) = self.host_platform()?;
+        let nested_feature = self.checked_guest_hardware(&arch, domain_type)?;
         let definition = DomainDefinition {
             name: self.names.domain.clone(),
             uuid: self.spec.identity.clone(),
-            domain_type: choose_domain_type(self.spec.domain_type, kvm).to_string(),
+            domain_type: domain_type.to_string(),
             arch,
             vcpu: self.spec.vcpu,
             memory_mib: self.spec.memory_mib,
@@ -93,6 +93,9 @@ impl MachineRun<'_> {
                 .as_ref()
                 .map(|dir| format!("{dir}/{}-console.log", self.names.domain)),
             owner: self.spec.owner(),
+            cpu: self.spec.cpu.clone(),
+            nested_feature: nested_feature.map(str::to_string),
+            firmware: self.spec.firmware,
         };
         match self.hv.domain_define(&domain_xml(&definition)) {
             Ok(_) => {
@@ -110,6 +113,39 @@ impl MachineRun<'_> {
                 .console_log_error(&e)
                 .unwrap_or_else(|| self.error("define", ObjectKind::Domain, &self.names.domain, e))),
         }
+    }
+
+    /// The host architecture and the domain type the domain gets there.
+    pub(super) fn host_platform(&self) -> HostResult<(String, &'static str)> {
+        let (arch, kvm) = match self.hv.capabilities_xml() {
+            Ok(xml) => host_kvm_support(&xml).map_err(|e| self.unreadable(ObjectKind::Host, &self.uri, e))?,
+            Err(e) => return Err(self.error("read the capabilities of", ObjectKind::Host, &self.uri.clone(), e)),
+        };
+        Ok((arch, choose_domain_type(self.spec.domain_type, kvm)))
+    }
+
+    /// Whether the host offers the CPU and firmware the machine asks for,
+    /// by its domain capabilities for the domain's type and machine type;
+    /// the feature nested virtualisation requires, when asked for. Without
+    /// such settings nothing is asked of the host.
+    pub(super) fn checked_guest_hardware(&self, arch: &str, domain_type: &str) -> HostResult<Option<&'static str>> {
+        if !self.spec.asks_for_guest_hardware() {
+            return Ok(None);
+        }
+        let machine = machine_type(arch, self.spec.firmware.as_ref());
+        let xml = self
+            .hv
+            .domain_capabilities_xml(arch, machine, domain_type)
+            .map_err(|e| self.error("read the domain capabilities of", ObjectKind::Host, &self.uri.clone(), e))?;
+        let caps = DomainCapabilities::parse(&xml).map_err(|e| self.unreadable(ObjectKind::Host, &self.uri, e))?;
+        check_host(&caps, self.spec.cpu.as_ref(), self.spec.firmware.as_ref()).map_err(|u| {
+            HostError::GuestHardwareUnavailable {
+                setting: u.setting,
+                uri: self.uri.clone(),
+                reason: u.reason,
+                fix: u.fix,
+            }
+        })
     }
 
     /// A define or start that failed because the console log directory does

@@ -66,6 +66,9 @@
 //! capabilities, define, autostart, start. Steady state: domain XML (the
 //! ownership check), state, leases. Delete: domain XML, state, destroy,
 //! undefine; overlay read, delete; ISO read, delete; network XML, DHCP update.
+//! A machine with CPU or firmware settings makes three more calls on
+//! create: capabilities and domain capabilities among the checks, domain
+//! capabilities again before define.
 //!
 //! [`METADATA_NAMESPACE`]: crate::domain_xml::METADATA_NAMESPACE
 
@@ -80,6 +83,7 @@ use std::net::Ipv4Addr;
 pub use crate::domain_xml::NicAttachment;
 use crate::domain_xml::{DomainTypePreference, OwnerMarker};
 use crate::error::{HostError, HostResult, ObjectKind};
+use crate::guest_hardware::{CpuSettings, FirmwareSettings, check_settings};
 use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
 use crate::naming::{MachineNames, NameScheme};
 pub use seed::MAX_SEED_BYTES;
@@ -125,6 +129,10 @@ pub struct MachineSpec {
     pub nameservers: Vec<String>,
     /// NICs after the first, in order (`spec.additionalNetworks`).
     pub additional_nics: Vec<AdditionalNic>,
+    /// `spec.cpu`; `None`: host-passthrough on kvm, QEMU's default CPU on qemu.
+    pub cpu: Option<CpuSettings>,
+    /// `spec.firmware`; `None`: BIOS, no TPM.
+    pub firmware: Option<FirmwareSettings>,
 }
 
 /// A NIC after the first: where it is plugged in and how the guest addresses it.
@@ -142,9 +150,12 @@ pub const HOSTNAME_MAX: usize = 64;
 impl MachineSpec {
     /// What the guest is told about itself is usable: the hostname (the
     /// LibvirtMachine's name) fits a Linux hostname and every nameserver is an
-    /// IP address (it is written into the guest's network-config). Checked
-    /// before anything is created.
+    /// IP address (it is written into the guest's network-config); its CPU
+    /// and firmware settings agree with each other and with its vCPUs.
+    /// Checked before anything is created.
     pub fn check_guest_settings(&self) -> HostResult<()> {
+        check_settings(self.cpu.as_ref(), self.firmware.as_ref(), self.vcpu)
+            .map_err(|c| HostError::GuestHardwareContradiction { field: c.field, detail: c.detail })?;
         if self.name.chars().count() > HOSTNAME_MAX {
             return Err(HostError::HostnameTooLong {
                 hostname: self.name.clone(),
@@ -156,6 +167,13 @@ impl MachineSpec {
             return Err(HostError::NameserverNotAnAddress { value: bad.clone() });
         }
         Ok(())
+    }
+
+    /// Whether the machine asks for CPU or firmware settings, which are
+    /// checked against the host's domain capabilities (without them, nothing
+    /// is asked of the host beyond what every domain needs).
+    pub fn asks_for_guest_hardware(&self) -> bool {
+        self.cpu.is_some() || self.firmware.is_some()
     }
 
     /// The guest's address comes from IPAM, not from the network's DHCP.
@@ -475,9 +493,14 @@ impl<'a> MachineRun<'a> {
     /// the base image is usable and the network has an address for us (our
     /// reservation, or a free one); with static addresses, the host has the
     /// bridge of a network onto one (when its libvirtd can say); every
-    /// additional NIC's network or bridge is there.
+    /// additional NIC's network or bridge is there; the host offers the CPU
+    /// and firmware asked for.
     fn preflight(&self) -> HostResult<()> {
         self.spec.check_guest_settings()?;
+        if self.spec.asks_for_guest_hardware() {
+            let (arch, domain_type) = self.host_platform()?;
+            self.checked_guest_hardware(&arch, domain_type)?;
+        }
         self.base_image()?;
         if self.spec.is_static() {
             self.host_bridge_present()?
@@ -519,6 +542,7 @@ impl<'a> MachineRun<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest_hardware::{CpuMode, FirmwareType};
     use crate::hypervisor::HostAdmin;
     use crate::hypervisor::sim::SimHypervisor;
     use crate::sim_host;
@@ -549,6 +573,8 @@ mod tests {
             }],
             nameservers: vec!["192.168.122.1".into()],
             additional_nics: Vec::new(),
+            cpu: None,
+            firmware: None,
         }
     }
 
@@ -578,6 +604,80 @@ mod tests {
         assert_eq!(hv.domain_list().unwrap(), Vec::<String>::new());
         let volumes = hv.volume_list(sim_host::DOMAIN_POOL).unwrap();
         assert_eq!(volumes, Vec::<String>::new());
+    }
+
+    /// CPU and firmware settings that contradict themselves, or that the
+    /// host's domain capabilities lack, are refused before anything is
+    /// created, with the reason. The default simulated host runs domain type
+    /// qemu here (no host-passthrough), offers UEFI, and lists qemu64 but no
+    /// Penryn and no vmx or svm.
+    #[rstest::rstest]
+    #[case::topology(Some(cpu(CpuMode::HostModel, None, Some((2, 2, 1)), false)), None, "2 sockets x 2 cores x 1 threads = 4 vCPUs but spec.vcpu is 1")]
+    #[case::passthrough(
+        Some(cpu(CpuMode::HostPassthrough, None, None, false)),
+        None,
+        "spec.cpu.mode host-passthrough is not available on sim:///hw-"
+    )]
+    #[case::unlisted_model(
+        Some(cpu(CpuMode::Custom, Some("Penryn"), None, false)),
+        None,
+        "spec.cpu.model \"Penryn\" is not available"
+    )]
+    #[case::nested(Some(cpu(CpuMode::HostModel, None, None, true)), None, "neither vmx nor svm")]
+    #[case::secure_boot_bios(None, Some(FirmwareSettings { kind: FirmwareType::Bios, secure_boot: true, tpm: false }), "spec.firmware.secureBoot needs spec.firmware.type uefi")]
+    fn refused_cpu_and_firmware_settings_create_nothing(
+        #[case] cpu_settings: Option<CpuSettings>,
+        #[case] firmware: Option<FirmwareSettings>,
+        #[case] why: &str,
+    ) {
+        let uri = format!("sim:///hw-{}", why.len());
+        let _host = sim_host::register(&uri).unwrap();
+        let hv = SimHypervisor::connect(&uri).unwrap();
+        let mut bad = spec("worker-0");
+        bad.cpu = cpu_settings;
+        bad.firmware = firmware;
+        let err = create_machine(&hv, &bad, b"#cloud-config\n").unwrap_err();
+        assert_eq!(err.kind(), crate::FailureKind::InvalidMachineSpec, "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+        assert_eq!(hv.domain_list().unwrap(), Vec::<String>::new());
+        assert_eq!(hv.volume_list(sim_host::DOMAIN_POOL).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn settings_the_host_offers_make_a_domain_with_them() {
+        let uri = "sim:///hw-offered";
+        let _host = sim_host::register(uri).unwrap();
+        let hv = SimHypervisor::connect(uri).unwrap();
+        let mut fine = spec("worker-0");
+        fine.vcpu = 2;
+        fine.cpu = Some(cpu(CpuMode::Custom, Some("qemu64"), Some((1, 2, 1)), false));
+        fine.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true });
+        let report = create_machine(&hv, &fine, b"#cloud-config\n").unwrap();
+        let xml = hv.domain_xml(&report.domain).unwrap();
+        for part in [
+            "<model fallback='forbid'>qemu64</model>",
+            "<topology sockets='1' dies='1' cores='2' threads='1'/>",
+            "<os firmware='efi'>",
+            "machine='q35'",
+            "<feature enabled='yes' name='secure-boot'/>",
+            "<smm state='on'/>",
+            "<backend type='emulator' version='2.0'/>",
+        ] {
+            assert!(xml.contains(part), "{part} missing from {xml}");
+        }
+    }
+
+    fn cpu(mode: CpuMode, model: Option<&str>, topology: Option<(u32, u32, u32)>, nested: bool) -> CpuSettings {
+        CpuSettings {
+            mode,
+            model: model.map(str::to_string),
+            topology: topology.map(|(sockets, cores, threads)| crate::guest_hardware::CpuTopology {
+                sockets,
+                cores,
+                threads,
+            }),
+            nested_virtualization: nested,
+        }
     }
 
     #[test]

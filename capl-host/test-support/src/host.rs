@@ -92,6 +92,8 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         static_addresses: Vec::new(),
         nameservers: Vec::new(),
         additional_nics: Vec::new(),
+        cpu: None,
+        firmware: None,
     }
 }
 

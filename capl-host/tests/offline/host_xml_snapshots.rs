@@ -5,6 +5,7 @@ use std::net::Ipv4Addr;
 use capl_host::MachineNames;
 use capl_host::dhcp::dhcp_host_xml;
 use capl_host::domain_xml::{DomainDefinition, NicAttachment, NicDevice, OwnerMarker, domain_xml, parse_domain};
+use capl_host::guest_hardware::{CpuMode, CpuSettings, CpuTopology, FirmwareSettings, FirmwareType};
 use capl_host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
 
 fn names() -> MachineNames {
@@ -32,6 +33,9 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
             uid: names.identity.clone(),
             cluster: "libvirt-xd".into(),
         },
+        cpu: None,
+        nested_feature: None,
+        firmware: None,
     }
 }
 
@@ -44,6 +48,63 @@ fn domain_xml_with_additional_nics_on_a_network_and_a_host_bridge() {
         NicDevice { attach: NicAttachment::Bridge("br-lan".into()), mac: names.additional_mac(2) },
     ];
     insta::assert_snapshot!(domain_xml(&d));
+}
+
+#[test]
+fn domain_xml_custom_cpu_model_and_topology() {
+    let mut d = definition("qemu", None);
+    d.cpu = Some(CpuSettings {
+        mode: CpuMode::Custom,
+        model: Some("qemu64".into()),
+        topology: Some(CpuTopology { sockets: 1, cores: 2, threads: 1 }),
+        nested_virtualization: false,
+    });
+    insta::assert_snapshot!(domain_xml(&d));
+}
+
+#[test]
+fn domain_xml_host_model_with_nested_virtualization() {
+    let mut d = definition("kvm", None);
+    d.cpu = Some(CpuSettings {
+        mode: CpuMode::HostModel,
+        model: None,
+        topology: Some(CpuTopology { sockets: 2, cores: 1, threads: 1 }),
+        nested_virtualization: true,
+    });
+    d.nested_feature = Some("vmx".into());
+    insta::assert_snapshot!(domain_xml(&d));
+}
+
+#[test]
+fn domain_xml_host_passthrough_without_topology_is_the_kvm_default() {
+    let mut d = definition("kvm", None);
+    d.cpu =
+        Some(CpuSettings { mode: CpuMode::HostPassthrough, model: None, topology: None, nested_virtualization: false });
+    assert_eq!(domain_xml(&d), domain_xml(&definition("kvm", None)));
+}
+
+#[test]
+fn domain_xml_uefi_with_tpm_keeps_machine_pc() {
+    let mut d = definition("qemu", None);
+    d.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: true });
+    insta::assert_snapshot!(domain_xml(&d));
+}
+
+#[test]
+fn domain_xml_uefi_secure_boot_on_q35() {
+    let mut d = definition("kvm", None);
+    d.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: false });
+    insta::assert_snapshot!(domain_xml(&d));
+}
+
+#[test]
+fn domain_xml_with_cpu_and_firmware_reads_back_with_our_marker_and_disks() {
+    let mut d = definition("qemu", None);
+    d.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true });
+    let info = parse_domain(&domain_xml(&d)).unwrap();
+    assert_eq!(info.owner, Some(d.owner.clone()));
+    assert_eq!(info.disk_paths, vec![d.overlay_path.clone(), d.iso_path.clone()]);
+    assert_eq!(info.writable_disk_paths, vec![d.overlay_path.clone()]);
 }
 
 #[test]

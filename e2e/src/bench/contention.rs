@@ -67,6 +67,8 @@ fn spec(i: usize) -> MachineSpec {
         static_addresses: Vec::new(),
         nameservers: Vec::new(),
         additional_nics: Vec::new(),
+        cpu: None,
+        firmware: None,
     }
 }
 

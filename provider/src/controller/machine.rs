@@ -21,11 +21,12 @@ use super::{credentials, object_patch, own_changes, placement};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
-    ClusterHost, Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER,
-    MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
+    ClusterHost, CpuMode, CpuSpec, FirmwareSpec, FirmwareType, Initialization, LibvirtCluster, LibvirtMachine,
+    LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
 use crate::image::{ImageRequest, ImageState};
 use capl_host::error::HostError;
+use capl_host::guest_hardware::{self, CpuSettings, FirmwareSettings};
 use capl_host::machine::{self as host_machine, AdditionalNic, MachineReport, MachineSpec, NicAttachment};
 use capl_host::naming::NameScheme;
 
@@ -264,6 +265,39 @@ fn host_spec(
                 static_addresses: g.addresses.additional.get(i).cloned().unwrap_or_default(),
             })
             .collect(),
+        cpu: object.spec.cpu.as_ref().map(guest_cpu),
+        firmware: object.spec.firmware.as_ref().map(guest_firmware),
+    }
+}
+
+/// `spec.cpu` in the host layer's terms.
+fn guest_cpu(cpu: &CpuSpec) -> CpuSettings {
+    CpuSettings {
+        mode: match cpu.mode {
+            CpuMode::HostPassthrough => guest_hardware::CpuMode::HostPassthrough,
+            CpuMode::HostModel => guest_hardware::CpuMode::HostModel,
+            CpuMode::Custom => guest_hardware::CpuMode::Custom,
+        },
+        model: cpu.model.clone(),
+        // The API server keeps each at 1 or more; a negative one becomes 0, which the host layer refuses.
+        topology: cpu.topology.map(|t| guest_hardware::CpuTopology {
+            sockets: t.sockets.max(0) as u32,
+            cores: t.cores.max(0) as u32,
+            threads: t.threads.max(0) as u32,
+        }),
+        nested_virtualization: cpu.nested_virtualization,
+    }
+}
+
+/// `spec.firmware` in the host layer's terms.
+fn guest_firmware(firmware: &FirmwareSpec) -> FirmwareSettings {
+    FirmwareSettings {
+        kind: match firmware.kind {
+            FirmwareType::Bios => guest_hardware::FirmwareType::Bios,
+            FirmwareType::Uefi => guest_hardware::FirmwareType::Uefi,
+        },
+        secure_boot: firmware.secure_boot,
+        tpm: firmware.tpm,
     }
 }
 

@@ -206,6 +206,28 @@ async fn disk_below_the_image_size_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_model_the_host_does_not_list_is_reported() {
+    let w = World::new("rg-cpumodel").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    create_bootstrap_secret(&w, "m0-bootstrap", cloud_config("m0")).await;
+    let m: Machine = w.apply(machine_json("m0", "demo", "m0", Some("m0-bootstrap"))).await;
+    let mut lm = libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())));
+    // The simulated host's domain capabilities list no such model.
+    lm["spec"]["cpu"] = json!({"mode": "custom", "model": "Penryn"});
+    let _: LibvirtMachine = w.apply(lm).await;
+
+    let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "InvalidMachineSpec").await;
+    let text = message(&lm, "DomainProvisioningReady");
+    assert!(
+        text.contains("m0") && text.contains("spec.cpu.model \"Penryn\"") && text.contains("<mode name='custom'>"),
+        "names machine, field, value and the host's reason: {text}"
+    );
+    w.wait_event("m0", "Warning", "InvalidMachineSpec", &text).await;
+    assert_nothing_created(&w, "m0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_domain_with_our_name_is_a_collision_and_left_alone() {
     let w = World::new("rg-foreign").await;
     let _manager = w.start_manager();

@@ -24,6 +24,16 @@ fn all_errors() -> Vec<HostError> {
         },
         HostError::NameserverNotAnAddress { value: "dns.lab".into() },
         HostError::HostnameTooLong { hostname: "w".repeat(70), length: 70, max: 64 },
+        HostError::GuestHardwareContradiction {
+            field: "spec.cpu.topology",
+            detail: "2 sockets x 2 cores x 1 threads = 4 vCPUs but spec.vcpu is 2: make them equal".into(),
+        },
+        HostError::GuestHardwareUnavailable {
+            setting: "spec.cpu.mode host-passthrough".into(),
+            uri: uri(),
+            reason: "the host's domain capabilities list <mode name='host-passthrough' supported='no'> for domain type qemu (no KVM: QEMU emulates the CPU and has no host CPU to pass through)".into(),
+            fix: "use a mode the host supports (host-model, or custom with a model it lists), or a host with KVM",
+        },
         HostError::ImageUnusable {
             image: "m1.qcow2".into(),
             pool: "capi-vm-disks".into(),
