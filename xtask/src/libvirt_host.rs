@@ -1,6 +1,6 @@
 //! `cargo xtask host ...`: the private libvirtd for tests and the demo.
 //!
-//! - `deps`: installs libvirt, QEMU, dnsmasq and the guest-image tools from the
+//! - `deps`: installs libvirt, QEMU (with OVMF and swtpm), dnsmasq and the guest-image tools from the
 //!   distribution's packages (on Debian from `<codename>-backports`, which it
 //!   adds as a deb822 source when missing). Nothing is run when every package
 //!   is already installed.
@@ -121,6 +121,9 @@ const PACKAGES: &[Package] = &[
     pkg("qemu-system-x86", "QEMU"),
     pkg("qemu-utils", "qemu-img"),
     pkg("ipxe-qemu", "QEMU's NIC option ROMs (a virtio NIC does not start without them)"),
+    pkg("ovmf", "UEFI firmware (and its Secure Boot images) for spec.firmware.type uefi"),
+    pkg("swtpm", "the emulated TPM 2.0 of spec.firmware.tpm"),
+    pkg("swtpm-tools", "swtpm_setup, which libvirt runs to make an emulated TPM's state"),
     pkg("dnsmasq-base", "DHCP and DNS on the NAT network"),
     pkg("iptables", "libvirt's NAT firewall rules"),
     pkg("pkg-config", "locating libvirt when building the virt crate"),

@@ -8,6 +8,8 @@
 //!   `test:///default` driver and the real libvirtd, scenario by scenario;
 //! - `host_scenarios`: the host operations (create, start, delete, faults,
 //!   foreign objects) on libvirt-sim and the real libvirtd, as one table;
+//! - `guest_hardware`: CPU and firmware settings: what libvirt keeps of them
+//!   and what the host's domain capabilities refuse;
 //! - `host_sim`: host tests only the simulator can do (call counts, faults);
 //! - `libvirt_real`: `LibvirtHypervisor` details on the real daemon;
 //! - `remote_credentials`: `qemu+tls://` to the daemon's TLS listener with
@@ -22,6 +24,7 @@
 //! ([`share_real_daemon`]); none of them kills it.
 
 mod conformance;
+mod guest_hardware;
 mod host_scenarios;
 mod host_sim;
 mod libvirt_real;

@@ -1,0 +1,155 @@
+//! CPU and firmware settings (`spec.cpu`, `spec.firmware`) on the private
+//! libvirtd (`cargo xtask host up`; QEMU with TCG, OVMF and swtpm from
+//! `cargo xtask host deps`): what libvirt accepts and keeps of the domain
+//! XML, and what the host's domain capabilities refuse.
+//!
+//! What the host offers is read from its domain capabilities, never assumed:
+//! the test machines have no KVM, but a host with KVM runs the same tests.
+//! The guest image of these tests boots with syslinux from a FAT disk (BIOS
+//! only), so no test boots a UEFI guest: the UEFI test checks the domain
+//! libvirt defines.
+
+use capl_host::domain_capabilities::DomainCapabilities;
+use capl_host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, host_kvm_support, parse_domain};
+use capl_host::guest_hardware::{CpuMode, CpuSettings, CpuTopology, FirmwareSettings, FirmwareType, machine_type};
+use capl_host::hypervisor::libvirt::LibvirtHypervisor;
+use capl_host::hypervisor::{ErrorKind, HostAdmin, Hypervisor, UndefineFlags};
+use capl_host::{FailureKind, HostError, create_machine};
+use capl_host_test_support::host::{fresh_spec, user_data};
+use capl_host_test_support::real_host::{connect_checked, fixture, ours_on_host};
+use testenv::test_host::{DISK_POOL, NETWORK};
+
+/// The host architecture and the domain type a machine gets there (kvm
+/// when offered; the machine specs of these tests ask for qemu).
+fn arch_and_kvm(h: &LibvirtHypervisor) -> (String, bool) {
+    host_kvm_support(&h.capabilities_xml().expect("capabilities")).expect("capabilities XML")
+}
+
+fn domain_capabilities(h: &LibvirtHypervisor, machine: Option<&str>, domain_type: &str) -> DomainCapabilities {
+    let (arch, _) = arch_and_kvm(h);
+    let xml = h.domain_capabilities_xml(&arch, machine, domain_type).expect("domain capabilities");
+    DomainCapabilities::parse(&xml).unwrap_or_else(|e| panic!("unreadable domain capabilities ({e}):\n{xml}"))
+}
+
+/// A domain definition of `name` (its disks need not exist: it is defined, never started).
+fn definition(h: &LibvirtHypervisor, name: &str, uuid: &str) -> DomainDefinition {
+    let (arch, _) = arch_and_kvm(h);
+    DomainDefinition {
+        name: name.into(),
+        uuid: uuid.into(),
+        domain_type: "qemu".into(),
+        arch,
+        vcpu: 2,
+        memory_mib: 128,
+        overlay_path: format!("/var/lib/capl-libvirt/pools/disks/{name}.qcow2"),
+        iso_path: format!("/var/lib/capl-libvirt/pools/disks/{name}-cidata.iso"),
+        network: NETWORK.into(),
+        mac: "52:54:00:c0:fe:01".into(),
+        additional_nics: Vec::new(),
+        console_log_path: None,
+        owner: OwnerMarker {
+            namespace: "capl-hw".into(),
+            name: name.into(),
+            uid: uuid.into(),
+            cluster: "host-tests".into(),
+        },
+        cpu: None,
+        nested_feature: None,
+        firmware: None,
+    }
+}
+
+fn undefine_if_present(h: &LibvirtHypervisor, name: &str) {
+    if let Err(e) = h.domain_undefine(name, UndefineFlags::all()) {
+        assert_eq!(e.kind, ErrorKind::NoDomain, "cleaning up domain {name}: {e}");
+    }
+}
+
+#[test]
+fn a_custom_cpu_model_the_host_lists_and_a_topology_are_kept() {
+    let _daemon = crate::share_real_daemon_blocking();
+    let (_, h) = connect_checked();
+    let (arch, _) = arch_and_kvm(&h);
+    let caps = domain_capabilities(&h, machine_type(&arch, None), "qemu");
+    let model = ["qemu64", "kvm64", "qemu32"]
+        .into_iter()
+        .find(|m| caps.custom_model_usable(m) == Some(true))
+        .unwrap_or_else(|| panic!("the host lists none of qemu64, kvm64, qemu32 as usable: {:?}", caps.custom_models));
+    let name = "capl-hw-custom-cpu";
+    undefine_if_present(&h, name);
+    let mut d = definition(&h, name, "7d3e1c52-0b1a-4c55-9e1f-3c2a6b8d0a01");
+    d.cpu = Some(CpuSettings {
+        mode: CpuMode::Custom,
+        model: Some(model.into()),
+        topology: Some(CpuTopology { sockets: 1, cores: 2, threads: 1 }),
+        nested_virtualization: false,
+    });
+    h.domain_define(&domain_xml(&d)).unwrap_or_else(|e| panic!("libvirt refused a custom CPU {model}: {e}"));
+    let back = h.domain_xml(name).expect("domain XML");
+    undefine_if_present(&h, name);
+    assert!(back.contains("<cpu mode='custom' match='exact'"), "{back}");
+    assert!(back.contains(&format!(">{model}</model>")), "model {model} missing: {back}");
+    assert!(back.contains("sockets='1'") && back.contains("cores='2'") && back.contains("threads='1'"), "{back}");
+    assert_eq!(parse_domain(&back).unwrap().owner, Some(d.owner));
+}
+
+#[test]
+fn uefi_firmware_gets_an_efi_loader() {
+    let _daemon = crate::share_real_daemon_blocking();
+    let (_, h) = connect_checked();
+    let (arch, _) = arch_and_kvm(&h);
+    let firmware = FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: false };
+    let caps = domain_capabilities(&h, machine_type(&arch, Some(&firmware)), "qemu");
+    assert!(
+        caps.firmware.iter().any(|f| f == "efi") && !caps.loaders.is_empty(),
+        "the test host offers no EFI firmware (firmware {:?}, loaders {:?}): install OVMF with `cargo xtask host deps`",
+        caps.firmware,
+        caps.loaders
+    );
+    let name = "capl-hw-uefi";
+    undefine_if_present(&h, name);
+    let mut d = definition(&h, name, "7d3e1c52-0b1a-4c55-9e1f-3c2a6b8d0a02");
+    d.firmware = Some(firmware);
+    h.domain_define(&domain_xml(&d)).unwrap_or_else(|e| panic!("libvirt refused UEFI firmware: {e}"));
+    let back = h.domain_xml(name).expect("domain XML");
+    undefine_if_present(&h, name);
+    // Auto-selection happens at define: the read-back XML names the loader image it chose.
+    let loader = back
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("<loader"))
+        .unwrap_or_else(|| panic!("no <loader> in the defined domain: {back}"));
+    assert!(caps.loaders.iter().any(|path| loader.contains(path.as_str())), "{loader} is none of {:?}", caps.loaders);
+    assert!(back.contains("firmware='efi'") && back.contains("machine='pc"), "{back}");
+}
+
+#[test]
+fn host_passthrough_follows_the_domain_capabilities() {
+    let _daemon = crate::share_real_daemon_blocking();
+    let (_, h) = connect_checked();
+    let fx = fixture("capl-host-tests-base.qcow2");
+    capl_host_test_support::host::ensure_base_image(&h, &fx);
+    let mut spec = fresh_spec(&h, &fx, "capl-hw", "passthrough");
+    spec.cpu =
+        Some(CpuSettings { mode: CpuMode::HostPassthrough, model: None, topology: None, nested_virtualization: false });
+    let (arch, _) = arch_and_kvm(&h);
+    // The spec asks for domain type qemu: TCG has no host CPU to pass through.
+    let caps = domain_capabilities(&h, machine_type(&arch, None), "qemu");
+    let result = create_machine(&h, &spec, &user_data(&spec));
+    let left = ours_on_host(&h, &fx, "passthrough");
+    let _ = capl_host::delete_machine(&h, &spec);
+    if caps.cpu_mode_supported("host-passthrough") {
+        result.expect("the host offers host-passthrough");
+        return;
+    }
+    let err = result.expect_err("host-passthrough under TCG");
+    assert_eq!(err.kind(), FailureKind::InvalidMachineSpec, "{err}");
+    assert!(matches!(err, HostError::GuestHardwareUnavailable { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("spec.cpu.mode host-passthrough") && message.contains("supported='no'"),
+        "names the setting and the host's reason: {message}"
+    );
+    assert!(left.is_empty(), "created before refusing: {left:?}");
+    assert!(h.volume_list(DISK_POOL).unwrap().iter().all(|v| !v.contains("passthrough")));
+}
