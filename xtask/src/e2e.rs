@@ -33,7 +33,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use xshell::{Shell, cmd};
 
-use crate::{control_plane, guest_image, libvirt_host, node_image, repo_root, step};
+use crate::{control_plane, guest_image, libvirt_host, repo_root, step};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
@@ -104,11 +104,6 @@ pub fn run(args: Args) -> Result<()> {
     step("host packages", libvirt_host::deps)?;
     step("control plane", || control_plane::run(control_plane::Command::Build))?;
     let image = step("guest image", || guest_image::build(false))?;
-    let node_image = if args.only.is_empty() || args.only.iter().any(|o| o.starts_with("workload")) {
-        Some(step("Kubernetes node image", || node_image::build(false))?)
-    } else {
-        None
-    };
     let uri = step("private libvirtd", libvirt_host::up)?;
     let bins = step("build provider and e2e runner", build_binaries)?;
 
@@ -116,9 +111,6 @@ pub fn run(args: Args) -> Result<()> {
     sh.change_dir(repo_root());
     sh.set_var(libvirt_host::URI_ENV, &uri);
     sh.set_var(env::GUEST_IMAGE, &image);
-    if let Some(node_image) = &node_image {
-        sh.set_var(env::NODE_IMAGE, node_image);
-    }
     sh.set_var(env::PROVIDER_BIN, &bins.provider);
     sh.set_var(env::MANIFESTS_BIN, &bins.manifests);
     sh.set_var(SUMMARY_ENV, summary_path("private"));

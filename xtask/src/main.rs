@@ -135,8 +135,8 @@ enum Command {
     /// Build (or reuse) cert-manager for the kind management cluster from its Go module: its images and
     /// its static manifest; print the manifest's path and the images.
     CertManager,
-    /// Build (or reuse), one after another, what the suites on kind need beyond the workspace: kind and its
-    /// node image, cert-manager, the previous release and Cluster API's e2e suite (`test` runs it in the
+    /// Build (or reuse), one after another, what the suites on kind need beyond the workspace: cert-manager,
+    /// the previous release, Cluster API's e2e suite, kind and its node image (`test` runs it in the
     /// background).
     KindPrerequisites,
 }
@@ -163,11 +163,13 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        // kind's node image last: it is made of the node image's binaries,
+        // which `cargo xtask test` builds in another job started before this one.
         Command::KindPrerequisites => {
-            kind::prepare()?;
             cert_manager::prepare()?;
             previous::release()?;
             capi_specs::build()?;
+            kind::prepare()?;
             Ok(())
         }
         Command::Manifests => manifests::write(),

@@ -212,6 +212,12 @@ pub fn go_binaries(release: &Release) -> Result<GoBinaries> {
     let go_dir = cache.join("go").join(format!("k8s-{version}_containerd-{CONTAINERD_VERSION}"));
     let bin = go_dir.join("bin");
     fs::create_dir_all(&bin)?;
+    // `cargo xtask test` builds the node image and kind's node image in two
+    // background jobs: the one that comes second waits here for the binaries
+    // rather than building the same modules in the same directories. The
+    // lock goes with the file, also when its process dies.
+    let lock = fs::File::create(go_dir.join(".build.lock"))?;
+    lock.lock().with_context(|| format!("locking {}", go_dir.display()))?;
     let go_started = Instant::now();
     build_kubernetes(&sh, release, &go_dir, &bin)?;
     build_containerd(&sh, &go_dir, &bin)?;

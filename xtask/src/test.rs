@@ -9,11 +9,13 @@
 //!    built from Go modules into a cache outside the repository, or reused:
 //!    a [`Background`] job beside steps 1 (the book), 3 and 4, joined before
 //!    step 5; the node image (`cargo xtask node-image`) is another, at a
-//!    lower priority, started with it and joined before step 6, the first that
-//!    needs it; what only the runs on kind need (`cargo xtask
-//!    kind-prerequisites`: kind's node image, cert-manager, the previous
-//!    release, the upstream specs' Ginkgo suite) is a third, beside the suite
-//!    on the private libvirtd, joined before the one on kind;
+//!    lower priority, started with it and joined before Cluster API's specs
+//!    in step 6, the first that boot it; what only the runs on kind need
+//!    (`cargo xtask kind-prerequisites`: cert-manager, the previous release,
+//!    the upstream specs' Ginkgo suite, kind's node image) is a third, at the
+//!    lower priority, started once the control plane is built (their Go
+//!    builds share its compiled packages), beside steps 5 and 6 up to the
+//!    suite on kind;
 //! 3. a private libvirtd with its own network and pools, and the test guest
 //!    image (`cargo xtask guest-image`);
 //! 4. a docker engine (`cargo xtask docker-engine up`: the running one, or
@@ -120,6 +122,16 @@ pub fn run(args: Args) -> Result<()> {
     let libvirtd_image = step("containerized libvirtd image", images::libvirtd_image)?;
     step("manager image, built offline", || images::build_provider_offline(images::TEST_MANAGER_IMAGE))?;
     control_plane.join()?;
+    // What only the suites on kind need (cert-manager, the previous release,
+    // Cluster API's e2e suite, which mostly reuses the Kubernetes packages the
+    // control plane's build compiled, and kind's node image, made of the node
+    // image's binaries) is built beside the workspace tests and the suite on
+    // the private libvirtd, at a lower priority, one after another.
+    let kind_prerequisites = if args.cargo_test_args.is_empty() {
+        Some(Background::start("kind-prerequisites", Priority::Lower, &["kind-prerequisites"])?)
+    } else {
+        None
+    };
 
     let sh = Shell::new()?;
     sh.change_dir(repo_root());
@@ -149,23 +161,22 @@ pub fn run(args: Args) -> Result<()> {
     for path in &summaries {
         let _ = std::fs::remove_file(path);
     }
-    let node_image = node_image.map_or(Ok(()), |job| job.join().map(drop));
-    // What only the suites on kind need (kind's node image, made of the node
-    // image's binaries; cert-manager; the previous release; Cluster API's e2e
-    // suite, mostly the Kubernetes packages the control plane's build compiled)
-    // is built beside the suite on the private libvirtd, one after another.
-    let kind_prerequisites = match (&node_image, extra.is_empty()) {
-        (Ok(()), true) => Some(Background::start("kind-prerequisites", Priority::Lower, &["kind-prerequisites"])?),
-        _ => None,
-    };
-    let e2e = if extra.is_empty() { node_image.and_then(|()| e2e::run(e2e::Args::for_test_command())) } else { Ok(()) };
+    // The suites on the private libvirtd and on kind boot the small test guest
+    // image; the node image is joined before Cluster API's specs, the first
+    // step that boots it.
+    let e2e = if extra.is_empty() { e2e::run(e2e::Args::for_test_command()) } else { Ok(()) };
     let kind_prerequisites = kind_prerequisites.map_or(Ok(()), |job| job.join().map(drop));
     let kind = if extra.is_empty() {
         kind_prerequisites.and_then(|()| e2e::run(e2e::Args::kind_for_test_command()))
     } else {
         Ok(())
     };
-    let capi = if extra.is_empty() { crate::capi_specs::run(&e2e::CapiArgs::default()) } else { Ok(()) };
+    let node_image = node_image.map_or(Ok(()), |job| job.join().map(drop));
+    let capi = if extra.is_empty() {
+        node_image.and_then(|()| crate::capi_specs::run(&e2e::CapiArgs::default()))
+    } else {
+        node_image
+    };
     let e2e = e2e.and(kind).and(capi);
     let result = workspace.and(e2e_units).and(packaged).and(e2e);
 
