@@ -796,3 +796,91 @@ async fn the_api_server_enforces_the_image_url_rules() {
     let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&swap)).await.unwrap_err().to_string();
     assert!(err.contains("image and imageURL are immutable"), "{err}");
 }
+
+#[tokio::test]
+async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
+    use capl::api::LibvirtMachine;
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace("cpu-firmware").await.unwrap();
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()));
+    let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        let mut full = serde_json::json!({"image": "b.qcow2"});
+        full.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": name}, "spec": full
+        }))
+        .unwrap()
+    };
+
+    // Accepted, with the server's defaults filled in.
+    let created = raw
+        .create(
+            &Default::default(),
+            &machine(
+                "ok",
+                serde_json::json!({"vcpu": 4, "cpu": {"mode": "custom", "model": "qemu64",
+                    "topology": {"sockets": 1, "cores": 2, "threads": 2}}, "firmware": {"type": "uefi", "secureBoot": true}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"]["cpu"]["nestedVirtualization"], false);
+    assert_eq!(created.data["spec"]["firmware"]["tpm"], false);
+    let tpm_only =
+        raw.create(&Default::default(), &machine("tpm", serde_json::json!({"firmware": {"tpm": true}}))).await.unwrap();
+    assert_eq!(tpm_only.data["spec"]["firmware"]["type"], "bios");
+    raw.create(
+        &Default::default(),
+        &machine("nested", serde_json::json!({"cpu": {"mode": "host-model", "nestedVirtualization": true}})),
+    )
+    .await
+    .unwrap();
+
+    for (name, spec, says) in [
+        (
+            "topology",
+            serde_json::json!({"vcpu": 2, "cpu": {"mode": "host-model", "topology": {"sockets": 2, "cores": 2, "threads": 1}}}),
+            "spec.cpu.topology sockets x cores x threads must equal spec.vcpu",
+        ),
+        (
+            "zero-cores",
+            serde_json::json!({"cpu": {"mode": "host-model", "topology": {"sockets": 1, "cores": 0, "threads": 1}}}),
+            "spec.cpu.topology.cores",
+        ),
+        ("no-model", serde_json::json!({"cpu": {"mode": "custom"}}), "spec.cpu.model is required with mode custom"),
+        (
+            "stray-model",
+            serde_json::json!({"cpu": {"mode": "host-passthrough", "model": "qemu64"}}),
+            "spec.cpu.model is required with mode custom and refused with the other modes",
+        ),
+        (
+            "nested-custom",
+            serde_json::json!({"cpu": {"mode": "custom", "model": "qemu64", "nestedVirtualization": true}}),
+            "spec.cpu.nestedVirtualization needs mode host-passthrough or host-model",
+        ),
+        ("mode", serde_json::json!({"cpu": {"mode": "maximum"}}), "spec.cpu.mode"),
+        (
+            "secure-bios",
+            serde_json::json!({"firmware": {"secureBoot": true}}),
+            "spec.firmware.secureBoot needs spec.firmware.type uefi",
+        ),
+        ("firmware-type", serde_json::json!({"firmware": {"type": "coreboot"}}), "spec.firmware.type"),
+    ] {
+        let err = raw.create(&Default::default(), &machine(name, spec)).await.unwrap_err().to_string();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+
+    // Immutable: the settings, and whether there are any.
+    let change = serde_json::json!({"spec": {"cpu": {"model": "kvm64"}}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap_err().to_string();
+    assert!(err.contains("cpu is immutable"), "{err}");
+    let drop = serde_json::json!({"spec": {"firmware": null}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&drop)).await.unwrap_err().to_string();
+    assert!(err.contains("firmware is immutable"), "{err}");
+    let add = serde_json::json!({"spec": {"cpu": {"mode": "host-model"}}});
+    let err = raw.patch("tpm", &PatchParams::default(), &Patch::Merge(&add)).await.unwrap_err().to_string();
+    assert!(err.contains("cpu is immutable"), "{err}");
+}
