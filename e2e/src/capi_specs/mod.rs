@@ -62,7 +62,10 @@ pub const SPECS: &[Spec] = &[
     Spec {
         id: "quick-start",
         what: "QuickStartSpec with the default flavor: one control-plane machine and one worker",
-        default: true,
+        // md-remediation makes the same cluster from the default flavor with
+        // a MachineHealthCheck added and checks it the same way before it
+        // remediates, so CI runs that one.
+        default: false,
     },
     Spec { id: "quick-start-topology", what: "QuickStartSpec with the ClusterClass flavor (topology)", default: true },
     Spec {
@@ -264,7 +267,7 @@ mod tests {
     #[test]
     fn the_default_set_is_what_ci_runs_and_all_adds_the_rest() {
         let default: Vec<&str> = select(&[], false).unwrap().iter().map(|s| s.id).collect();
-        assert_eq!(default, ["quick-start", "quick-start-topology", "md-remediation"]);
+        assert_eq!(default, ["quick-start-topology", "md-remediation"]);
         assert_eq!(select(&[], true).unwrap().len(), SPECS.len());
         let err = select(&["md-nothing".into()], false).unwrap_err().to_string();
         assert!(err.contains("md-nothing") && err.contains("md-scale"), "{err}");
