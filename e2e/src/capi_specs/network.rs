@@ -124,13 +124,16 @@ pub fn leftovers(host: &HostView) -> Vec<String> {
     left
 }
 
-/// Gives every control-plane guest about the CPU weight the workload scenario
-/// gives its own ([`crate::workload::emulation::favour_control_plane`]) as soon
-/// as it runs. libvirtd in the container has no cgroup CPU controller
-/// (`virsh schedinfo` says so), so the weight is set the other way: every
-/// thread of the guest's QEMU process (a process of this machine, seen in its
-/// `/proc`) gets nice [`CONTROL_PLANE_NICE`], about 9 times the weight of the
-/// other guests' threads at nice 0. The specs make the machines, so a thread
+/// Gives every control-plane guest more CPU weight than the workers as soon
+/// as it runs, as the demo does for its own
+/// ([`crate::workload::emulation::favour_control_plane`]). libvirtd in the
+/// container has no cgroup CPU controller (`virsh schedinfo` says so), so the
+/// weight is set the other way: every thread of the guest's QEMU process (a
+/// process of this machine, seen in its `/proc`) gets nice
+/// [`CONTROL_PLANE_NICE`], about 3 times the weight of the other guests'
+/// threads at nice 0. A running control plane under emulation keeps about 1.6
+/// of the 2 cores busy; at 9 times the weight (nice -10) a worker booting
+/// beside it got 6 to 40 % of one core and took over 15 minutes to join. The specs make the machines, so a thread
 /// looks every few seconds for running LibvirtMachines that
 /// KubeadmControlPlane made (its label), until [`ControlPlaneFavour::stop`].
 pub struct ControlPlaneFavour {
@@ -138,8 +141,8 @@ pub struct ControlPlaneFavour {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The nice value of a control-plane guest's QEMU threads (weight 9548 against 1024 at nice 0).
-const CONTROL_PLANE_NICE: &str = "-10";
+/// The nice value of a control-plane guest's QEMU threads (weight 3121 against 1024 at nice 0).
+const CONTROL_PLANE_NICE: &str = "-5";
 
 /// How often the host's domains are listed.
 const FAVOUR_EVERY: Duration = Duration::from_secs(5);
