@@ -54,22 +54,25 @@ pub fn render_yaml(documents: &[Value]) -> String {
     out
 }
 
-/// The CRDs as shipped: the derived ones, with CEL rules removed from inside
-/// template specs (immutability of templates is the admission policy's job,
-/// so that CAPI's topology dry runs can pass).
+/// The CRDs as shipped: the derived ones, with the transition rules (those
+/// that compare with `oldSelf`) removed from inside template specs:
+/// immutability of templates is the admission policy's job, so that CAPI's
+/// topology dry runs can pass. The other rules stay, so a template a machine
+/// could not be made from (Secure Boot without UEFI, say) is refused when it
+/// is applied rather than on each of its machines.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     api::crds()
         .into_iter()
         .map(|mut crd| {
             if crd.spec.names.kind.ends_with("Template") {
-                strip_template_rules(&mut crd);
+                strip_template_transition_rules(&mut crd);
             }
             crd
         })
         .collect()
 }
 
-fn strip_template_rules(crd: &mut CustomResourceDefinition) {
+fn strip_template_transition_rules(crd: &mut CustomResourceDefinition) {
     for version in &mut crd.spec.versions {
         let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else {
             continue;
@@ -84,19 +87,27 @@ fn strip_template_rules(crd: &mut CustomResourceDefinition) {
             .and_then(|p| p.get_mut("spec"));
         if let Some(template_spec) = template {
             let mut value = serde_json::to_value(&*template_spec).expect("schema serializes");
-            remove_key_recursively(&mut value, "x-kubernetes-validations");
+            remove_transition_rules(&mut value);
             *template_spec = serde_json::from_value(value).expect("schema deserializes");
         }
     }
 }
 
-fn remove_key_recursively(value: &mut Value, key: &str) {
+/// Removes every CEL rule that mentions `oldSelf`, and the list of rules
+/// where none is left.
+fn remove_transition_rules(value: &mut Value) {
+    const KEY: &str = "x-kubernetes-validations";
     match value {
         Value::Object(map) => {
-            map.remove(key);
-            map.values_mut().for_each(|v| remove_key_recursively(v, key));
+            if let Some(Value::Array(rules)) = map.get_mut(KEY) {
+                rules.retain(|rule| !rule["rule"].as_str().is_some_and(|r| r.contains("oldSelf")));
+                if rules.is_empty() {
+                    map.remove(KEY);
+                }
+            }
+            map.values_mut().for_each(remove_transition_rules);
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| remove_key_recursively(v, key)),
+        Value::Array(items) => items.iter_mut().for_each(remove_transition_rules),
         _ => {}
     }
 }

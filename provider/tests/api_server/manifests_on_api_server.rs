@@ -883,4 +883,35 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
     let add = serde_json::json!({"spec": {"cpu": {"mode": "host-model"}}});
     let err = raw.patch("tpm", &PatchParams::default(), &Patch::Merge(&add)).await.unwrap_err().to_string();
     assert!(err.contains("cpu is immutable"), "{err}");
+
+    // A template refuses what its machines would refuse, when it is applied.
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        env.client(),
+        &namespace,
+        &kube::discovery::ApiResource::erase::<capl::api::LibvirtMachineTemplate>(&()),
+    );
+    let template = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
+            "metadata": {"name": name}, "spec": {"template": {"spec": spec}}
+        }))
+        .unwrap()
+    };
+    let ok = serde_json::json!({"image": "b.qcow2", "firmware": {"type": "uefi", "secureBoot": true}});
+    templates.create(&Default::default(), &template("uefi", ok)).await.unwrap();
+    for (name, spec, says) in [
+        (
+            "secure-bios",
+            serde_json::json!({"image": "b.qcow2", "firmware": {"secureBoot": true}}),
+            "spec.firmware.secureBoot needs spec.firmware.type uefi",
+        ),
+        (
+            "two-images",
+            serde_json::json!({"image": "b.qcow2", "imageURL": {"url": "http://images/b.qcow2", "checksum": "ab".repeat(32), "checksumType": "sha256"}}),
+            "set exactly one of image",
+        ),
+    ] {
+        let err = templates.create(&Default::default(), &template(name, spec)).await.unwrap_err().to_string();
+        assert!(err.contains(says), "template {name}: {err}");
+    }
 }

@@ -359,11 +359,17 @@ fn set_once_fields_carry_a_cel_rule() {
 }
 
 #[test]
-fn template_specs_carry_no_cel_rules_so_topology_dry_runs_pass() {
+fn template_specs_carry_no_transition_rules_so_topology_dry_runs_pass() {
     for kind in ["LibvirtClusterTemplate", "LibvirtMachineTemplate"] {
         let text = serde_json::to_string(&crd_json(kind)).unwrap();
-        assert!(!text.contains("x-kubernetes-validations"), "{kind}");
+        assert!(!text.contains("oldSelf"), "{kind}");
     }
+    // The rules that judge one object alone stay: what its objects would refuse, the template refuses.
+    let template = crd_json("LibvirtMachineTemplate");
+    let firmware = schema(&template, &["spec", "template", "spec", "firmware"]);
+    assert!(rules(firmware).iter().any(|r| r.contains("secureBoot")), "{firmware}");
+    let cluster = crd_json("LibvirtClusterTemplate");
+    assert!(rules(schema(&cluster, &["spec", "template", "spec"])).iter().any(|r| r.contains("has(self.hosts)")));
     let policy = manifests::config_files().into_iter().find(|f| f.path.contains("template_immutability")).unwrap();
     let expression = policy.documents[0]["spec"]["validations"][0]["expression"].as_str().unwrap();
     assert!(expression.contains("request.dryRun") && expression.contains("topology.cluster.x-k8s.io/dry-run"));
