@@ -55,3 +55,18 @@ var _ = Describe("md-scale", Label("md-scale"), func() {
 		}
 	})
 })
+
+// md-rollout: upstream names it after KubeadmControlPlane and MachineDeployment
+// (it was MachineDeploymentRolloutSpec before taints were added to it).
+var _ = Describe("md-rollout", Label("md-rollout"), func() {
+	capie2e.KCPAndMachineDeploymentRolloutSpec(ctx, func() capie2e.KCPAndMachineDeploymentRolloutSpecInput {
+		return capie2e.KCPAndMachineDeploymentRolloutSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+			Flavor:                "kcp-md-taints",
+		}
+	})
+})

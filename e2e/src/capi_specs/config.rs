@@ -28,6 +28,7 @@ const FLAVOR_FILES: &[(&str, &str, Option<&str>)] = &[
     ("cluster-template-topology.yaml", "cluster-template-topology.yaml", None),
     ("clusterclass-libvirt.yaml", "clusterclass-libvirt.yaml", None),
     ("cluster-template-md-remediation.yaml", "cluster-template.yaml", Some("md-remediation.yaml")),
+    ("cluster-template-kcp-md-taints.yaml", "cluster-template.yaml", Some("kcp-md-taints.yaml")),
 ];
 
 /// Where the flavors' patches are.
@@ -43,6 +44,7 @@ const INTERVALS: &[(&str, [&str; 2])] = &[
     ("default/wait-control-plane", ["30m", "10s"]),
     ("default/wait-worker-nodes", ["30m", "10s"]),
     ("default/wait-machine-remediation", ["30m", "10s"]),
+    ("default/wait-machine-upgrade", ["30m", "10s"]),
     ("default/wait-delete-cluster", ["15m", "10s"]),
     ("default/wait-nodes-ready", ["15m", "10s"]),
 ];
@@ -127,6 +129,9 @@ pub fn write(inputs: &Inputs) -> Result<PathBuf> {
         // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one
         // vCPU leaves the control plane (2 vCPUs) enough to keep answering.
         "CAPL_WORKER_VCPU": "1",
+        // CAPI core and KCP propagate `spec.taints` of Machines to their
+        // Nodes only with this alpha feature gate, which md-rollout checks.
+        "EXP_MACHINE_TAINT_PROPAGATION": "true",
     });
     let intervals: serde_json::Map<String, Value> =
         INTERVALS.iter().map(|(name, interval)| (name.to_string(), json!(interval))).collect();
@@ -252,6 +257,24 @@ mod tests {
         let mhc = docs.iter().find(|d| d["kind"] == "MachineHealthCheck").unwrap();
         assert_eq!(mhc["spec"]["selector"]["matchLabels"], md["spec"]["template"]["metadata"]["labels"]);
         assert_eq!(docs.iter().filter(|d| d["kind"] == "MachineDeployment").count(), 1);
+    }
+
+    #[test]
+    fn the_kcp_md_taints_flavor_taints_control_plane_and_worker_machines_alike() {
+        let source = crate::repo_root().join("templates/cluster-template.yaml");
+        let text = flavor(&source, Some(&patches_dir().join("kcp-md-taints.yaml"))).unwrap();
+        let docs = documents(&text).unwrap();
+        let kcp = docs.iter().find(|d| d["kind"] == "KubeadmControlPlane").unwrap();
+        let md = docs.iter().find(|d| d["kind"] == "MachineDeployment").unwrap();
+        let kcp_taints = &kcp["spec"]["machineTemplate"]["spec"]["taints"];
+        let propagation: Vec<_> =
+            kcp_taints.as_sequence().unwrap().iter().map(|t| t["propagation"].as_str().unwrap()).collect();
+        assert_eq!(propagation, ["OnInitialization", "Always"]);
+        assert_eq!(&md["spec"]["template"]["spec"]["taints"], kcp_taints);
+        // The rest of both is the release's.
+        assert_eq!(kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["kind"], "LibvirtMachineTemplate");
+        assert!(kcp["spec"]["kubeadmConfigSpec"].is_mapping());
+        assert_eq!(md["spec"]["template"]["spec"]["infrastructureRef"]["kind"], "LibvirtMachineTemplate");
     }
 
     #[test]

@@ -78,6 +78,12 @@ pub const SPECS: &[Spec] = &[
         what: "MachineDeploymentScaleSpec: the workers' MachineDeployment scaled 1 -> 3 -> 1, then deleted",
         default: false,
     },
+    Spec {
+        id: "md-rollout",
+        what: "KCPAndMachineDeploymentRolloutSpec: fields and taints changed in place reach Machines and Nodes \
+               without replacing them, then a new LibvirtMachineTemplate rolls the workers",
+        default: false,
+    },
 ];
 
 /// The specs `focus` names (every default one when empty, all with `all`);
