@@ -2,12 +2,13 @@
 //!
 //! Built from the distribution's packages only (`cargo xtask host deps` installs
 //! them): the cloud kernel (`linux-image-cloud-amd64`), `busybox-static`,
-//! `syslinux`, `mtools`, `dosfstools`, `qemu-utils`, `xz-utils`.
+//! `syslinux`, `mtools`, `dosfstools`, `qemu-utils`, `xz-utils`, and for the
+//! UEFI boot path `systemd-boot-efi` (the EFI stub) and `binutils` (objcopy).
 //!
 //! The guest is a kernel plus a busybox initramfs whose `/init`:
-//! 1. loads the virtio, cdrom and isofs modules (whatever of them the kernel has
+//! 1. loads the virtio, IDE, AHCI, cdrom and isofs modules (whatever of them the kernel has
 //!    as modules, dependencies first, resolved from `modules.dep`);
-//! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE cdrom, `/dev/sr0`);
+//! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE or SATA cdrom, `/dev/sr0`);
 //! 3. prints one line to the serial console that tests grep for:
 //!    `CAPL-GUEST instance-id=<id> local-hostname=<name> user-data-sha256=<hex>`;
 //! 4. with a `network-config` on the seed (the provider's cloud-init v2:
@@ -23,12 +24,17 @@
 //!    (or `failed` after 5 minutes): tests see guests reach each other;
 //! 6. stays alive.
 //!
-//! The disk is a FAT "superfloppy" made bootable by syslinux, written with
-//! mtools (no loop devices, no mounts), then converted to qcow2. It is cached
-//! at `~/.cache/cluster-api-provider-libvirt/guest/<kernel>-<hash>/base.qcow2`,
-//! where the hash covers everything written into the image besides the kernel
-//! and busybox binaries (init script, DHCP script, boot config, module list);
-//! a cached image is reused.
+//! The disk is a FAT "superfloppy" written with mtools (no loop devices, no
+//! mounts), then converted to qcow2. It boots with BIOS firmware (syslinux in
+//! its boot sector) and with UEFI firmware (OVMF starts the removable-media
+//! path `EFI/BOOT/BOOTX64.EFI`, here a unified kernel image: systemd's EFI
+//! stub with the kernel, the initramfs and the command line added as PE
+//! sections by objcopy), so tests boot guests with `spec.firmware.type uefi`
+//! too. It is cached at
+//! `~/.cache/cluster-api-provider-libvirt/guest/<kernel>-<hash>/base.qcow2`,
+//! where the hash covers everything written into the image besides the kernel,
+//! busybox and the EFI stub (init script, DHCP script, boot config, module
+//! list); a cached image is reused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -47,7 +53,7 @@ pub const CACHE_ENV: &str = capl_testbed::env::GUEST_CACHE_DIR;
 
 /// Modules the guest needs, by name; each is loaded with its dependencies
 /// unless the kernel has it built in.
-const NEEDED_MODULES: &[&str] = &["virtio_pci", "virtio_net", "virtio_blk", "ata_piix", "sr_mod", "isofs"];
+const NEEDED_MODULES: &[&str] = &["virtio_pci", "virtio_net", "virtio_blk", "ata_piix", "ahci", "sr_mod", "isofs"];
 
 /// Size of the FAT image in KiB (kernel ~10 MiB, initramfs ~3 MiB).
 const FAT_KIB: &str = "65536";
@@ -177,7 +183,23 @@ esac
 exit 0
 "#;
 
-const SYSLINUX_CFG: &str = "DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL vmlinuz\n  APPEND initrd=initrd.img console=ttyS0 loglevel=4 panic=5\n";
+/// The kernel's command line, with either firmware.
+const KERNEL_CMDLINE: &str = "console=ttyS0 loglevel=4 panic=5";
+
+/// syslinux's configuration (BIOS): the kernel, the initramfs, [`KERNEL_CMDLINE`].
+fn syslinux_cfg() -> String {
+    format!(
+        "DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL vmlinuz\n  APPEND initrd=initrd.img {KERNEL_CMDLINE}\n"
+    )
+}
+
+/// systemd's EFI stub for x86-64 (Debian's and Ubuntu's `systemd-boot-efi`):
+/// started by the firmware, it boots the kernel, initramfs and command line
+/// found in its own PE sections.
+const EFI_STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+
+/// Where UEFI firmware looks for a boot loader on removable media (x86-64).
+const EFI_BOOT_PATH: &str = "::EFI/BOOT/BOOTX64.EFI";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -207,7 +229,12 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let modules = module_load_order(&kernel.modules, NEEDED_MODULES)?;
     let names: Vec<String> = modules.iter().map(|m| module_name(m)).collect();
     let init = INIT_SCRIPT.replace("@MODULES@", &names.join(" "));
-    let key = format!("{}-{}", kernel.version, &short_hash(&[&init, UDHCPC_SCRIPT, SYSLINUX_CFG, FAT_KIB]));
+    let syslinux_cfg = syslinux_cfg();
+    let key = format!(
+        "{}-{}",
+        kernel.version,
+        &short_hash(&[&init, UDHCPC_SCRIPT, &syslinux_cfg, KERNEL_CMDLINE, EFI_BOOT_PATH, FAT_KIB])
+    );
     let dir = cache_root()?.join(&key);
     let image = dir.join(IMAGE_FILE);
     if image.is_file() && !force {
@@ -255,7 +282,8 @@ pub fn build(force: bool) -> Result<PathBuf> {
     let initrd = work.join("initrd.img");
     fs::write(&initrd, cpio.finish()).with_context(|| format!("writing {}", initrd.display()))?;
     let cfg = work.join("syslinux.cfg");
-    fs::write(&cfg, SYSLINUX_CFG).with_context(|| format!("writing {}", cfg.display()))?;
+    fs::write(&cfg, &syslinux_cfg).with_context(|| format!("writing {}", cfg.display()))?;
+    let uki = unified_kernel_image(&sh, &work, &kernel.vmlinuz, &initrd)?;
 
     // FAT superfloppy, syslinux, files; all without mounting.
     let raw = work.join("disk.raw");
@@ -270,6 +298,12 @@ pub fn build(force: bool) -> Result<PathBuf> {
             .run()
             .with_context(|| format!("mcopy {} into the FAT image failed", src.display()))?;
     }
+    cmd!(sh, "mmd -i {raw} ::EFI ::EFI/BOOT").quiet().run().context("mmd EFI/BOOT in the FAT image failed")?;
+    cmd!(sh, "mcopy -o -i {raw} {uki} {EFI_BOOT_PATH}")
+        .quiet()
+        .run()
+        .context("mcopy of the unified kernel image into the FAT image failed")?;
+    fs::remove_file(&uki).ok();
     let qcow2 = work.join(IMAGE_FILE);
     cmd!(sh, "qemu-img convert -f raw -O qcow2 {raw} {qcow2}").quiet().run().context("qemu-img convert failed")?;
     fs::remove_file(&raw).ok();
@@ -288,6 +322,62 @@ pub fn build(force: bool) -> Result<PathBuf> {
     Ok(image)
 }
 
+/// The unified kernel image `work/BOOTX64.EFI`: [`EFI_STUB`] with the
+/// sections `.osrel`, `.cmdline`, `.linux` and `.initrd` added by objcopy,
+/// each at its own address after the stub's last section (the stub finds them
+/// by name; they must not overlap it or each other).
+fn unified_kernel_image(sh: &Shell, work: &Path, vmlinuz: &Path, initrd: &Path) -> Result<PathBuf> {
+    let osrel = work.join("os-release");
+    fs::write(&osrel, "ID=capl-test-guest\nNAME=\"cluster-api-provider-libvirt test guest\"\n")?;
+    let cmdline = work.join("cmdline");
+    fs::write(&cmdline, KERNEL_CMDLINE)?;
+    let headers = cmd!(sh, "objdump -h {EFI_STUB}").quiet().read().context("objdump -h of the EFI stub failed")?;
+    let mut address = align_up(stub_end(&headers)?, SECTION_ALIGN);
+    let mut args: Vec<String> = Vec::new();
+    for (name, file) in [
+        (".osrel", &osrel),
+        (".cmdline", &cmdline),
+        (".linux", &vmlinuz.to_path_buf()),
+        (".initrd", &initrd.to_path_buf()),
+    ] {
+        let size = fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+        args.push("--add-section".into());
+        args.push(format!("{name}={}", file.display()));
+        args.push("--change-section-vma".into());
+        args.push(format!("{name}={address:#x}"));
+        address = align_up(address + size, SECTION_ALIGN);
+    }
+    let out = work.join("BOOTX64.EFI");
+    cmd!(sh, "objcopy {args...} {EFI_STUB} {out}")
+        .quiet()
+        .run()
+        .context("objcopy of the unified kernel image failed")?;
+    Ok(out)
+}
+
+/// The alignment of the unified kernel image's added sections.
+const SECTION_ALIGN: u64 = 0x10000;
+
+fn align_up(value: u64, align: u64) -> u64 {
+    value.div_ceil(align) * align
+}
+
+/// The end of the highest section in `objdump -h` output (VMA + size).
+fn stub_end(headers: &str) -> Result<u64> {
+    let ends: Vec<u64> = headers
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // "Idx Name Size VMA LMA File-off Algn" rows start with the index.
+            fields.first()?.parse::<u32>().ok()?;
+            let size = u64::from_str_radix(fields.get(2)?, 16).ok()?;
+            let vma = u64::from_str_radix(fields.get(3)?, 16).ok()?;
+            Some(vma + size)
+        })
+        .collect();
+    ends.into_iter().max().context("objdump -h listed no sections of the EFI stub")
+}
+
 fn cache_root() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(CACHE_ENV) {
         return Ok(PathBuf::from(dir));
@@ -298,7 +388,7 @@ fn cache_root() -> Result<PathBuf> {
 }
 
 fn require_tools(sh: &Shell) -> Result<()> {
-    let missing: Vec<&str> = ["mkfs.vfat", "syslinux", "mcopy", "qemu-img", "xz"]
+    let missing: Vec<&str> = ["mkfs.vfat", "syslinux", "mcopy", "mmd", "qemu-img", "xz", "objcopy", "objdump"]
         .into_iter()
         .filter(|tool| {
             let check = format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /sbin/{tool}");
@@ -307,6 +397,9 @@ fn require_tools(sh: &Shell) -> Result<()> {
         .collect();
     if !missing.is_empty() {
         bail!("guest-image needs {} on PATH: run `cargo xtask host deps` (as root)", missing.join(", "));
+    }
+    if !Path::new(EFI_STUB).is_file() {
+        bail!("guest-image needs systemd's EFI stub {EFI_STUB}: run `cargo xtask host deps` (as root)");
     }
     Ok(())
 }
@@ -489,6 +582,20 @@ impl Cpio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_image_sections_go_after_the_stubs_last_section() {
+        let headers = "\n/usr/lib/systemd/boot/efi/linuxx64.efi.stub:     file format pei-x86-64\n\nSections:\n\
+            Idx Name          Size      VMA               LMA               File off  Algn\n\
+            \x20 0 .text         0000bff0  0000000000004000  0000000000004000  00000400  2**4\n\
+            \x20                 CONTENTS, ALLOC, LOAD, READONLY, CODE\n\
+            \x20 7 .sdmagic      00000034  0000000000019100  0000000000019100  00011200  2**2\n\
+            \x20 6 .sbat         000000e2  0000000000019000  0000000000019000  00011000  2**2\n";
+        assert_eq!(stub_end(headers).unwrap(), 0x19134);
+        assert_eq!(align_up(0x19134, SECTION_ALIGN), 0x20000);
+        assert_eq!(align_up(0x20000, SECTION_ALIGN), 0x20000);
+        assert!(stub_end("Sections:\nIdx Name Size VMA\n").is_err());
+    }
 
     #[test]
     fn module_names_drop_directories_and_compression() {

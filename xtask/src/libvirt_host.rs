@@ -131,6 +131,8 @@ const PACKAGES: &[Package] = &[
     Package { debian: "linux-image-cloud-amd64", ubuntu: Some("linux-image-virtual"), why: "the test guest's kernel" },
     pkg("busybox-static", "the test guest's userland"),
     pkg("syslinux", "booting the test guest's disk"),
+    pkg("systemd-boot-efi", "systemd's EFI stub: the test guest's unified kernel image for UEFI firmware"),
+    pkg("binutils", "objcopy: assembling the test guest's unified kernel image"),
     pkg("mtools", "writing the test guest's FAT disk without loop devices"),
     pkg("dosfstools", "mkfs.vfat for the test guest's disk"),
     pkg("openssh-server", "the tests' private sshd for qemu+libssh:// and qemu+libssh2:// (and ssh-keygen)"),
