@@ -101,9 +101,9 @@ pub struct DomainDefinition {
 
 /// The domain XML for [`DomainDefinition`].
 ///
-/// Machine type `pc` (i440fx) on x86 so the cloud-init ISO can be an IDE
-/// cdrom, which every guest kernel finds (`q35` with a SATA cdrom only for
-/// Secure Boot, which needs it and SMM); the root disk is virtio; a virtio
+/// Machine type `pc` (i440fx) on x86 with BIOS so the cloud-init ISO can be
+/// an IDE cdrom, which every guest kernel finds (`q35` with a SATA cdrom with
+/// UEFI, see [`machine_type`]; SMM too with Secure Boot); the root disk is virtio; a virtio
 /// NIC on the network with the reserved MAC, then one per additional NIC
 /// (on a network or straight on a host bridge); a pty serial console. UEFI
 /// firmware is chosen by libvirt's firmware auto-selection from what the

@@ -84,15 +84,16 @@ impl FirmwareSettings {
     }
 }
 
-/// The QEMU machine type of a domain: on x86 `pc` (i440fx), so the seed ISO
-/// can be an IDE cdrom every guest kernel finds, and `q35` only for Secure
-/// Boot, which needs it (the seed is then a SATA cdrom); elsewhere the
-/// emulator's default.
+/// The QEMU machine type of a domain: on x86 with BIOS `pc` (i440fx), so
+/// the seed ISO can be an IDE cdrom every guest kernel finds; with UEFI
+/// `q35` (the seed is then a SATA cdrom), which Secure Boot needs, and
+/// without which OVMF leaves the i440fx IDE controller in a state where
+/// Linux's ata_piix never finds the cdrom; elsewhere the emulator's default.
 pub fn machine_type(arch: &str, firmware: Option<&FirmwareSettings>) -> Option<&'static str> {
     if !matches!(arch, "x86_64" | "i686") {
         return None;
     }
-    Some(if firmware.is_some_and(|f| f.secure_boot) { "q35" } else { "pc" })
+    Some(if firmware.is_some_and(|f| f.uefi()) { "q35" } else { "pc" })
 }
 
 /// A setting that contradicts itself or `spec.vcpu`: the field, and what is
@@ -444,7 +445,7 @@ mod tests {
         let secure = firmware(FirmwareType::Uefi, true, false);
         let uefi = firmware(FirmwareType::Uefi, false, true);
         assert_eq!(machine_type("x86_64", None), Some("pc"));
-        assert_eq!(machine_type("x86_64", Some(&uefi)), Some("pc"));
+        assert_eq!(machine_type("x86_64", Some(&uefi)), Some("q35"));
         assert_eq!(machine_type("x86_64", Some(&secure)), Some("q35"));
         assert_eq!(machine_type("aarch64", Some(&secure)), None);
     }

@@ -84,7 +84,7 @@ fn domain_xml_host_passthrough_without_topology_is_the_kvm_default() {
 }
 
 #[test]
-fn domain_xml_uefi_with_tpm_keeps_machine_pc() {
+fn domain_xml_uefi_with_tpm_on_q35() {
     let mut d = definition("qemu", None);
     d.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: true });
     insta::assert_snapshot!(domain_xml(&d));
