@@ -31,6 +31,11 @@ const FLAVOR_FILES: &[(&str, &str, Option<&str>)] = &[
     ("cluster-template-kcp-md-taints.yaml", "cluster-template.yaml", Some("kcp-md-taints.yaml")),
 ];
 
+/// What `clusterctl init` of the management cluster gets besides what the
+/// kind suite sets: CAPI core and KCP accept and propagate `spec.taints` of
+/// Machines only with this alpha feature gate, which md-rollout checks.
+pub const INIT_VARIABLES: &[(&str, &str)] = &[("EXP_MACHINE_TAINT_PROPAGATION", "true")];
+
 /// Where the flavors' patches are.
 fn patches_dir() -> PathBuf {
     crate::repo_root().join("e2e/capi/flavors")
@@ -129,9 +134,6 @@ pub fn write(inputs: &Inputs) -> Result<PathBuf> {
         // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one
         // vCPU leaves the control plane (2 vCPUs) enough to keep answering.
         "CAPL_WORKER_VCPU": "1",
-        // CAPI core and KCP propagate `spec.taints` of Machines to their
-        // Nodes only with this alpha feature gate, which md-rollout checks.
-        "EXP_MACHINE_TAINT_PROPAGATION": "true",
     });
     let intervals: serde_json::Map<String, Value> =
         INTERVALS.iter().map(|(name, interval)| (name.to_string(), json!(interval))).collect();

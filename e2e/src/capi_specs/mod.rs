@@ -124,7 +124,8 @@ pub fn run(specs: &[Spec]) -> Result<bool> {
     say(format!("work directory {} (artifacts, logs, the e2e config)", work_dir.display()));
 
     // 1. The management cluster.
-    let cluster = KindCluster::create(&work_dir.join("kind"), InstalledRelease::Current, say)?;
+    let cluster =
+        KindCluster::create_with(&work_dir.join("kind"), InstalledRelease::Current, config::INIT_VARIABLES, say)?;
 
     // 2. The host, its network and the routes to it.
     let console_dir = work_dir.join("console");

@@ -183,6 +183,18 @@ impl KindCluster {
 
     /// Steps 1 to 4 of the module's description, in `work_dir` (blocking: minutes).
     pub fn create(work_dir: &Path, from: InstalledRelease, say: impl Fn(String)) -> Result<Self> {
+        Self::create_with(work_dir, from, &[], say)
+    }
+
+    /// [`Self::create`] with `variables` (name, value) also set for
+    /// `clusterctl init`, e.g. a feature gate of CAPI's providers
+    /// (`EXP_...`) that a spec needs.
+    pub fn create_with(
+        work_dir: &Path,
+        from: InstalledRelease,
+        variables: &[(&str, &str)],
+        say: impl Fn(String),
+    ) -> Result<Self> {
         let assets = testenv::Assets::locate()?;
         let kubectl = assets.kubectl().context("no kubectl: run `cargo xtask control-plane build`")?;
         let wrapper_dir = env_path(KIND_WRAPPER_DIR_ENV)?;
@@ -283,7 +295,9 @@ impl KindCluster {
         ];
         // ClusterClass needs CAPI core's ClusterTopology feature, which a user
         // turns on the same way before `clusterctl init`.
-        repository.clusterctl_env(&init, &[("CLUSTER_TOPOLOGY", "true")])?;
+        let mut env = vec![("CLUSTER_TOPOLOGY", "true")];
+        env.extend_from_slice(variables);
+        repository.clusterctl_env(&init, &env)?;
         cluster.repository = Some(repository);
         cluster.wait_providers_available()?;
         say(format!(
