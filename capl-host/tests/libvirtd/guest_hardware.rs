@@ -7,7 +7,8 @@
 //! the test machines have no KVM, but a host with KVM runs the same tests.
 //! The test guest (`cargo xtask guest-image`) boots with BIOS and with UEFI
 //! firmware, so a machine with UEFI firmware is also booted and seen to
-//! read its seed.
+//! read its seed; its boot loader is not signed, so with Secure Boot the
+//! firmware is seen to refuse it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -176,6 +177,82 @@ fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
     }
     deleted.expect("delete the UEFI machine");
     assert!(left.is_empty(), "left on the host: {left:?}");
+}
+
+/// A machine with Secure Boot and a TPM runs: libvirt picks a Secure Boot
+/// OVMF build with the usual keys enrolled, swtpm serves the TPM, and the
+/// firmware refuses the test guest's boot loader, which is not signed (that
+/// refusal is Secure Boot at work). Deleting the machine removes its UEFI
+/// variables and its TPM state with the domain.
+#[test]
+fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
+    let _daemon = crate::share_real_daemon_blocking();
+    let (_, h) = connect_checked();
+    let fx = fixture(&guest_image_volume_in(&h, BASE_POOL));
+    let logs = PathBuf::from(format!("/var/tmp/capl-hw-secure-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut spec = fresh_spec(&h, &fx, "capl-hw", "secure-boot");
+    spec.memory_mib = 256;
+    spec.console_log_dir = Some(logs.display().to_string());
+    spec.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true });
+    let domain = spec.names().domain;
+    let console = logs.join(format!("{domain}-console.log"));
+    let mut state_files = Vec::new();
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        create_machine(&h, &spec, &user_data(&spec)).expect("create with Secure Boot and a TPM");
+        assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
+        let xml = h.domain_xml(&domain).expect("domain XML");
+        for part in ["<feature enabled='yes' name='secure-boot'/>", "<smm state='on'/>", "<backend type='emulator'"] {
+            assert!(xml.contains(part), "{part} missing: {xml}");
+        }
+        let loader = xml.lines().map(str::trim).find(|l| l.starts_with("<loader")).unwrap_or_default();
+        assert!(loader.contains("secure='yes'"), "not a Secure Boot firmware build: {loader}");
+        let nvram = xml
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("<nvram"))
+            .and_then(|l| l.split('>').nth(1))
+            .and_then(|rest| rest.split('<').next())
+            .unwrap_or_else(|| panic!("no UEFI variable store: {xml}"))
+            .to_string();
+        state_files.push(seen_from_here(&nvram));
+        state_files.push(seen_from_here(&format!("/var/lib/libvirt/swtpm/{}", spec.identity)));
+        for file in &state_files {
+            assert!(file.exists(), "{} does not exist while the machine runs", file.display());
+        }
+        let deadline = Instant::now() + UEFI_GUEST_WITHIN;
+        loop {
+            let log = std::fs::read_to_string(&console).unwrap_or_default();
+            assert!(!log.contains("CAPL-GUEST init"), "the unsigned guest kernel started under Secure Boot:\n{log}");
+            if log.contains("Access Denied") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the firmware did not refuse the unsigned loader; console:\n{log}");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }));
+    let deleted = capl_host::delete_machine(&h, &spec);
+    let left = ours_on_host(&h, &fx, "secure-boot");
+    std::fs::remove_dir_all(&logs).ok();
+    if let Err(panic) = ran {
+        std::panic::resume_unwind(panic);
+    }
+    deleted.expect("delete the Secure Boot machine");
+    assert!(left.is_empty(), "left on the host: {left:?}");
+    for file in &state_files {
+        assert!(!file.exists(), "{} is left after the machine was deleted", file.display());
+    }
+}
+
+/// Where a file of the daemon's state is seen from the tests: the private
+/// libvirtd (`cargo xtask host up`) has `/var/lib/libvirt` bind-mounted from
+/// `<STATE_DIR>/lib` in its mount namespace; another daemon shares ours.
+fn seen_from_here(path: &str) -> PathBuf {
+    let private = std::env::var(testenv::test_host::URI_ENV).is_ok_and(|uri| uri.contains(testenv::test_host::RUN_DIR));
+    match path.strip_prefix("/var/lib/libvirt/") {
+        Some(rest) if private => std::path::Path::new(testenv::test_host::STATE_DIR).join("lib").join(rest),
+        _ => PathBuf::from(path),
+    }
 }
 
 #[test]
