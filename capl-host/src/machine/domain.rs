@@ -6,7 +6,7 @@ use crate::error::{HostError, HostResult, ObjectKind};
 use crate::guest_hardware::{check_host, machine_type};
 use crate::hypervisor::{DomainState, ErrorKind, HypervisorError, UndefineFlags};
 
-use super::MachineRun;
+use super::{MachineRun, Platform};
 
 impl MachineRun<'_> {
     /// The domain with our name: `None` when absent, an error when it is not ours.
@@ -73,8 +73,14 @@ impl MachineRun<'_> {
             return Ok(());
         }
         let mac = self.reserved_mac()?;
-        let (arch, domain_type) = self.host_platform()?;
-        let nested_feature = self.checked_guest_hardware(&arch, domain_type)?;
+        let Platform { arch, domain_type, nested_feature } = match self.platform.take() {
+            Some(known) => known,
+            None => {
+                let (arch, domain_type) = self.host_platform()?;
+                let nested_feature = self.checked_guest_hardware(&arch, domain_type)?;
+                Platform { arch, domain_type, nested_feature }
+            }
+        };
         let definition = DomainDefinition {
             name: self.names.domain.clone(),
             uuid: self.spec.identity.clone(),

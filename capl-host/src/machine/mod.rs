@@ -66,9 +66,9 @@
 //! capabilities, define, autostart, start. Steady state: domain XML (the
 //! ownership check), state, leases. Delete: domain XML, state, destroy,
 //! undefine; overlay read, delete; ISO read, delete; network XML, DHCP update.
-//! A machine with CPU or firmware settings makes three more calls on
-//! create: capabilities and domain capabilities among the checks, domain
-//! capabilities again before define.
+//! A machine with CPU or firmware settings makes one more call on create:
+//! its checks read the capabilities and the domain capabilities, and define
+//! uses what they read (a create resumed without the checks reads both again).
 //!
 //! [`METADATA_NAMESPACE`]: crate::domain_xml::METADATA_NAMESPACE
 
@@ -426,6 +426,18 @@ struct MachineRun<'a> {
     defined_now: bool,
     /// The MAC of our DHCP entry, once this run reserved or read it.
     mac: Option<String>,
+    /// The host's architecture, the domain type and the feature nested
+    /// virtualisation requires, once this run's checks read and checked
+    /// them (define then asks the host again only in a run without checks).
+    platform: Option<Platform>,
+}
+
+/// What [`MachineRun::preflight`] learned of the host for the domain.
+#[derive(Debug, Clone)]
+struct Platform {
+    arch: String,
+    domain_type: &'static str,
+    nested_feature: Option<&'static str>,
 }
 
 impl<'a> MachineRun<'a> {
@@ -440,6 +452,7 @@ impl<'a> MachineRun<'a> {
             seed_path: None,
             defined_now: false,
             mac: None,
+            platform: None,
         };
         if spec.name_scheme == NameScheme::Either {
             // One lookup, only until the provider has recorded the domain name.
@@ -495,11 +508,12 @@ impl<'a> MachineRun<'a> {
     /// bridge of a network onto one (when its libvirtd can say); every
     /// additional NIC's network or bridge is there; the host offers the CPU
     /// and firmware asked for.
-    fn preflight(&self) -> HostResult<()> {
+    fn preflight(&mut self) -> HostResult<()> {
         self.spec.check_guest_settings()?;
         if self.spec.asks_for_guest_hardware() {
             let (arch, domain_type) = self.host_platform()?;
-            self.checked_guest_hardware(&arch, domain_type)?;
+            let nested_feature = self.checked_guest_hardware(&arch, domain_type)?;
+            self.platform = Some(Platform { arch, domain_type, nested_feature });
         }
         self.base_image()?;
         if self.spec.is_static() {

@@ -107,6 +107,34 @@ fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
 /// lookup by name and the call itself, as on a real host) for the paths the
 /// "Cost on the host" table of the book's design page lists; the table must
 /// say the same.
+/// CPU and firmware settings cost one call more on create than a machine
+/// without them (the domain capabilities, read once by the checks and used
+/// again by define), and nothing more on delete.
+#[test]
+fn guest_hardware_settings_add_one_call_to_a_create() {
+    let (host, hv, fx) = sim("hw-counts");
+    ensure_base_image(&hv, &fx);
+    let counters = host.counters();
+    let plain = spec(&fx, "sim-hw-counts", "plain-0");
+    let mut uefi = spec(&fx, "sim-hw-counts", "uefi-0");
+    uefi.firmware = Some(capl_host::guest_hardware::FirmwareSettings {
+        kind: capl_host::guest_hardware::FirmwareType::Uefi,
+        secure_boot: false,
+        tpm: true,
+    });
+    let mut calls = Vec::new();
+    for s in [&plain, &uefi] {
+        let before = counters.total_calls();
+        create_machine(&hv, s, &user_data(s)).unwrap();
+        let create = counters.total_calls() - before;
+        let before = counters.total_calls();
+        delete_machine(&hv, s).unwrap();
+        calls.push((create, counters.total_calls() - before));
+    }
+    assert_eq!(calls[1].0, calls[0].0 + 1, "create calls without and with settings: {calls:?}");
+    assert_eq!(calls[1].1, calls[0].1, "delete calls without and with settings: {calls:?}");
+}
+
 #[test]
 fn libvirt_call_counts_match_the_book() {
     let (host, hv, fx) = sim("counts");
