@@ -10,7 +10,7 @@
 //! read its seed; its boot loader is not signed, so with Secure Boot the
 //! firmware is seen to refuse it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use capl_host::domain_capabilities::DomainCapabilities;
@@ -18,7 +18,7 @@ use capl_host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, host_kvm_
 use capl_host::guest_hardware::{CpuMode, CpuSettings, CpuTopology, FirmwareSettings, FirmwareType, machine_type};
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
 use capl_host::hypervisor::{ErrorKind, HostAdmin, Hypervisor, UndefineFlags};
-use capl_host::{FailureKind, HostError, create_machine};
+use capl_host::{FailureKind, HostError, MachineSpec, create_machine};
 use capl_host_test_support::host::{fresh_spec, user_data};
 use capl_host_test_support::real_host::{connect_checked, fixture, guest_image_volume_in, ours_on_host};
 use testenv::test_host::{BASE_POOL, DISK_POOL, NETWORK};
@@ -127,8 +127,58 @@ fn uefi_firmware_gets_an_efi_loader() {
     assert!(back.contains("firmware='efi'") && back.contains("q35"), "{back}");
 }
 
-/// How long the UEFI guest may take to print its seed's identity (OVMF and the kernel under TCG).
+/// How long a UEFI guest's console may take to show what a test waits for (OVMF and the kernel under TCG).
 const UEFI_GUEST_WITHIN: Duration = Duration::from_secs(300);
+
+/// Creates the machine `name` from the test guest with `firmware` and its
+/// serial console logged, runs `check` on it (the host, the spec, the
+/// console log's path), then deletes it: nothing of it may be left on the
+/// host. Returns what `check` returned.
+fn on_a_guest_with<T>(
+    name: &str,
+    firmware: FirmwareSettings,
+    check: impl FnOnce(&LibvirtHypervisor, &MachineSpec, &Path) -> T,
+) -> T {
+    let _daemon = crate::share_real_daemon_blocking();
+    let (_, h) = connect_checked();
+    let fx = fixture(&guest_image_volume_in(&h, BASE_POOL));
+    let logs = PathBuf::from(format!("/var/tmp/capl-hw-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut spec = fresh_spec(&h, &fx, "capl-hw", name);
+    // OVMF with its 4 MiB variable store wants more than the tests' usual 128 MiB.
+    spec.memory_mib = 256;
+    spec.console_log_dir = Some(logs.display().to_string());
+    spec.firmware = Some(firmware);
+    let console = logs.join(format!("{}-console.log", spec.names().domain));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        create_machine(&h, &spec, &user_data(&spec)).unwrap_or_else(|e| panic!("create with {firmware:?}: {e}"));
+        check(&h, &spec, &console)
+    }));
+    let deleted = capl_host::delete_machine(&h, &spec);
+    let left = ours_on_host(&h, &fx, name);
+    std::fs::remove_dir_all(&logs).ok();
+    let checked = outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    deleted.unwrap_or_else(|e| panic!("delete the machine with {firmware:?}: {e}"));
+    assert!(left.is_empty(), "left on the host: {left:?}");
+    checked
+}
+
+/// Reads the console log every 2 s until `seen` says the guest got where
+/// the test waits for (`Ok(true)`) or somewhere it must not (`Err`), for at
+/// most [`UEFI_GUEST_WITHIN`].
+fn watch_console(console: &Path, waiting_for: &str, seen: impl Fn(&str) -> Result<bool, String>) {
+    let deadline = Instant::now() + UEFI_GUEST_WITHIN;
+    loop {
+        let log = std::fs::read_to_string(console).unwrap_or_default();
+        match seen(&log) {
+            Ok(true) => return,
+            Err(wrong) => panic!("{wrong}; the console:\n{log}"),
+            Ok(false) => {}
+        }
+        assert!(Instant::now() < deadline, "no {waiting_for} within {UEFI_GUEST_WITHIN:?}; the console:\n{log}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
 
 /// A machine with UEFI firmware boots: OVMF starts the guest disk's
 /// `EFI/BOOT/BOOTX64.EFI` from the root disk (the overlay on the base
@@ -136,47 +186,20 @@ const UEFI_GUEST_WITHIN: Duration = Duration::from_secs(300);
 /// machine's identity on its serial console.
 #[test]
 fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
-    let _daemon = crate::share_real_daemon_blocking();
-    let (_, h) = connect_checked();
-    let fx = fixture(&guest_image_volume_in(&h, BASE_POOL));
-    let logs = PathBuf::from(format!("/var/tmp/capl-hw-uefi-{}", std::process::id()));
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut spec = fresh_spec(&h, &fx, "capl-hw", "uefi-boot");
-    // OVMF with its 4 MiB variable store wants more than the tests' usual 128 MiB.
-    spec.memory_mib = 256;
-    spec.console_log_dir = Some(logs.display().to_string());
-    spec.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: false });
-    let domain = spec.names().domain;
-    let console = logs.join(format!("{domain}-console.log"));
-    let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        create_machine(&h, &spec, &user_data(&spec)).expect("create with UEFI firmware");
-        let xml = h.domain_xml(&domain).expect("domain XML");
+    let firmware = FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: false };
+    on_a_guest_with("uefi-boot", firmware, |h, spec, console| {
+        let xml = h.domain_xml(&spec.names().domain).expect("domain XML");
         assert!(xml.contains("firmware='efi'") && xml.contains("<loader"), "no EFI loader: {xml}");
         assert!(xml.contains("q35") && xml.contains("bus='sata'"), "the seed is a SATA cdrom on q35: {xml}");
         let want = format!("CAPL-GUEST instance-id={} ", spec.identity);
-        let deadline = Instant::now() + UEFI_GUEST_WITHIN;
-        loop {
-            let log = std::fs::read_to_string(&console).unwrap_or_default();
-            if log.contains(&want) {
-                break;
-            }
+        watch_console(console, &want, |log| {
             // The guest reports a seed it cannot find (after 20 s) instead of its identity.
-            let gave_up = log.contains("CAPL-GUEST error: no cidata seed");
-            assert!(
-                Instant::now() < deadline && !gave_up,
-                "the UEFI guest did not print {want:?}; its console:\n{log}\nits domain:\n{xml}"
-            );
-            std::thread::sleep(Duration::from_secs(2));
-        }
-    }));
-    let deleted = capl_host::delete_machine(&h, &spec);
-    let left = ours_on_host(&h, &fx, "uefi-boot");
-    std::fs::remove_dir_all(&logs).ok();
-    if let Err(panic) = booted {
-        std::panic::resume_unwind(panic);
-    }
-    deleted.expect("delete the UEFI machine");
-    assert!(left.is_empty(), "left on the host: {left:?}");
+            if log.contains("CAPL-GUEST error: no cidata seed") {
+                return Err(format!("the UEFI guest found no seed; its domain:\n{xml}"));
+            }
+            Ok(log.contains(&want))
+        });
+    });
 }
 
 /// A machine with Secure Boot and a TPM runs: libvirt picks a Secure Boot
@@ -186,20 +209,9 @@ fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
 /// variables and its TPM state with the domain.
 #[test]
 fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
-    let _daemon = crate::share_real_daemon_blocking();
-    let (_, h) = connect_checked();
-    let fx = fixture(&guest_image_volume_in(&h, BASE_POOL));
-    let logs = PathBuf::from(format!("/var/tmp/capl-hw-secure-{}", std::process::id()));
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut spec = fresh_spec(&h, &fx, "capl-hw", "secure-boot");
-    spec.memory_mib = 256;
-    spec.console_log_dir = Some(logs.display().to_string());
-    spec.firmware = Some(FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true });
-    let domain = spec.names().domain;
-    let console = logs.join(format!("{domain}-console.log"));
-    let mut state_files = Vec::new();
-    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        create_machine(&h, &spec, &user_data(&spec)).expect("create with Secure Boot and a TPM");
+    let firmware = FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true };
+    let state_files = on_a_guest_with("secure-boot", firmware, |h, spec, console| {
+        let domain = spec.names().domain;
         assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
         let xml = h.domain_xml(&domain).expect("domain XML");
         for part in ["<feature enabled='yes' name='secure-boot'/>", "<smm state='on'/>", "<backend type='emulator'"] {
@@ -215,30 +227,19 @@ fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
             .and_then(|rest| rest.split('<').next())
             .unwrap_or_else(|| panic!("no UEFI variable store: {xml}"))
             .to_string();
-        state_files.push(seen_from_here(&nvram));
-        state_files.push(seen_from_here(&format!("/var/lib/libvirt/swtpm/{}", spec.identity)));
+        let state_files =
+            [seen_from_here(&nvram), seen_from_here(&format!("/var/lib/libvirt/swtpm/{}", spec.identity))];
         for file in &state_files {
             assert!(file.exists(), "{} does not exist while the machine runs", file.display());
         }
-        let deadline = Instant::now() + UEFI_GUEST_WITHIN;
-        loop {
-            let log = std::fs::read_to_string(&console).unwrap_or_default();
-            assert!(!log.contains("CAPL-GUEST init"), "the unsigned guest kernel started under Secure Boot:\n{log}");
-            if log.contains("Access Denied") {
-                break;
+        watch_console(console, "refusal of the unsigned loader", |log| {
+            if log.contains("CAPL-GUEST init") {
+                return Err("the unsigned guest kernel started under Secure Boot".into());
             }
-            assert!(Instant::now() < deadline, "the firmware did not refuse the unsigned loader; console:\n{log}");
-            std::thread::sleep(Duration::from_secs(2));
-        }
-    }));
-    let deleted = capl_host::delete_machine(&h, &spec);
-    let left = ours_on_host(&h, &fx, "secure-boot");
-    std::fs::remove_dir_all(&logs).ok();
-    if let Err(panic) = ran {
-        std::panic::resume_unwind(panic);
-    }
-    deleted.expect("delete the Secure Boot machine");
-    assert!(left.is_empty(), "left on the host: {left:?}");
+            Ok(log.contains("Access Denied"))
+        });
+        state_files
+    });
     for file in &state_files {
         assert!(!file.exists(), "{} is left after the machine was deleted", file.display());
     }
