@@ -334,12 +334,9 @@ fn unified_kernel_image(sh: &Shell, work: &Path, vmlinuz: &Path, initrd: &Path) 
     let headers = cmd!(sh, "objdump -h {EFI_STUB}").quiet().read().context("objdump -h of the EFI stub failed")?;
     let mut address = align_up(stub_end(&headers)?, SECTION_ALIGN);
     let mut args: Vec<String> = Vec::new();
-    for (name, file) in [
-        (".osrel", &osrel),
-        (".cmdline", &cmdline),
-        (".linux", &vmlinuz.to_path_buf()),
-        (".initrd", &initrd.to_path_buf()),
-    ] {
+    for (name, file) in
+        [(".osrel", osrel.as_path()), (".cmdline", cmdline.as_path()), (".linux", vmlinuz), (".initrd", initrd)]
+    {
         let size = fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
         args.push("--add-section".into());
         args.push(format!("{name}={}", file.display()));
