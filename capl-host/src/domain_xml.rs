@@ -1,6 +1,7 @@
 //! Domain XML: the document a LibvirtMachine's domain is defined from, the
 //! `<metadata>` marker that makes a domain ours, and reading both back.
 
+use super::data_disk::{DataDiskDevice, devices_xml};
 use super::guest_hardware::{CpuMode, CpuSettings, FirmwareSettings, machine_type};
 use super::xml_tree::{XmlElement, escape};
 
@@ -97,13 +98,17 @@ pub struct DomainDefinition {
     pub nested_feature: Option<String>,
     /// `spec.firmware`; `None`: BIOS, no TPM.
     pub firmware: Option<FirmwareSettings>,
+    /// The data disks, after the root disk (with a virtio-scsi controller
+    /// when one is on bus scsi).
+    pub data_disks: Vec<DataDiskDevice>,
 }
 
 /// The domain XML for [`DomainDefinition`].
 ///
 /// Machine type `pc` (i440fx) on x86 with BIOS so the cloud-init ISO can be
 /// an IDE cdrom, which every guest kernel finds (`q35` with a SATA cdrom with
-/// UEFI, see [`machine_type`]; SMM too with Secure Boot); the root disk is virtio; a virtio
+/// UEFI, see [`machine_type`]; SMM too with Secure Boot); the root disk is virtio, the data
+/// disks follow it with their serials; a virtio
 /// NIC on the network with the reserved MAC, then one per additional NIC
 /// (on a network or straight on a host bridge); a pty serial console. UEFI
 /// firmware is chosen by libvirt's firmware auto-selection from what the
@@ -186,7 +191,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
       <source file='{overlay}'/>
       <target dev='vda' bus='virtio'/>
     </disk>
-    <disk type='file' device='cdrom'>
+{data_disks}    <disk type='file' device='cdrom'>
       <driver name='qemu' type='raw'/>
       <source file='{iso}'/>
       <target {cdrom_target}/>
@@ -219,6 +224,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
         vcpu = d.vcpu,
         arch = escape(&d.arch),
         overlay = escape(&d.overlay_path),
+        data_disks = devices_xml(&d.data_disks),
         iso = escape(&d.iso_path),
         network = escape(&d.network),
         mac = escape(&d.mac),

@@ -74,6 +74,32 @@ impl FailureKind {
     ];
 }
 
+/// What is wrong with a storage pool a data disk names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolProblem {
+    Missing,
+    Inactive,
+    /// Its type, which holds no volume files.
+    Unsupported(String),
+}
+
+impl fmt::Display for PoolProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolProblem::Missing => {
+                f.write_str("does not exist (virsh pool-define-as, then pool-build and pool-start)")
+            }
+            PoolProblem::Inactive => f.write_str("is inactive (virsh pool-start)"),
+            PoolProblem::Unsupported(kind) => {
+                write!(
+                    f,
+                    "is of type {kind}, which holds no volume files a domain can use: use a pool of type dir, fs or netfs"
+                )
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
     #[error(
@@ -139,6 +165,19 @@ pub enum HostError {
     )]
     /// The caller names the LibvirtMachine (once) in front of this message.
     DiskTooSmall { disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
+
+    #[error(
+        "spec.dataDisks {detail}; nothing was created on the host; since spec.dataDisks cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with it put right"
+    )]
+    /// `spec.dataDisks` contradicts itself (the API server refuses the same).
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    DataDiskInvalid { detail: String },
+
+    #[error(
+        "spec.dataDisks \"{disk}\" names storage pool \"{pool}\" on {uri}, which {problem}; nothing was created on the host; spec.dataDisks cannot be changed, so make the pool usable or roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) naming a pool the host has (without pool: the cluster's domainPool)"
+    )]
+    /// The pool of a data disk is missing, inactive or of a type without volume files.
+    DataDiskPool { disk: String, pool: String, uri: String, problem: PoolProblem },
 
     #[error(
         "network \"{network}\" on {uri} has no IPv4 <ip> element with an address and a netmask or prefix: add one with a <dhcp> range (virsh net-edit {network}), or give the machines addresses from an IPAM pool (LibvirtMachine spec.addressesFromPools, which cannot be changed on an existing machine: set it in a new LibvirtMachineTemplate)"
@@ -264,13 +303,19 @@ impl HostError {
             | HostError::BridgeNotOnHost { .. }
             | HostError::AdditionalNicUnattachable { .. } => FailureKind::InfrastructureMissing,
             HostError::NetworkInactive { .. } | HostError::PoolInactive { .. } => FailureKind::InfrastructureInactive,
+            HostError::DataDiskPool { problem, .. } => match problem {
+                PoolProblem::Missing => FailureKind::InfrastructureMissing,
+                PoolProblem::Inactive => FailureKind::InfrastructureInactive,
+                PoolProblem::Unsupported(_) => FailureKind::InfrastructureUnsupported,
+            },
             HostError::NoIpv4 { .. } | HostError::PoolTypeUnsupported { .. } => FailureKind::InfrastructureUnsupported,
             HostError::DiskTooSmall { .. }
             | HostError::ImageUnusable { .. }
             | HostError::NameserverNotAnAddress { .. }
             | HostError::HostnameTooLong { .. }
             | HostError::GuestHardwareContradiction { .. }
-            | HostError::GuestHardwareUnavailable { .. } => FailureKind::InvalidMachineSpec,
+            | HostError::GuestHardwareUnavailable { .. }
+            | HostError::DataDiskInvalid { .. } => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } | HostError::NoAnswer { .. } | HostError::ThreadsUsedUp { .. } => {

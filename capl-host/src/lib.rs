@@ -12,6 +12,7 @@
 //! - [`domain_xml`], [`volume_xml`], [`network_xml`]: the XML written and read.
 //! - [`dhcp`]: address choice and the per-network lock.
 //! - [`cloud_init`]: the NoCloud seed ISO.
+//! - [`data_disk`]: the data disks' volumes and devices.
 //! - [`error`]: [`HostError`] and its [`FailureKind`].
 //! - [`sim_host`]: the simulated host behind the provider's `--hypervisor sim`.
 //!
@@ -19,6 +20,7 @@
 
 pub mod cloud_init;
 pub mod credentials;
+pub mod data_disk;
 pub mod dhcp;
 pub mod domain_capabilities;
 pub mod domain_xml;

@@ -221,6 +221,12 @@ impl MachineNames {
         format!("{}.qcow2", self.domain)
     }
 
+    /// Data disk `disk` (`spec.dataDisks[].name`) in format `format`:
+    /// `<domain>-data-<disk>.<format>`.
+    pub fn data_volume(&self, disk: &str, format: &str) -> String {
+        format!("{}-data-{disk}.{format}", self.domain)
+    }
+
     /// The cloud-init NoCloud ISO: `cloudinit-<domain>.iso`.
     pub fn cloud_init_volume(&self) -> String {
         format!("{SEED_VOLUME_PREFIX}{}{SEED_VOLUME_SUFFIX}", self.domain)

@@ -35,6 +35,16 @@ pub fn overlay_volume_xml(name: &str, capacity_bytes: u64, backing: &BackingStor
     )
 }
 
+/// An empty data disk of `capacity_bytes` in `format` (`qcow2` or `raw`;
+/// a raw one sparse: nothing allocated until the guest writes).
+pub fn data_volume_xml(name: &str, capacity_bytes: u64, format: &str) -> String {
+    format!(
+        "<volume type='file'>\n  <name>{}</name>\n  <capacity unit='bytes'>{capacity_bytes}</capacity>\n  <allocation unit='bytes'>0</allocation>\n  <target>\n    <format type='{}'/>\n  </target>\n</volume>\n",
+        escape(name),
+        escape(format),
+    )
+}
+
 /// A raw volume exactly `size_bytes` large for the cloud-init ISO.
 pub fn iso_volume_xml(name: &str, size_bytes: u64) -> String {
     format!(

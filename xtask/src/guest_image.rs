@@ -6,7 +6,7 @@
 //! UEFI boot path `systemd-boot-efi` (the EFI stub) and `binutils` (objcopy).
 //!
 //! The guest is a kernel plus a busybox initramfs whose `/init`:
-//! 1. loads the virtio, IDE, AHCI, cdrom and isofs modules (whatever of them the kernel has
+//! 1. loads the virtio (with virtio-scsi), IDE, AHCI, SCSI disk, cdrom, isofs and ext4 modules (whatever of them the kernel has
 //!    as modules, dependencies first, resolved from `modules.dep`);
 //! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE or SATA cdrom, `/dev/sr0`);
 //! 3. prints one line to the serial console that tests grep for:
@@ -19,10 +19,15 @@
 //!    each static one, and runs `udhcpc` on each DHCP one; without one, brings
 //!    `eth0` up and runs `udhcpc -x hostname:<local-hostname>` on it; udhcpc
 //!    prints `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
-//! 5. pings every address a `#capl-ping <address>...` line of the user-data
+//! 5. prints each disk but the seed, `CAPL-GUEST disk <dev> serial=<serial>
+//!    bytes=<size>`; for each serial a `#capl-mount <serial>...` line of the
+//!    user-data names, makes a file system on that disk, mounts it and
+//!    writes and reads back a file, printing `CAPL-GUEST mounted serial=<serial>
+//!    dev=<dev> at /data/<serial>`;
+//! 6. pings every address a `#capl-ping <address>...` line of the user-data
 //!    names (but its own) until it answers, printing `CAPL-GUEST ping <address> ok`
 //!    (or `failed` after 5 minutes): tests see guests reach each other;
-//! 6. stays alive.
+//! 7. stays alive.
 //!
 //! The disk is a FAT "superfloppy" written with mtools (no loop devices, no
 //! mounts), then converted to qcow2. It boots with BIOS firmware (syslinux in
@@ -53,7 +58,8 @@ pub const CACHE_ENV: &str = capl_testbed::env::GUEST_CACHE_DIR;
 
 /// Modules the guest needs, by name; each is loaded with its dependencies
 /// unless the kernel has it built in.
-const NEEDED_MODULES: &[&str] = &["virtio_pci", "virtio_net", "virtio_blk", "ata_piix", "ahci", "sr_mod", "isofs"];
+const NEEDED_MODULES: &[&str] =
+    &["virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "ata_piix", "ahci", "sd_mod", "sr_mod", "isofs", "ext4"];
 
 /// Size of the FAT image in KiB (kernel ~10 MiB, initramfs ~3 MiB).
 const FAT_KIB: &str = "65536";
@@ -144,6 +150,35 @@ else
   ip link set eth0 up || say "error: no eth0"
   dhcp_on eth0
 fi
+# Every disk but the seed, with its serial: virtio's from sysfs, SATA's and
+# SCSI's from the unit serial number page (VPD 0x80, after its 4-byte header).
+serial_of() {
+  if [ -f "/sys/block/$1/serial" ]; then cat "/sys/block/$1/serial"
+  elif [ -f "/sys/block/$1/device/vpd_pg80" ]; then tail -c +5 "/sys/block/$1/device/vpd_pg80" | tr -d '\000 '
+  fi
+}
+for b in /sys/block/vd* /sys/block/sd*; do
+  [ -e "$b" ] || continue
+  d=${b##*/}
+  say "disk $d serial=$(serial_of "$d") bytes=$(($(cat "$b/size") * 512))"
+done
+# A line "capl-mount <serial>..." after a hash in the user-data: make a file
+# system on the disk with that serial (ext2, which busybox makes and the ext4
+# driver mounts), mount it, write and read back a file.
+for want in $(sed -n 's/^#capl-mount[[:space:]]*//p' /mnt/cidata/user-data 2>/dev/null); do
+  dev=""
+  for b in /sys/block/vd* /sys/block/sd*; do
+    [ -e "$b" ] && [ "$(serial_of "${b##*/}")" = "$want" ] && dev=${b##*/}
+  done
+  if [ -z "$dev" ]; then say "error: no disk with serial $want"; continue; fi
+  mkdir -p "/data/$want"
+  if mke2fs -F "/dev/$dev" > /dev/null 2>&1 && mount -t ext4 "/dev/$dev" "/data/$want" \
+    && echo "$iid" > "/data/$want/owner" && sync && [ "$(cat "/data/$want/owner")" = "$iid" ]; then
+    say "mounted serial=$want dev=$dev at /data/$want"
+  else
+    say "error: mounting serial=$want dev=$dev failed"
+  fi
+done
 # A line "capl-ping <address>..." after a hash in the user-data: ping each (not our own)
 # until it answers, for up to 5 minutes, and say so.
 reach() {

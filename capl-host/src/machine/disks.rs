@@ -104,7 +104,7 @@ impl MachineRun<'_> {
         let name = self.names.overlay_volume();
         if let Some(existing) = self.lookup_volume(&spec.domain_pool, &name)? {
             self.check_overlay_is_ours(&existing, Some(&base))?;
-            self.check_disk_identity(&existing)?;
+            self.check_disk_identity(&spec.domain_pool, &existing)?;
             self.overlay_path = Some(existing.path);
             return Ok(());
         }
@@ -140,18 +140,18 @@ impl MachineRun<'_> {
         ))
     }
 
-    /// A root disk found at our name is this machine's only when the identity
-    /// recorded beside it is ours: the `instance-id` of the seed ISO of the
-    /// same domain name. Without a seed the disk has never booted (a domain is
-    /// defined only after its seed is written, and a delete removes the seed
-    /// only after the root disk), so it holds no one's data.
-    pub(super) fn check_disk_identity(&self, disk: &VolumeInfo) -> HostResult<()> {
+    /// A root or data disk (in `pool`) found at our name is this machine's
+    /// only when the identity recorded beside it is ours: the `instance-id`
+    /// of the seed ISO of the same domain name. Without a seed the disk has
+    /// never booted (a domain is defined only after its seed is written, and
+    /// a delete removes the seed only after the disks), so it holds no one's data.
+    pub(super) fn check_disk_identity(&self, pool: &str, disk: &VolumeInfo) -> HostResult<()> {
         let seed_name = self.names.cloud_init_volume();
         let Some(seed) = self.lookup_volume(&self.spec.domain_pool, &seed_name)? else { return Ok(()) };
         match self.seed_identity(&seed)? {
             SeedIdentity::Of(identity) if identity != self.spec.identity => Err(self.collision(
                 ObjectKind::Volume,
-                &format!("{}/{}", self.spec.domain_pool, disk.name),
+                &format!("{pool}/{}", disk.name),
                 format!(
                     "its seed {seed_name} records identity {identity}, not this machine's ({}): \
                      the disk is another machine's",
@@ -192,7 +192,12 @@ impl MachineRun<'_> {
 
     /// The path of a volume an earlier step created in domainPool, for the domain XML.
     pub(super) fn created_volume_path(&self, name: &str, what: &str) -> HostResult<String> {
-        let volume = self.lookup_volume(&self.spec.domain_pool, name)?.ok_or_else(|| {
+        self.created_volume_path_in(&self.spec.domain_pool, name, what)
+    }
+
+    /// The path of a volume an earlier step created in `pool`, for the domain XML.
+    pub(super) fn created_volume_path_in(&self, pool: &str, name: &str, what: &str) -> HostResult<String> {
+        let volume = self.lookup_volume(pool, name)?.ok_or_else(|| {
             self.error(
                 "find",
                 ObjectKind::Volume,
@@ -215,9 +220,9 @@ impl MachineRun<'_> {
         }
     }
 
-    /// A volume lookup for delete: a missing pool means nothing to delete.
-    pub(super) fn lookup_volume_for_delete(&self, name: &str) -> HostResult<Option<VolumeInfo>> {
-        match self.lookup_volume(&self.spec.domain_pool, name) {
+    /// A volume lookup in `pool` for delete: a missing pool means nothing to delete.
+    pub(super) fn lookup_volume_for_delete(&self, pool: &str, name: &str) -> HostResult<Option<VolumeInfo>> {
+        match self.lookup_volume(pool, name) {
             Err(HostError::PoolMissing { .. }) => Ok(None),
             other => other,
         }
@@ -229,8 +234,8 @@ impl MachineRun<'_> {
         foreign: Option<&DomainInfo>,
     ) -> HostResult<Option<LeftOnHost>> {
         let name = self.names.overlay_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(&volume, foreign) {
+        let Some(volume) = self.lookup_volume_for_delete(&self.spec.domain_pool, &name)? else { return Ok(None) };
+        if let Some(kept) = self.used_by_foreign(&self.spec.domain_pool, &volume, foreign) {
             return Ok(Some(kept));
         }
         let used_by_our_domain = domain.is_some_and(|d| d.disk_paths.contains(&volume.path));
@@ -241,17 +246,23 @@ impl MachineRun<'_> {
                 Err(e) => return Err(e),
             };
             self.check_overlay_is_ours(&volume, base.as_ref())?;
-            self.check_disk_identity(&volume)?;
+            self.check_disk_identity(&self.spec.domain_pool, &volume)?;
         }
         self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
     }
 
-    /// A volume of ours by name that the foreign domain at our name uses: it is left alone.
-    pub(super) fn used_by_foreign(&self, volume: &VolumeInfo, foreign: Option<&DomainInfo>) -> Option<LeftOnHost> {
+    /// A volume (in `pool`) of ours by name that the foreign domain at our
+    /// name uses: it is left alone.
+    pub(super) fn used_by_foreign(
+        &self,
+        pool: &str,
+        volume: &VolumeInfo,
+        foreign: Option<&DomainInfo>,
+    ) -> Option<LeftOnHost> {
         let foreign = foreign.filter(|d| d.disk_paths.contains(&volume.path))?;
         Some(LeftOnHost {
             kind: ObjectKind::Volume,
-            object: format!("{}/{}", self.spec.domain_pool, volume.name),
+            object: format!("{pool}/{}", volume.name),
             why: format!("domain \"{}\", which is not this LibvirtMachine's, uses it", foreign.name),
         })
     }

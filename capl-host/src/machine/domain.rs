@@ -102,6 +102,7 @@ impl MachineRun<'_> {
             cpu: self.spec.cpu.clone(),
             nested_feature: nested_feature.map(str::to_string),
             firmware: self.spec.firmware,
+            data_disks: self.data_disk_devices()?,
         };
         match self.hv.domain_define(&domain_xml(&definition)) {
             Ok(_) => {

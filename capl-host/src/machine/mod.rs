@@ -7,7 +7,7 @@
 //!
 //! The flow lives here; its parts, one file each, are the [`domain`], the
 //! root [`disks`] (and the volume calls they share with the seed), the
-//! cloud-init [`seed`] ISO, the DHCP [`reservation`] (and the address
+//! [`data_disks`], the cloud-init [`seed`] ISO, the DHCP [`reservation`] (and the address
 //! read from the leases), and the additional [`nics`].
 //!
 //! # What is ours
@@ -25,6 +25,11 @@
 //! - root disk: it is a qcow2 whose backing file is `spec.image` of basePool
 //!   (the path libvirt reports for that volume, or, when the image is gone,
 //!   a backing path whose file name is `spec.image`): exactly what we create;
+//! - data disk: it has the disk's format and exactly its size, and no
+//!   backing store: exactly what we create;
+//! - root and data disks alike: the seed ISO of our domain name, when there
+//!   is one, records our identity as its `instance-id` (a disk is never
+//!   taken over from another identity; without a seed it has never booted);
 //! - cloud-init ISO: it is a raw volume of at most [`MAX_SEED_BYTES`] whose
 //!   content is all zeros (created, crashed before the upload) or an ISO 9660
 //!   image labelled `cidata`: a seed we wrote. Checking this downloads the
@@ -69,9 +74,13 @@
 //! A machine with CPU or firmware settings makes one more call on create:
 //! its checks read the capabilities and the domain capabilities, and define
 //! uses what they read (a create resumed without the checks reads both again).
+//! Each data disk adds three calls to a create (lookup, create, read back)
+//! and two to a delete (read, delete); each pool a data disk names besides
+//! the domain pool adds two to a create's checks (pool XML, active).
 //!
 //! [`METADATA_NAMESPACE`]: crate::domain_xml::METADATA_NAMESPACE
 
+mod data_disks;
 mod disks;
 mod domain;
 mod nics;
@@ -80,6 +89,7 @@ mod seed;
 
 use std::net::Ipv4Addr;
 
+use crate::data_disk::DataDisk;
 pub use crate::domain_xml::NicAttachment;
 use crate::domain_xml::{DomainTypePreference, OwnerMarker};
 use crate::error::{HostError, HostResult, ObjectKind};
@@ -133,6 +143,8 @@ pub struct MachineSpec {
     pub cpu: Option<CpuSettings>,
     /// `spec.firmware`; `None`: BIOS, no TPM.
     pub firmware: Option<FirmwareSettings>,
+    /// `spec.dataDisks`, in order, each with its pool resolved.
+    pub data_disks: Vec<DataDisk>,
 }
 
 /// A NIC after the first: where it is plugged in and how the guest addresses it.
@@ -151,11 +163,13 @@ impl MachineSpec {
     /// What the guest is told about itself is usable: the hostname (the
     /// LibvirtMachine's name) fits a Linux hostname and every nameserver is an
     /// IP address (it is written into the guest's network-config); its CPU
-    /// and firmware settings agree with each other and with its vCPUs.
+    /// and firmware settings agree with each other and with its vCPUs; its
+    /// data disks can be made ([`crate::data_disk::check`]).
     /// Checked before anything is created.
     pub fn check_guest_settings(&self) -> HostResult<()> {
         check_settings(self.cpu.as_ref(), self.firmware.as_ref(), self.vcpu)
             .map_err(|c| HostError::GuestHardwareContradiction { field: c.field, detail: c.detail })?;
+        crate::data_disk::check(&self.data_disks).map_err(|detail| HostError::DataDiskInvalid { detail })?;
         if self.name.chars().count() > HOSTNAME_MAX {
             return Err(HostError::HostnameTooLong {
                 hostname: self.name.clone(),
@@ -201,6 +215,7 @@ impl MachineSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CreateStep {
     RootDisk,
+    DataDisks,
     CloudInitVolume,
     CloudInitUpload,
     DhcpReservation,
@@ -214,6 +229,7 @@ impl CreateStep {
     pub fn name(self) -> &'static str {
         match self {
             CreateStep::RootDisk => "disk",
+            CreateStep::DataDisks => "data_disks",
             CreateStep::CloudInitVolume => "iso_volume",
             CreateStep::CloudInitUpload => "iso_upload",
             CreateStep::DhcpReservation => "reservation",
@@ -223,8 +239,9 @@ impl CreateStep {
         }
     }
 
-    pub const ALL: [CreateStep; 7] = [
+    pub const ALL: [CreateStep; 8] = [
         CreateStep::RootDisk,
+        CreateStep::DataDisks,
         CreateStep::CloudInitVolume,
         CreateStep::CloudInitUpload,
         CreateStep::DhcpReservation,
@@ -258,10 +275,23 @@ pub struct MachineReport {
     /// or the next free candidate when that was taken (see [`crate::naming`]).
     /// `None` only for a domain without an interface.
     pub mac: Option<String>,
+    /// Where the data disks are, in `spec.dataDisks` order (from the spec:
+    /// no call reads them).
+    pub data_disks: Vec<DataDiskReport>,
+}
+
+/// One data disk as the LibvirtMachine's status shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataDiskReport {
+    pub name: String,
+    /// `<pool>/<volume>`.
+    pub volume: String,
+    /// The target device in the domain (`vdb`, `sdb`, ...).
+    pub device: String,
 }
 
 /// Creates the machine, seeded with the bootstrap data `user_data` (the
-/// cloud-init user-data): root disk, seed ISO, DHCP reservation, domain,
+/// cloud-init user-data): root disk, data disks, seed ISO, DHCP reservation, domain,
 /// autostart, start ([`CreateStep::ALL`]). Each step first checks whether it
 /// is done, so a create after a crash at any point finishes the job. When the
 /// domain exists already nothing is created: it is started when stopped, as
@@ -340,8 +370,8 @@ pub fn refresh_reservation(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResul
 }
 
 /// Removes the domain (destroy, undefine with managed save, snapshot
-/// metadata and NVRAM), the root disk, the cloud-init ISO and the DHCP
-/// reservation. Each step tolerates "already gone".
+/// metadata and NVRAM), the root disk, the data disks, the cloud-init ISO
+/// and the DHCP reservation. Each step tolerates "already gone".
 ///
 /// An object at one of our names that is not ours (a foreign domain, a
 /// volume or DHCP entry that fails the ownership rules, or a volume or DHCP
@@ -367,14 +397,13 @@ pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec
         run.remove_domain()?;
     }
     let reservation = if spec.is_static() { Ok(None) } else { run.remove_reservation(foreign.as_ref()) };
-    let overlay = run.remove_overlay(ours.as_ref(), foreign.as_ref());
-    // The seed records whose the root disk is: it goes only once the disk is
-    // gone (or known not to be ours), never before it.
-    let seed = match &overlay {
-        Err(e) if !matches!(e, HostError::Collision { .. }) => Ok(None),
-        _ => run.remove_seed(ours.as_ref(), foreign.as_ref()),
-    };
-    let results = [overlay, seed, reservation];
+    let mut disks = vec![run.remove_overlay(ours.as_ref(), foreign.as_ref())];
+    disks.extend(run.remove_data_disks(ours.as_ref(), foreign.as_ref()));
+    // The seed records whose the disks are: it goes only once every disk is
+    // gone (or known not to be ours), never before one.
+    let unsettled = disks.iter().any(|d| matches!(d, Err(e) if !matches!(e, HostError::Collision { .. })));
+    let seed = if unsettled { Ok(None) } else { run.remove_seed(ours.as_ref(), foreign.as_ref()) };
+    let results = disks.into_iter().chain([seed, reservation]);
     let mut failure = None;
     for result in results {
         match result {
@@ -421,6 +450,8 @@ struct MachineRun<'a> {
     /// Set when this run saw that the domain does not exist.
     domain_absent: bool,
     overlay_path: Option<String>,
+    /// The data disks' paths, in order, once this run made or found them.
+    data_disk_paths: Option<Vec<String>>,
     seed_path: Option<String>,
     /// Set when this run defined the domain (so it is known to be shut off).
     defined_now: bool,
@@ -449,6 +480,7 @@ impl<'a> MachineRun<'a> {
             uri: hv.uri().to_string(),
             domain_absent: false,
             overlay_path: None,
+            data_disk_paths: None,
             seed_path: None,
             defined_now: false,
             mac: None,
@@ -473,6 +505,16 @@ impl<'a> MachineRun<'a> {
         mac: Option<String>,
     ) -> MachineReport {
         ips.push(MachineAddress::Hostname(self.names.hostname().to_string()));
+        let disks = &self.spec.data_disks;
+        let data_disks = disks
+            .iter()
+            .zip(crate::data_disk::targets(disks))
+            .map(|(disk, device)| DataDiskReport {
+                name: disk.name.clone(),
+                volume: format!("{}/{}", disk.pool, self.names.data_volume(&disk.name, disk.format.as_str())),
+                device,
+            })
+            .collect();
         MachineReport {
             domain: self.names.domain.clone(),
             provider_id: self.names.provider_id(),
@@ -481,6 +523,7 @@ impl<'a> MachineRun<'a> {
             started,
             addresses: ips,
             mac,
+            data_disks,
         }
     }
 
@@ -488,6 +531,7 @@ impl<'a> MachineRun<'a> {
     fn step(&mut self, step: CreateStep, user_data: &[u8]) -> HostResult<()> {
         match step {
             CreateStep::RootDisk => self.ensure_root_disk(),
+            CreateStep::DataDisks => self.ensure_data_disks(),
             // Once the domain is defined the seed is complete (define comes after the upload),
             // and rewriting a cdrom a guest may be reading is not done.
             CreateStep::CloudInitVolume if self.domain_defined()? => Ok(()),
@@ -507,7 +551,7 @@ impl<'a> MachineRun<'a> {
     /// reservation, or a free one); with static addresses, the host has the
     /// bridge of a network onto one (when its libvirtd can say); every
     /// additional NIC's network or bridge is there; the host offers the CPU
-    /// and firmware asked for.
+    /// and firmware asked for; every data disk's pool can hold it.
     fn preflight(&mut self) -> HostResult<()> {
         self.spec.check_guest_settings()?;
         if self.spec.asks_for_guest_hardware() {
@@ -516,6 +560,7 @@ impl<'a> MachineRun<'a> {
             self.platform = Some(Platform { arch, domain_type, nested_feature });
         }
         self.base_image()?;
+        self.data_disk_pools_usable()?;
         if self.spec.is_static() {
             self.host_bridge_present()?
         } else {
@@ -589,6 +634,7 @@ mod tests {
             additional_nics: Vec::new(),
             cpu: None,
             firmware: None,
+            data_disks: Vec::new(),
         }
     }
 

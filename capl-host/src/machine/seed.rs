@@ -136,8 +136,8 @@ impl MachineRun<'_> {
         foreign: Option<&DomainInfo>,
     ) -> HostResult<Option<LeftOnHost>> {
         let name = self.names.cloud_init_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(&volume, foreign) {
+        let Some(volume) = self.lookup_volume_for_delete(&self.spec.domain_pool, &name)? else { return Ok(None) };
+        if let Some(kept) = self.used_by_foreign(&self.spec.domain_pool, &volume, foreign) {
             return Ok(Some(kept));
         }
         if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {

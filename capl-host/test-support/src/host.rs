@@ -69,6 +69,19 @@ pub fn fresh_spec(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, name: &str)
     s
 }
 
+/// `spec` with one data disk (1 GiB, qcow2, virtio, in the domain pool) named `disk`.
+pub fn with_data_disk(mut spec: MachineSpec, disk: &str) -> MachineSpec {
+    spec.data_disks.push(capl_host::data_disk::DataDisk {
+        name: disk.into(),
+        size_gib: 1,
+        pool: spec.domain_pool.clone(),
+        format: capl_host::data_disk::DiskFormat::Qcow2,
+        bus: capl_host::data_disk::DiskBus::Virtio,
+        device: None,
+    });
+    spec
+}
+
 pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
     MachineSpec {
         namespace: namespace.into(),
@@ -94,6 +107,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         additional_nics: Vec::new(),
         cpu: None,
         firmware: None,
+        data_disks: Vec::new(),
     }
 }
 
@@ -111,6 +125,17 @@ pub fn leftovers(hv: &dyn HostAdmin, fx: &Fixture, specs: &[MachineSpec]) -> Vec
         for volume in [names.overlay_volume(), names.cloud_init_volume()] {
             if volumes.contains(&volume) {
                 left.push(format!("volume {volume}"));
+            }
+        }
+        for disk in &spec.data_disks {
+            let volume = names.data_volume(&disk.name, disk.format.as_str());
+            let in_pool = if disk.pool == fx.domain_pool {
+                volumes.contains(&volume)
+            } else {
+                hv.volume_list(&disk.pool).is_ok_and(|list| list.contains(&volume))
+            };
+            if in_pool {
+                left.push(format!("volume {}/{volume}", disk.pool));
             }
         }
         for (mac, name, ip) in &hosts {
@@ -153,11 +178,19 @@ pub fn assert_created_once(hv: &dyn HostAdmin, fx: &Fixture, spec: &MachineSpec)
     for volume in [names.overlay_volume(), names.cloud_init_volume()] {
         assert_eq!(volumes.iter().filter(|v| **v == volume).count(), 1, "{volume} in {volumes:?}");
     }
+    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
+    for disk in &spec.data_disks {
+        let volume = names.data_volume(&disk.name, disk.format.as_str());
+        let xml = hv.volume_xml(&disk.pool, &volume).unwrap_or_else(|e| panic!("data disk {volume}: {e}"));
+        let info = capl_host::volume_xml::parse_volume(&xml).unwrap();
+        assert_eq!(info.capacity, disk.size_gib * capl_host::volume_xml::GIB, "size of {volume}");
+        assert_eq!(info.format.as_deref(), Some(disk.format.as_str()), "format of {volume}");
+        assert!(domain.writable_disk_paths.contains(&info.path), "{volume} is not a disk of {}", names.domain);
+    }
     let ours: Vec<_> = dhcp_hosts(hv, fx).into_iter().filter(|(_, name, _)| *name == names.domain).collect();
     assert_eq!(ours.len(), 1, "DHCP entries for {}: {ours:?}", names.domain);
     assert!(names.mac_candidates().contains(&ours[0].0), "the entry's MAC is not one of the machine's: {ours:?}");
     // The domain's NIC has the MAC its address is reserved for.
-    let domain = capl_host::domain_xml::parse_domain(&hv.domain_xml(&names.domain).unwrap()).unwrap();
     assert_eq!(domain.macs, vec![ours[0].0.clone()]);
     // The seed in the volume is exactly the ISO we build.
     let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();

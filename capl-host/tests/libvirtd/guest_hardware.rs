@@ -60,6 +60,7 @@ fn definition(h: &LibvirtHypervisor, name: &str, uuid: &str) -> DomainDefinition
         cpu: None,
         nested_feature: None,
         firmware: None,
+        data_disks: Vec::new(),
     }
 }
 
@@ -130,13 +131,15 @@ fn uefi_firmware_gets_an_efi_loader() {
 /// How long a UEFI guest's console may take to show what a test waits for (OVMF and the kernel under TCG).
 const UEFI_GUEST_WITHIN: Duration = Duration::from_secs(300);
 
-/// Creates the machine `name` from the test guest with `firmware` and its
-/// serial console logged, runs `check` on it (the host, the spec, the
+/// Creates the machine `name` from the test guest as `shape` makes it, its
+/// user-data followed by the lines `extra` (the test guest's commands), and
+/// its serial console logged; runs `check` on it (the host, the spec, the
 /// console log's path), then deletes it: nothing of it may be left on the
 /// host. Returns what `check` returned.
 fn on_a_guest_with<T>(
     name: &str,
-    firmware: FirmwareSettings,
+    shape: impl FnOnce(&mut MachineSpec),
+    extra: &str,
     check: impl FnOnce(&LibvirtHypervisor, &MachineSpec, &Path) -> T,
 ) -> T {
     let _daemon = crate::share_real_daemon_blocking();
@@ -148,17 +151,19 @@ fn on_a_guest_with<T>(
     // OVMF with its 4 MiB variable store wants more than the tests' usual 128 MiB.
     spec.memory_mib = 256;
     spec.console_log_dir = Some(logs.display().to_string());
-    spec.firmware = Some(firmware);
+    shape(&mut spec);
+    let _ = capl_host::delete_machine(&h, &spec);
     let console = logs.join(format!("{}-console.log", spec.names().domain));
+    let seed = [user_data(&spec), extra.as_bytes().to_vec()].concat();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        create_machine(&h, &spec, &user_data(&spec)).unwrap_or_else(|e| panic!("create with {firmware:?}: {e}"));
+        create_machine(&h, &spec, &seed).unwrap_or_else(|e| panic!("create machine {name}: {e}"));
         check(&h, &spec, &console)
     }));
     let deleted = capl_host::delete_machine(&h, &spec);
     let left = ours_on_host(&h, &fx, name);
     std::fs::remove_dir_all(&logs).ok();
     let checked = outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-    deleted.unwrap_or_else(|e| panic!("delete the machine with {firmware:?}: {e}"));
+    deleted.unwrap_or_else(|e| panic!("delete machine {name}: {e}"));
     assert!(left.is_empty(), "left on the host: {left:?}");
     checked
 }
@@ -187,19 +192,24 @@ fn watch_console(console: &Path, waiting_for: &str, seen: impl Fn(&str) -> Resul
 #[test]
 fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
     let firmware = FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: false, tpm: false };
-    on_a_guest_with("uefi-boot", firmware, |h, spec, console| {
-        let xml = h.domain_xml(&spec.names().domain).expect("domain XML");
-        assert!(xml.contains("firmware='efi'") && xml.contains("<loader"), "no EFI loader: {xml}");
-        assert!(xml.contains("q35") && xml.contains("bus='sata'"), "the seed is a SATA cdrom on q35: {xml}");
-        let want = format!("CAPL-GUEST instance-id={} ", spec.identity);
-        watch_console(console, &want, |log| {
-            // The guest reports a seed it cannot find (after 20 s) instead of its identity.
-            if log.contains("CAPL-GUEST error: no cidata seed") {
-                return Err(format!("the UEFI guest found no seed; its domain:\n{xml}"));
-            }
-            Ok(log.contains(&want))
-        });
-    });
+    on_a_guest_with(
+        "uefi-boot",
+        |s| s.firmware = Some(firmware),
+        "",
+        |h, spec, console| {
+            let xml = h.domain_xml(&spec.names().domain).expect("domain XML");
+            assert!(xml.contains("firmware='efi'") && xml.contains("<loader"), "no EFI loader: {xml}");
+            assert!(xml.contains("q35") && xml.contains("bus='sata'"), "the seed is a SATA cdrom on q35: {xml}");
+            let want = format!("CAPL-GUEST instance-id={} ", spec.identity);
+            watch_console(console, &want, |log| {
+                // The guest reports a seed it cannot find (after 20 s) instead of its identity.
+                if log.contains("CAPL-GUEST error: no cidata seed") {
+                    return Err(format!("the UEFI guest found no seed; its domain:\n{xml}"));
+                }
+                Ok(log.contains(&want))
+            });
+        },
+    );
 }
 
 /// A machine with Secure Boot and a TPM runs: libvirt picks a Secure Boot
@@ -210,39 +220,95 @@ fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
 #[test]
 fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
     let firmware = FirmwareSettings { kind: FirmwareType::Uefi, secure_boot: true, tpm: true };
-    let state_files = on_a_guest_with("secure-boot", firmware, |h, spec, console| {
-        let domain = spec.names().domain;
-        assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
-        let xml = h.domain_xml(&domain).expect("domain XML");
-        for part in ["<feature enabled='yes' name='secure-boot'/>", "<smm state='on'/>", "<backend type='emulator'"] {
-            assert!(xml.contains(part), "{part} missing: {xml}");
-        }
-        let loader = xml.lines().map(str::trim).find(|l| l.starts_with("<loader")).unwrap_or_default();
-        assert!(loader.contains("secure='yes'"), "not a Secure Boot firmware build: {loader}");
-        let nvram = xml
-            .lines()
-            .map(str::trim)
-            .find(|l| l.starts_with("<nvram"))
-            .and_then(|l| l.split('>').nth(1))
-            .and_then(|rest| rest.split('<').next())
-            .unwrap_or_else(|| panic!("no UEFI variable store: {xml}"))
-            .to_string();
-        let state_files =
-            [seen_from_here(&nvram), seen_from_here(&format!("/var/lib/libvirt/swtpm/{}", spec.identity))];
-        for file in &state_files {
-            assert!(file.exists(), "{} does not exist while the machine runs", file.display());
-        }
-        watch_console(console, "refusal of the unsigned loader", |log| {
-            if log.contains("CAPL-GUEST init") {
-                return Err("the unsigned guest kernel started under Secure Boot".into());
+    let state_files = on_a_guest_with(
+        "secure-boot",
+        |s| s.firmware = Some(firmware),
+        "",
+        |h, spec, console| {
+            let domain = spec.names().domain;
+            assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
+            let xml = h.domain_xml(&domain).expect("domain XML");
+            for part in ["<feature enabled='yes' name='secure-boot'/>", "<smm state='on'/>", "<backend type='emulator'"]
+            {
+                assert!(xml.contains(part), "{part} missing: {xml}");
             }
-            Ok(log.contains("Access Denied"))
-        });
-        state_files
-    });
+            let loader = xml.lines().map(str::trim).find(|l| l.starts_with("<loader")).unwrap_or_default();
+            assert!(loader.contains("secure='yes'"), "not a Secure Boot firmware build: {loader}");
+            let nvram = xml
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("<nvram"))
+                .and_then(|l| l.split('>').nth(1))
+                .and_then(|rest| rest.split('<').next())
+                .unwrap_or_else(|| panic!("no UEFI variable store: {xml}"))
+                .to_string();
+            let state_files =
+                [seen_from_here(&nvram), seen_from_here(&format!("/var/lib/libvirt/swtpm/{}", spec.identity))];
+            for file in &state_files {
+                assert!(file.exists(), "{} does not exist while the machine runs", file.display());
+            }
+            watch_console(console, "refusal of the unsigned loader", |log| {
+                if log.contains("CAPL-GUEST init") {
+                    return Err("the unsigned guest kernel started under Secure Boot".into());
+                }
+                Ok(log.contains("Access Denied"))
+            });
+            state_files
+        },
+    );
     for file in &state_files {
         assert!(!file.exists(), "{} is left after the machine was deleted", file.display());
     }
+}
+
+/// A machine with a data disk on each bus boots, and its guest sees each
+/// disk with its name as serial and its size, makes a file system on it,
+/// mounts it and writes to it (the test guest does what cloud-init's
+/// `disk_setup`, `fs_setup` and `mounts` do for a real node image). The
+/// disks go with the machine.
+#[test]
+fn a_guest_sees_mounts_and_writes_its_data_disks() {
+    use capl_host::data_disk::{DataDisk, DiskBus, DiskFormat};
+
+    let disks = [
+        ("etcd", 1, DiskFormat::Qcow2, DiskBus::Virtio),
+        ("images", 2, DiskFormat::Raw, DiskBus::Sata),
+        ("logs", 1, DiskFormat::Qcow2, DiskBus::Scsi),
+    ];
+    let shape = |spec: &mut MachineSpec| {
+        spec.data_disks = disks
+            .iter()
+            .map(|&(name, size_gib, format, bus)| DataDisk {
+                name: name.into(),
+                size_gib,
+                pool: spec.domain_pool.clone(),
+                format,
+                bus,
+                device: None,
+            })
+            .collect();
+    };
+    on_a_guest_with("data-disks", shape, "#capl-mount etcd images logs\n", |h, spec, console| {
+        let volumes = h.volume_list(DISK_POOL).unwrap();
+        for disk in &spec.data_disks {
+            let volume = spec.names().data_volume(&disk.name, disk.format.as_str());
+            assert!(volumes.contains(&volume), "{volume} is not in {DISK_POOL}: {volumes:?}");
+        }
+        let seen = |log: &str, serial: &str, bytes: u64| {
+            log.lines()
+                .any(|l| l.contains("CAPL-GUEST disk ") && l.contains(&format!(" serial={serial} bytes={bytes}")))
+        };
+        watch_console(console, "the data disks mounted", |log| {
+            if let Some(line) = log.lines().find(|l| l.contains("CAPL-GUEST error")) {
+                return Err(format!("the guest said: {line}"));
+            }
+            let all = disks.iter().all(|&(name, size_gib, _, _)| {
+                seen(log, name, size_gib * capl_host::volume_xml::GIB)
+                    && log.contains(&format!("CAPL-GUEST mounted serial={name} "))
+            });
+            Ok(all)
+        });
+    });
 }
 
 /// Where a file of the daemon's state is seen from the tests: the private

@@ -114,7 +114,6 @@ fn a_running_foreign_guest_with_the_derived_mac_is_avoided() {
 fn guest_hardware_settings_add_one_call_to_a_create() {
     let (host, hv, fx) = sim("hw-counts");
     ensure_base_image(&hv, &fx);
-    let counters = host.counters();
     let plain = spec(&fx, "sim-hw-counts", "plain-0");
     let mut uefi = spec(&fx, "sim-hw-counts", "uefi-0");
     uefi.firmware = Some(capl_host::guest_hardware::FirmwareSettings {
@@ -122,17 +121,50 @@ fn guest_hardware_settings_add_one_call_to_a_create() {
         secure_boot: false,
         tpm: true,
     });
-    let mut calls = Vec::new();
-    for s in [&plain, &uefi] {
-        let before = counters.total_calls();
-        create_machine(&hv, s, &user_data(s)).unwrap();
-        let create = counters.total_calls() - before;
-        let before = counters.total_calls();
-        delete_machine(&hv, s).unwrap();
-        calls.push((create, counters.total_calls() - before));
-    }
+    let calls = create_and_delete_calls(&host, &hv, &[&plain, &uefi]);
     assert_eq!(calls[1].0, calls[0].0 + 1, "create calls without and with settings: {calls:?}");
     assert_eq!(calls[1].1, calls[0].1, "delete calls without and with settings: {calls:?}");
+}
+
+/// Each data disk costs three calls more on create (lookup, create, read
+/// back) and two on delete (read, delete); a pool other than the domain
+/// pool adds two to the checks (its XML and whether it is active).
+#[test]
+fn each_data_disk_adds_three_calls_to_a_create_and_two_to_a_delete() {
+    use capl_host::data_disk::{DataDisk, DiskBus, DiskFormat};
+    use capl_host_test_support::host::with_data_disk;
+
+    let (host, hv, fx) = sim("data-counts");
+    let plain = spec(&fx, "sim-data-counts", "plain-0");
+    let one = with_data_disk(spec(&fx, "sim-data-counts", "one-0"), "a");
+    let mut two_pools = with_data_disk(spec(&fx, "sim-data-counts", "two-0"), "a");
+    two_pools.data_disks.push(DataDisk {
+        name: "b".into(),
+        size_gib: 1,
+        pool: fx.base_pool.clone(),
+        format: DiskFormat::Raw,
+        bus: DiskBus::Sata,
+        device: None,
+    });
+    let calls = create_and_delete_calls(&host, &hv, &[&plain, &one, &two_pools]);
+    let (plain, one, two) = (calls[0], calls[1], calls[2]);
+    assert_eq!((one.0 - plain.0, one.1 - plain.1), (3, 2), "one disk, create and delete calls: {calls:?}");
+    assert_eq!((two.0 - plain.0, two.1 - plain.1), (3 + 3 + 2, 2 + 2), "two disks, two pools: {calls:?}");
+}
+
+/// The simulator operations of creating, then deleting, each machine in turn.
+fn create_and_delete_calls(host: &Host, hv: &SimHypervisor, specs: &[&capl_host::MachineSpec]) -> Vec<(u64, u64)> {
+    let counters = host.counters();
+    let mut calls = Vec::new();
+    for s in specs {
+        let before = counters.total_calls();
+        create_machine(hv, s, &user_data(s)).unwrap();
+        let create = counters.total_calls() - before;
+        let before = counters.total_calls();
+        delete_machine(hv, s).unwrap();
+        calls.push((create, counters.total_calls() - before));
+    }
+    calls
 }
 
 #[test]

@@ -3,10 +3,11 @@
 use std::net::Ipv4Addr;
 
 use capl_host::MachineNames;
+use capl_host::data_disk::{DataDiskDevice, DiskBus, DiskFormat};
 use capl_host::dhcp::dhcp_host_xml;
 use capl_host::domain_xml::{DomainDefinition, NicAttachment, NicDevice, OwnerMarker, domain_xml, parse_domain};
 use capl_host::guest_hardware::{CpuMode, CpuSettings, CpuTopology, FirmwareSettings, FirmwareType};
-use capl_host::volume_xml::{BackingStore, GIB, iso_volume_xml, overlay_volume_xml, parse_volume};
+use capl_host::volume_xml::{BackingStore, GIB, data_volume_xml, iso_volume_xml, overlay_volume_xml, parse_volume};
 
 fn names() -> MachineNames {
     MachineNames::new("default", "libvirt-xd-0", "5d0f6c2e-8a47-4c1b-9a53-0c2d7e4b8f10")
@@ -36,6 +37,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
         cpu: None,
         nested_feature: None,
         firmware: None,
+        data_disks: Vec::new(),
     }
 }
 
@@ -105,6 +107,37 @@ fn domain_xml_with_cpu_and_firmware_reads_back_with_our_marker_and_disks() {
     assert_eq!(info.owner, Some(d.owner.clone()));
     assert_eq!(info.disk_paths, vec![d.overlay_path.clone(), d.iso_path.clone()]);
     assert_eq!(info.writable_disk_paths, vec![d.overlay_path.clone()]);
+}
+
+/// Data disks follow the root disk, each with its serial; a disk on bus
+/// scsi brings a virtio-scsi controller; all of them read back as writable.
+#[test]
+fn domain_xml_with_data_disks_on_each_bus() {
+    let names = names();
+    let mut d = definition("qemu", None);
+    let disk = |name: &str, format, bus, target: &str| DataDiskDevice {
+        path: format!("/var/lib/libvirt/capi/disks/{}", names.data_volume(name, DiskFormat::as_str(format))),
+        format,
+        bus,
+        target: target.into(),
+        serial: name.into(),
+    };
+    d.data_disks = vec![
+        disk("etcd", DiskFormat::Qcow2, DiskBus::Virtio, "vdb"),
+        disk("images", DiskFormat::Raw, DiskBus::Sata, "sdb"),
+        disk("logs", DiskFormat::Qcow2, DiskBus::Scsi, "sdc"),
+    ];
+    let xml = domain_xml(&d);
+    let info = parse_domain(&xml).unwrap();
+    let data: Vec<String> = d.data_disks.iter().map(|x| x.path.clone()).collect();
+    assert_eq!(info.writable_disk_paths, [vec![d.overlay_path.clone()], data].concat());
+    insta::assert_snapshot!(xml);
+}
+
+#[test]
+fn data_volume_snapshot() {
+    let name = names().data_volume("etcd", "qcow2");
+    insta::assert_snapshot!(data_volume_xml(&name, 10 * GIB, "qcow2"));
 }
 
 #[test]

@@ -69,6 +69,7 @@ fn spec(i: usize) -> MachineSpec {
         additional_nics: Vec::new(),
         cpu: None,
         firmware: None,
+        data_disks: Vec::new(),
     }
 }
 

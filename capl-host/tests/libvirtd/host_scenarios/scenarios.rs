@@ -12,7 +12,8 @@ use capl_host::{
     observe_machine, run_create_steps, start_machine,
 };
 use capl_host_test_support::host::{
-    Fixture, assert_created_once, dhcp_hosts, fresh_spec, leftovers, our_entry, reserved_ip, uid_for, user_data,
+    Fixture, assert_created_once, dhcp_hosts, fresh_spec, leftovers, our_entry, reserved_ip, spec, uid_for, user_data,
+    with_data_disk,
 };
 
 /// create -> running -> steady state -> delete, nothing left behind; delete again is a no-op.
@@ -81,11 +82,20 @@ pub fn start_never_creates(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
+/// A machine with a data disk, whose leftovers from an earlier, interrupted
+/// test run are removed first.
+fn fresh_with_data_disk(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
+    let spec = with_data_disk(spec(fx, namespace, name), "data");
+    let _ = delete_machine(hv, &spec);
+    spec
+}
+
 /// For every k: run the first k create steps (a crash after step k), then a
-/// full create, then delete: no duplicates, no leaks.
+/// full create, then delete: no duplicates, no leaks. The machine has a data
+/// disk, so a crash after each of its steps is covered too.
 pub fn crash_after_every_step(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
-        let spec = fresh_spec(hv, fx, namespace, &format!("crash-{k}"));
+        let spec = fresh_with_data_disk(hv, fx, namespace, &format!("crash-{k}"));
         run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k])
             .unwrap_or_else(|e| panic!("first {k} steps: {e}"));
         // Running the same prefix twice (a crash during the retry) changes nothing.
@@ -102,7 +112,7 @@ pub fn crash_after_every_step(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str)
 /// A delete that stopped after each of its parts leaves a state the next delete finishes.
 pub fn delete_after_partial_create(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
     for k in 0..=CreateStep::ALL.len() {
-        let spec = fresh_spec(hv, fx, namespace, &format!("partial-{k}"));
+        let spec = fresh_with_data_disk(hv, fx, namespace, &format!("partial-{k}"));
         run_create_steps(hv, &spec, &user_data(&spec), &CreateStep::ALL[..k]).unwrap();
         delete_machine(hv, &spec).unwrap_or_else(|e| panic!("delete after the first {k} create steps: {e}"));
         assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new(), "after step {k}");
@@ -852,11 +862,12 @@ pub fn another_identitys_disk_is_not_adopted(hv: &dyn HostAdmin, fx: &Fixture, n
     use capl_host::cloud_init::{meta_data, nocloud_iso};
     use capl_host::volume_xml::iso_volume_xml;
 
-    let spec = fresh_spec(hv, fx, namespace, "clash-0");
+    let spec = fresh_with_data_disk(hv, fx, namespace, "clash-0");
     let names = spec.names();
+    let data = names.data_volume("data", "qcow2");
     let other = uid_for(namespace, "clash-0-other");
-    // The other machine's root disk: the overlay our first step makes.
-    run_create_steps(hv, &spec, &user_data(&spec), &[CreateStep::RootDisk]).unwrap();
+    // The other machine's root and data disks: what our first steps make.
+    run_create_steps(hv, &spec, &user_data(&spec), &[CreateStep::RootDisk, CreateStep::DataDisks]).unwrap();
     // Its seed, written for its identity, the size ours would have.
     let seed = nocloud_iso(&user_data(&spec), meta_data(&other, &spec.name).as_bytes());
     hv.volume_create(&fx.domain_pool, &iso_volume_xml(&names.cloud_init_volume(), seed.len() as u64)).unwrap();
@@ -875,8 +886,10 @@ pub fn another_identitys_disk_is_not_adopted(hv: &dyn HostAdmin, fx: &Fixture, n
 
     let left = delete_machine(hv, &spec).expect("delete leaves the other's volumes and finishes");
     let kept: HashSet<String> = left.iter().map(|l| l.object.clone()).collect();
-    let expected: HashSet<String> =
-        [names.overlay_volume(), names.cloud_init_volume()].iter().map(|v| format!("{}/{v}", fx.domain_pool)).collect();
+    let expected: HashSet<String> = [names.overlay_volume(), data.clone(), names.cloud_init_volume()]
+        .iter()
+        .map(|v| format!("{}/{v}", fx.domain_pool))
+        .collect();
     assert_eq!(kept, expected, "{left:?}");
     assert!(left.iter().all(|l| l.why.contains(&other)), "{left:?}");
     assert_eq!(
@@ -885,8 +898,121 @@ pub fn another_identitys_disk_is_not_adopted(hv: &dyn HostAdmin, fx: &Fixture, n
     );
     assert_eq!(hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap(), seed);
 
+    assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&data), "the other's data disk was deleted");
+
     hv.volume_delete(&fx.domain_pool, &names.overlay_volume()).unwrap();
+    hv.volume_delete(&fx.domain_pool, &data).unwrap();
     hv.volume_delete(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// Data disks on each bus, in two pools: made with the machine, each the
+/// volume asked for, attached after the root disk with its name as serial
+/// and its target device; the domain runs; a second create makes nothing
+/// new; delete removes them all.
+pub fn data_disks(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::data_disk::{DiskBus, DiskFormat};
+
+    let mut spec = spec(fx, namespace, "data-0");
+    spec.data_disks = vec![
+        disk("etcd", 1, &fx.domain_pool, DiskFormat::Qcow2, DiskBus::Virtio, None),
+        disk("images", 2, &fx.base_pool, DiskFormat::Raw, DiskBus::Sata, None),
+        disk("logs", 1, &fx.domain_pool, DiskFormat::Qcow2, DiskBus::Scsi, Some("sdd")),
+    ];
+    let _ = delete_machine(hv, &spec);
+    let report = create_machine(hv, &spec, &user_data(&spec)).expect("create with data disks");
+    assert_created_once(hv, fx, &spec);
+    let names = spec.names();
+    let shown: Vec<(&str, String, &str)> =
+        report.data_disks.iter().map(|d| (d.name.as_str(), d.volume.clone(), d.device.as_str())).collect();
+    assert_eq!(
+        shown,
+        [
+            ("etcd", format!("{}/{}", fx.domain_pool, names.data_volume("etcd", "qcow2")), "vdb"),
+            ("images", format!("{}/{}", fx.base_pool, names.data_volume("images", "raw")), "sdb"),
+            ("logs", format!("{}/{}", fx.domain_pool, names.data_volume("logs", "qcow2")), "sdd"),
+        ]
+    );
+    let xml = hv.domain_xml(&names.domain).unwrap();
+    for (serial, device, bus) in [("etcd", "vdb", "virtio"), ("images", "sdb", "sata"), ("logs", "sdd", "scsi")] {
+        let target = format!("<target dev='{device}' bus='{bus}'/>");
+        let at = xml.find(&target).unwrap_or_else(|| panic!("no {target} in {xml}"));
+        let rest = &xml[at..xml[at..].find("</disk>").map(|end| at + end).unwrap()];
+        assert!(rest.contains(&format!("<serial>{serial}</serial>")), "{serial} on {device}: {xml}");
+    }
+    assert!(xml.contains("model='virtio-scsi'"), "{xml}");
+    let again = create_machine(hv, &spec, &user_data(&spec)).expect("create again");
+    assert!(!again.created, "the second create made the machine again");
+    assert_created_once(hv, fx, &spec);
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), []);
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+fn disk(
+    name: &str,
+    size_gib: u64,
+    pool: &str,
+    format: capl_host::data_disk::DiskFormat,
+    bus: capl_host::data_disk::DiskBus,
+    device: Option<&str>,
+) -> capl_host::data_disk::DataDisk {
+    capl_host::data_disk::DataDisk {
+        name: name.into(),
+        size_gib,
+        pool: pool.into(),
+        format,
+        bus,
+        device: device.map(str::to_string),
+    }
+}
+
+/// Data disks that cannot be made are refused before anything is created,
+/// with the reason: a pool the host lacks, a size of 0. A volume of someone
+/// else's at a data disk's name is neither adopted nor deleted.
+pub fn data_disk_problems(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::data_disk::{DiskBus, DiskFormat};
+    use capl_host::error::PoolProblem;
+
+    let mut nowhere = fresh_spec(hv, fx, namespace, "nopool-0");
+    nowhere.data_disks = vec![disk("etcd", 1, "capl-no-such-pool", DiskFormat::Qcow2, DiskBus::Virtio, None)];
+    let err = create_machine(hv, &nowhere, &user_data(&nowhere)).expect_err("a data disk in a missing pool");
+    assert!(
+        matches!(&err, HostError::DataDiskPool { disk, pool, problem: PoolProblem::Missing, .. }
+            if disk == "etcd" && pool == "capl-no-such-pool"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), FailureKind::InfrastructureMissing);
+    assert!(err.to_string().contains("spec.dataDisks \"etcd\" names storage pool \"capl-no-such-pool\""), "{err}");
+
+    let mut empty = fresh_spec(hv, fx, namespace, "zero-0");
+    empty.data_disks = vec![disk("etcd", 0, &fx.domain_pool, DiskFormat::Qcow2, DiskBus::Virtio, None)];
+    let err = create_machine(hv, &empty, &user_data(&empty)).expect_err("a data disk of 0 GiB");
+    assert_eq!(err.kind(), FailureKind::InvalidMachineSpec, "{err}");
+    assert!(err.to_string().contains("\"etcd\" has sizeGiB 0"), "{err}");
+    assert_eq!(leftovers(hv, fx, &[nowhere, empty]), Vec::<String>::new(), "nothing made for a refused machine");
+
+    // Someone's raw volume at our data disk's name.
+    let spec = fresh_with_data_disk(hv, fx, namespace, "fdata-0");
+    let volume = spec.names().data_volume("data", "qcow2");
+    let _ = hv.volume_delete(&fx.domain_pool, &volume);
+    let xml = format!(
+        "<volume><name>{volume}</name><capacity unit='bytes'>1048576</capacity><target><format type='raw'/></target></volume>"
+    );
+    hv.volume_create(&fx.domain_pool, &xml).unwrap();
+    let err = create_machine(hv, &spec, &user_data(&spec)).expect_err("create must refuse a foreign volume");
+    assert!(
+        matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&volume)),
+        "{err}"
+    );
+    assert_eq!(err.kind(), FailureKind::ObjectCollision);
+    let left = delete_machine(hv, &spec).expect("delete leaves the foreign volume and finishes");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].object.ends_with(&volume) && left[0].why.contains("not the empty qcow2 volume of 1 GiB"),
+        "{left:?}"
+    );
+    assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&volume), "the foreign volume was deleted");
+    hv.volume_delete(&fx.domain_pool, &volume).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
