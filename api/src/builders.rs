@@ -105,6 +105,7 @@ impl LibvirtMachineSpec {
             additional_networks: None,
             cpu: None,
             firmware: None,
+            data_disks: None,
             provider_id: None,
         }
     }

@@ -46,8 +46,8 @@ pub use cluster::{
     ClusterHost, EndpointSource, LibvirtCluster, LibvirtClusterSpec, LibvirtClusterStatus, LibvirtHost, NetworkEndpoint,
 };
 pub use machine::{
-    AdditionalNetwork, ChecksumType, CpuMode, CpuSpec, CpuTopology, FirmwareSpec, FirmwareType, ImageFormat, ImageUrl,
-    LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
+    AdditionalNetwork, ChecksumType, CpuMode, CpuSpec, CpuTopology, DataDisk, DataDiskFormat, DataDiskStatus, DiskBus,
+    FirmwareSpec, FirmwareType, ImageFormat, ImageUrl, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
 };
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,

@@ -63,6 +63,7 @@ use super::shared::{Initialization, MachineAddress, PoolReference, SecretReferen
 #[x_kube(validation = Rule::new("has(self.cpu) == has(oldSelf.cpu)").message("cpu is immutable: the CPU is made with the domain; roll out a new LibvirtMachineTemplate instead"))]
 #[x_kube(validation = Rule::new("has(self.firmware) == has(oldSelf.firmware)").message("firmware is immutable: the firmware is chosen with the domain; roll out a new LibvirtMachineTemplate instead"))]
 #[x_kube(validation = Rule::new("!has(self.cpu) || !has(self.cpu.topology) || self.cpu.topology.sockets * self.cpu.topology.cores * self.cpu.topology.threads == self.vcpu").message("spec.cpu.topology sockets x cores x threads must equal spec.vcpu: make them equal"))]
+#[x_kube(validation = Rule::new("has(self.dataDisks) == has(oldSelf.dataDisks)").message("dataDisks is immutable: the disks are made with the machine; roll out a new LibvirtMachineTemplate instead"))]
 #[x_kube(validation = Rule::new("has(self.additionalNetworks) == has(oldSelf.additionalNetworks)").message("additionalNetworks is immutable: the machine's NICs are made with its domain; roll out a new LibvirtMachineTemplate instead"))]
 pub struct LibvirtMachineSpec {
     /// Virtual CPUs. Immutable.
@@ -136,6 +137,20 @@ pub struct LibvirtMachineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("firmware is immutable: roll out a new LibvirtMachineTemplate instead"))]
     pub firmware: Option<FirmwareSpec>,
+    /// Empty disks made with the machine besides its root disk, at most 8:
+    /// each a volume `<domain>-data-<name>.<format>` in its pool, deleted with
+    /// the machine (never reused by another machine), and attached after the
+    /// root disk with its name as the disk's serial, so the guest finds it
+    /// as `/dev/disk/by-id/virtio-<name>` (bus virtio). Formatting and
+    /// mounting them is the bootstrap data's job (cloud-init `disk_setup`,
+    /// `fs_setup` and `mounts`; in a KubeadmConfig, `diskSetup` and
+    /// `mounts`). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 8))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("dataDisks is immutable: roll out a new LibvirtMachineTemplate instead"))]
+    #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e.name == d.name))").message("spec.dataDisks names a disk twice: give each disk its own name"))]
+    #[x_kube(validation = Rule::new("self.all(d, !has(d.device) || self.exists_one(e, has(e.device) && e.device == d.device))").message("spec.dataDisks asks for a device twice: give each disk its own device, or leave device out"))]
+    pub data_disks: Option<Vec<DataDisk>>,
     /// Set by the provider to libvirt://<LibvirtMachine UID>; the kubelet must
     /// report the same provider ID.
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
@@ -221,6 +236,60 @@ pub struct AdditionalNetwork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4))]
     pub addresses_from_pools: Option<Vec<PoolReference>>,
+}
+
+/// An empty disk made with the machine.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.device) || (self.bus == 'virtio' ? self.device.startsWith('vd') : self.device.startsWith('sd'))").message("spec.dataDisks[].device must be on the disk's bus: vd<letters> for bus virtio, sd<letters> for sata and scsi"))]
+pub struct DataDisk {
+    /// The disk's name, unique among the machine's data disks: its serial in
+    /// the guest (a virtio serial holds 20 bytes) and part of its volume's name.
+    #[schemars(length(min = 1, max = 20), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Size in GiB.
+    #[serde(rename = "sizeGiB")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub size_gib: i32,
+    /// The storage pool of the host to make the volume in (of type dir, fs
+    /// or netfs, active). Default: the LibvirtCluster's domainPool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255), pattern(r"^[^/\s]+$"))]
+    pub pool: Option<String>,
+    /// qcow2 (default: allocated as the guest writes, snapshots) or raw
+    /// (sparse, a little faster).
+    #[serde(default)]
+    pub format: DataDiskFormat,
+    /// virtio (default), sata, or scsi (on a virtio-scsi controller).
+    #[serde(default)]
+    pub bus: DiskBus,
+    /// The target device libvirt gives the disk (vdb, vdc, ... on virtio,
+    /// sdb, ... on sata and scsi; vda is the root disk and sda the seed).
+    /// Default: the next free one, in order. Guests name disks in the order
+    /// they find them, so the name inside the guest can differ: find the
+    /// disk by its serial (the name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 4), pattern(r"^(vd|sd)[b-z][a-z]?$"))]
+    pub device: Option<String>,
+}
+
+/// How a data disk's volume stores its data.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DataDiskFormat {
+    #[default]
+    Qcow2,
+    Raw,
+}
+
+/// The bus a data disk is on.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskBus {
+    #[default]
+    Virtio,
+    Sata,
+    Scsi,
 }
 
 /// The guest CPU. The host must offer what is asked for (`virsh
@@ -362,4 +431,20 @@ pub struct LibvirtMachineStatus {
     /// The MAC address of the VM's NIC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
+    /// The data disks, in spec.dataDisks order: where each volume is and
+    /// the target device libvirt gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_disks: Option<Vec<DataDiskStatus>>,
+}
+
+/// Where one data disk is.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataDiskStatus {
+    /// The disk's name (spec.dataDisks[].name), its serial in the guest.
+    pub name: String,
+    /// `<pool>/<volume>` on the host, for `virsh vol-info --pool <pool> <volume>`.
+    pub volume: String,
+    /// The target device in the domain, e.g. vdb.
+    pub device: String,
 }

@@ -21,8 +21,9 @@ use super::{credentials, object_patch, own_changes, placement};
 use crate::api::capi::{CLUSTER_NAME_LABEL, Cluster, Machine};
 use crate::api::conditions::{DOMAIN_PROVISIONING_READY, MACHINE_CREATED, reasons};
 use crate::api::{
-    ClusterHost, CpuMode, CpuSpec, FirmwareSpec, FirmwareType, Initialization, LibvirtCluster, LibvirtMachine,
-    LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress, SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
+    ClusterHost, CpuMode, CpuSpec, DataDisk, DataDiskFormat, DataDiskStatus, DiskBus, FirmwareSpec, FirmwareType,
+    Initialization, LibvirtCluster, LibvirtMachine, LibvirtMachineStatus, MACHINE_FINALIZER, MachineAddress,
+    SKIP_HOST_CLEANUP_ANNOTATION, SecretReference,
 };
 use crate::image::{ImageRequest, ImageState};
 use capl_host::error::HostError;
@@ -267,6 +268,33 @@ fn host_spec(
             .collect(),
         cpu: object.spec.cpu.as_ref().map(guest_cpu),
         firmware: object.spec.firmware.as_ref().map(guest_firmware),
+        data_disks: object
+            .spec
+            .data_disks
+            .iter()
+            .flatten()
+            .map(|disk| data_disk(disk, &location.domain_pool))
+            .collect(),
+    }
+}
+
+/// `spec.dataDisks[]` in the host layer's terms, its pool defaulting to `domain_pool`.
+fn data_disk(disk: &DataDisk, domain_pool: &str) -> capl_host::data_disk::DataDisk {
+    use capl_host::data_disk::{DiskBus as Bus, DiskFormat as Format};
+    capl_host::data_disk::DataDisk {
+        name: disk.name.clone(),
+        size_gib: disk.size_gib.max(0) as u64,
+        pool: disk.pool.clone().unwrap_or_else(|| domain_pool.to_string()),
+        format: match disk.format {
+            DataDiskFormat::Qcow2 => Format::Qcow2,
+            DataDiskFormat::Raw => Format::Raw,
+        },
+        bus: match disk.bus {
+            DiskBus::Virtio => Bus::Virtio,
+            DiskBus::Sata => Bus::Sata,
+            DiskBus::Scsi => Bus::Scsi,
+        },
+        device: disk.device.clone(),
     }
 }
 
@@ -310,8 +338,13 @@ fn what_may_remain(spec: &MachineSpec, uri: &str, mac: Option<&str>) -> String {
         Some(mac) => format!("mac={mac} name={}", names.domain),
         None => format!("name={}", names.domain),
     };
+    let data: String = spec
+        .data_disks
+        .iter()
+        .map(|disk| format!(", \"{}/{}\"", disk.pool, names.data_volume(&disk.name, disk.format.as_str())))
+        .collect();
     format!(
-        "domain \"{d}\", volumes \"{p}/{o}\" and \"{p}/{i}\", and the DHCP host entry {entry} on network \"{n}\", on {uri}",
+        "domain \"{d}\", volumes \"{p}/{o}\"{data} and \"{p}/{i}\", and the DHCP host entry {entry} on network \"{n}\", on {uri}",
         d = names.domain,
         p = spec.domain_pool,
         o = names.overlay_volume(),
@@ -955,6 +988,13 @@ async fn report_status(
         if let Some(mac) = &report.mac {
             status.mac_address = Some(mac.clone());
         }
+        status.data_disks = (!report.data_disks.is_empty()).then(|| {
+            report
+                .data_disks
+                .iter()
+                .map(|d| DataDiskStatus { name: d.name.clone(), volume: d.volume.clone(), device: d.device.clone() })
+                .collect()
+        });
     }
     if lost {
         // No libvirt state to show: the domain is gone.

@@ -717,12 +717,7 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
 
 #[tokio::test]
 async fn the_api_server_enforces_the_image_url_rules() {
-    use capl::api::LibvirtMachine;
-    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
-    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
-    let namespace = env.unique_namespace("image-url").await.unwrap();
-    let raw: Api<DynamicObject> =
-        Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()));
+    let (_, _, raw) = untyped_in_fresh_namespace::<capl::api::LibvirtMachine>("image-url").await;
     let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
@@ -799,12 +794,7 @@ async fn the_api_server_enforces_the_image_url_rules() {
 
 #[tokio::test]
 async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
-    use capl::api::LibvirtMachine;
-    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
-    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
-    let namespace = env.unique_namespace("cpu-firmware").await.unwrap();
-    let raw: Api<DynamicObject> =
-        Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<LibvirtMachine>(&()));
+    let (client, namespace, raw) = untyped_in_fresh_namespace::<capl::api::LibvirtMachine>("cpu-firmware").await;
     let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
         let mut full = serde_json::json!({"image": "b.qcow2"});
         full.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
@@ -886,7 +876,7 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
 
     // A template refuses what its machines would refuse, when it is applied.
     let templates: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
+        client.clone(),
         &namespace,
         &kube::discovery::ApiResource::erase::<capl::api::LibvirtMachineTemplate>(&()),
     );
@@ -914,4 +904,97 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
         let err = templates.create(&Default::default(), &template(name, spec)).await.unwrap_err().to_string();
         assert!(err.contains(says), "template {name}: {err}");
     }
+}
+
+/// The CRD refuses data disks the provider could not make, naming the rule,
+/// fills in the defaults, and keeps them immutable; a template refuses the
+/// same when it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_enforces_the_data_disk_rules() {
+    let (client, namespace, raw) = untyped_in_fresh_namespace::<capl::api::LibvirtMachine>("data-disks").await;
+    let machine = |name: &str, disks: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": name}, "spec": {"image": "b.qcow2", "dataDisks": disks}
+        }))
+        .unwrap()
+    };
+
+    let created = raw
+        .create(
+            &Default::default(),
+            &machine(
+                "ok",
+                serde_json::json!([{"name": "etcd", "sizeGiB": 10}, {"name": "logs", "sizeGiB": 1, "bus": "scsi", "device": "sdc"}]),
+            ),
+        )
+        .await
+        .unwrap();
+    let disks = &created.data["spec"]["dataDisks"];
+    assert_eq!((&disks[0]["format"], &disks[0]["bus"]), (&serde_json::json!("qcow2"), &serde_json::json!("virtio")));
+
+    let nine: Vec<serde_json::Value> =
+        (0..9).map(|i| serde_json::json!({"name": format!("d{i}"), "sizeGiB": 1})).collect();
+    for (name, disks, says) in [
+        ("zero", serde_json::json!([{"name": "etcd", "sizeGiB": 0}]), "spec.dataDisks[0].sizeGiB"),
+        (
+            "twice",
+            serde_json::json!([{"name": "etcd", "sizeGiB": 1}, {"name": "etcd", "sizeGiB": 2}]),
+            "spec.dataDisks names a disk twice",
+        ),
+        ("upper", serde_json::json!([{"name": "Etcd", "sizeGiB": 1}]), "spec.dataDisks[0].name"),
+        ("long", serde_json::json!([{"name": "x".repeat(21), "sizeGiB": 1}]), "spec.dataDisks[0].name"),
+        (
+            "wrong-bus",
+            serde_json::json!([{"name": "etcd", "sizeGiB": 1, "bus": "sata", "device": "vdb"}]),
+            "spec.dataDisks[].device must be on the disk's bus",
+        ),
+        ("root", serde_json::json!([{"name": "etcd", "sizeGiB": 1, "device": "vda"}]), "spec.dataDisks[0].device"),
+        (
+            "same-device",
+            serde_json::json!([{"name": "a", "sizeGiB": 1, "device": "vdc"}, {"name": "b", "sizeGiB": 1, "device": "vdc"}]),
+            "spec.dataDisks asks for a device twice",
+        ),
+        ("format", serde_json::json!([{"name": "etcd", "sizeGiB": 1, "format": "vmdk"}]), "spec.dataDisks[0].format"),
+        ("nine", serde_json::json!(nine), "spec.dataDisks: Too many"),
+    ] {
+        let err = raw.create(&Default::default(), &machine(name, disks)).await.unwrap_err().to_string();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+
+    // Immutable: the disks, and whether there are any.
+    let grow = serde_json::json!({"spec": {"dataDisks": [{"name": "etcd", "sizeGiB": 20}]}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&grow)).await.unwrap_err().to_string();
+    assert!(err.contains("dataDisks is immutable"), "{err}");
+    let drop = serde_json::json!({"spec": {"dataDisks": null}});
+    let err = raw.patch("ok", &PatchParams::default(), &Patch::Merge(&drop)).await.unwrap_err().to_string();
+    assert!(err.contains("dataDisks is immutable"), "{err}");
+
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &kube::discovery::ApiResource::erase::<capl::api::LibvirtMachineTemplate>(&()),
+    );
+    let template: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
+        "metadata": {"name": "twice"}, "spec": {"template": {"spec": {"image": "b.qcow2",
+            "dataDisks": [{"name": "etcd", "sizeGiB": 1}, {"name": "etcd", "sizeGiB": 2}]}}}
+    }))
+    .unwrap();
+    let err = templates.create(&Default::default(), &template).await.unwrap_err().to_string();
+    assert!(err.contains("spec.dataDisks names a disk twice"), "{err}");
+}
+
+/// The project's CRDs on the shared API server and a fresh namespace named
+/// after `label`: the client, the namespace, and `K` there as untyped
+/// objects (so that what is checked is the server's validation, not serde's).
+async fn untyped_in_fresh_namespace<K>(label: &str) -> (kube::Client, String, Api<DynamicObject>)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let env = testenv::TestEnv::shared().await.expect("local control plane (run `cargo xtask control-plane build`)");
+    env.install_crds_from_dir(&repo_root().join("config/crd/bases")).await.unwrap();
+    let namespace = env.unique_namespace(label).await.unwrap();
+    let api = Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<K>(&()));
+    (env.client(), namespace, api)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::support::*;
 use capl::api::capi::{Cluster, Machine};
 use capl::api::{LibvirtCluster, LibvirtMachine, MACHINE_FINALIZER};
-use capl_host::hypervisor::{DomainState, Hypervisor};
+use capl_host::hypervisor::{DomainState, HostAdmin, Hypervisor};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -225,6 +225,69 @@ async fn a_cpu_model_the_host_does_not_list_is_reported() {
     );
     w.wait_event("m0", "Warning", "InvalidMachineSpec", &text).await;
     assert_nothing_created(&w, "m0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_disk_in_a_pool_the_host_lacks_is_reported() {
+    let w = World::new("rg-datapool").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    create_bootstrap_secret(&w, "m0-bootstrap", cloud_config("m0")).await;
+    let m: Machine = w.apply(machine_json("m0", "demo", "m0", Some("m0-bootstrap"))).await;
+    let mut lm = libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())));
+    lm["spec"]["dataDisks"] =
+        json!([{"name": "etcd", "sizeGiB": 4}, {"name": "logs", "sizeGiB": 1, "pool": "fast-ssd"}]);
+    let _: LibvirtMachine = w.apply(lm).await;
+
+    let lm = wait_reason(&w, "m0", "DomainProvisioningReady", "False", "InfrastructureMissing").await;
+    let text = message(&lm, "DomainProvisioningReady");
+    assert!(
+        text.contains("m0") && text.contains("spec.dataDisks \"logs\" names storage pool \"fast-ssd\""),
+        "names machine, disk and pool: {text}"
+    );
+    assert!(text.contains("does not exist") && text.contains("nothing was created"), "says why and what: {text}");
+    w.wait_event("m0", "Warning", "InfrastructureMissing", &text).await;
+    assert_nothing_created(&w, "m0");
+}
+
+/// The data disks are made with the machine, shown in its status (volume
+/// and device), and deleted with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_disks_are_shown_in_status_and_go_with_the_machine() {
+    let w = World::new("rg-datadisks").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    create_bootstrap_secret(&w, "m0-bootstrap", cloud_config("m0")).await;
+    let m: Machine = w.apply(machine_json("m0", "demo", "m0", Some("m0-bootstrap"))).await;
+    let mut lm = libvirt_machine_json("m0", "demo", Some(("m0", &m.uid().unwrap())));
+    lm["spec"]["dataDisks"] = json!([
+        {"name": "etcd", "sizeGiB": 4},
+        {"name": "images", "sizeGiB": 8, "pool": BASE_POOL, "format": "raw", "bus": "sata"}
+    ]);
+    let _: LibvirtMachine = w.apply(lm).await;
+
+    let lm = w.wait_for::<LibvirtMachine>("m0", "Ready with data disks", machine_ready).await;
+    let status = lm.status.clone().unwrap();
+    let domain = status.domain_name.clone().unwrap();
+    let shown: Vec<(String, String, String)> =
+        status.data_disks.unwrap().into_iter().map(|d| (d.name, d.volume, d.device)).collect();
+    let etcd = format!("{domain}-data-etcd.qcow2");
+    let images = format!("{domain}-data-images.raw");
+    assert_eq!(
+        shown,
+        [
+            ("etcd".to_string(), format!("{DOMAIN_POOL}/{etcd}"), "vdb".to_string()),
+            ("images".to_string(), format!("{BASE_POOL}/{images}"), "sdb".to_string()),
+        ]
+    );
+    let hv = w.inspect();
+    assert!(hv.volume_list(DOMAIN_POOL).unwrap().contains(&etcd));
+    assert!(hv.volume_list(BASE_POOL).unwrap().contains(&images));
+
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    assert!(!hv.volume_list(DOMAIN_POOL).unwrap().contains(&etcd), "the data disk outlived its machine");
+    assert!(!hv.volume_list(BASE_POOL).unwrap().contains(&images), "the data disk outlived its machine");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -271,6 +271,53 @@ fn the_pool_image_flavor_names_a_volume_instead_of_a_url_and_nothing_else() {
     assert!(manifests::pool_image_flavor(&changed).unwrap_err().contains("both LibvirtMachineTemplates"));
 }
 
+/// The data-disks flavor is the default flavor with an etcd data disk on
+/// each control-plane machine, formatted and mounted by cloud-init from the
+/// serial the disk's name gives it, and etcd's data directory under the
+/// mount; nothing else changed.
+#[test]
+fn the_data_disks_flavor_puts_etcd_on_its_own_disk_and_changes_nothing_else() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::data_disks_flavor(&default_flavor).unwrap();
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let (default_docs, flavor_docs) = (docs(&default_flavor), docs(&flavor));
+    assert_eq!(default_docs.len(), flavor_docs.len());
+    let mut changed = Vec::new();
+    for (before, after) in default_docs.iter().zip(&flavor_docs) {
+        if before != after {
+            changed.push(after.clone());
+        }
+    }
+    let kinds: Vec<&str> = changed.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["KubeadmControlPlane", "LibvirtMachineTemplate"], "only these change");
+    let (kcp, template) = (&changed[0], &changed[1]);
+    assert!(template["metadata"]["name"].as_str().unwrap().ends_with("-control-plane"), "{template}");
+    let disks = template["spec"]["template"]["spec"]["dataDisks"].as_array().unwrap();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    let name = disks[0]["name"].as_str().unwrap();
+    let config = &kcp["spec"]["kubeadmConfigSpec"];
+    let filesystem = &config["diskSetup"]["filesystems"][0];
+    assert_eq!(filesystem["device"], format!("/dev/disk/by-id/virtio-{name}"), "{config}");
+    let label = filesystem["label"].as_str().unwrap();
+    let mount = config["mounts"][0].as_array().unwrap();
+    assert_eq!(mount[0], format!("LABEL={label}"), "{config}");
+    let data_dir = config["clusterConfiguration"]["etcd"]["local"]["dataDir"].as_str().unwrap();
+    assert!(data_dir.starts_with(&format!("{}/", mount[1].as_str().unwrap())), "{data_dir} is under the mount");
+    let mut expected = kcp.clone();
+    let spec = expected["spec"]["kubeadmConfigSpec"].as_object_mut().unwrap();
+    for key in ["diskSetup", "mounts", "clusterConfiguration"] {
+        spec.remove(key);
+    }
+    let before = default_docs.iter().find(|d| d["kind"] == "KubeadmControlPlane").unwrap();
+    assert_eq!(&expected, before, "the rest of the KubeadmControlPlane is the default flavor's");
+    let (_, variables) = crate::clusterctl_template::substitute(&flavor);
+    assert!(variables.contains("CAPL_ETCD_DISK_GIB"), "{variables:?}");
+}
+
 fn crd_json(kind: &str) -> Value {
     let crd = manifests::crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap();
     serde_json::to_value(crd).unwrap()
