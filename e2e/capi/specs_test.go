@@ -70,3 +70,15 @@ var _ = Describe("md-rollout", Label("md-rollout"), func() {
 		}
 	})
 })
+
+// quick-start-data-disks: QuickStartSpec with the data-disks flavor, whose
+// control-plane machines keep etcd on a data disk; once the machines are up,
+// each control-plane node's cloud-init log shows the file system made on that
+// disk and the mount that put it under etcd's data directory.
+var _ = Describe("quick-start with data disks", Label("quick-start-data-disks"), func() {
+	capie2e.QuickStartSpec(ctx, func() capie2e.QuickStartSpecInput {
+		input := quickStart(ptr.To("data-disks"))()
+		input.PostMachinesProvisioned = etcdDiskMounted
+		return input
+	})
+})

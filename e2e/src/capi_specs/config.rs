@@ -27,6 +27,7 @@ const FLAVOR_FILES: &[(&str, &str, Option<&str>)] = &[
     ("cluster-template.yaml", "cluster-template.yaml", None),
     ("cluster-template-topology.yaml", "cluster-template-topology.yaml", None),
     ("clusterclass-libvirt.yaml", "clusterclass-libvirt.yaml", None),
+    ("cluster-template-data-disks.yaml", "cluster-template-data-disks.yaml", None),
     ("cluster-template-md-remediation.yaml", "cluster-template.yaml", Some("md-remediation.yaml")),
     ("cluster-template-kcp-md-taints.yaml", "cluster-template.yaml", Some("kcp-md-taints.yaml")),
 ];

@@ -84,6 +84,12 @@ pub const SPECS: &[Spec] = &[
                without replacing them, then a new LibvirtMachineTemplate rolls the workers",
         default: false,
     },
+    Spec {
+        id: "quick-start-data-disks",
+        what: "QuickStartSpec with the data-disks flavor: etcd on a data disk of the control-plane machine, \
+               whose cloud-init log shows the disk formatted and mounted",
+        default: false,
+    },
 ];
 
 /// The specs `focus` names (every default one when empty, all with `all`);
