@@ -101,7 +101,15 @@ pub struct DomainDefinition {
     /// The data disks, after the root disk (with a virtio-scsi controller
     /// when one is on bus scsi).
     pub data_disks: Vec<DataDiskDevice>,
+    /// The Ignition config's file on the host, for a machine whose bootstrap
+    /// data is Ignition: QEMU hands it to the guest as the firmware config
+    /// entries Ignition reads ([`IGNITION_FW_CFG_NAMES`]).
+    pub ignition_path: Option<String>,
 }
+
+/// The firmware config entries Ignition's QEMU platform reads its config
+/// from: Fedora CoreOS and upstream Ignition, then Flatcar's.
+pub const IGNITION_FW_CFG_NAMES: [&str; 2] = ["opt/com.coreos/config", "opt/org.flatcar-linux/config"];
 
 /// The domain XML for [`DomainDefinition`].
 ///
@@ -154,6 +162,16 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
             )
         })
         .collect();
+    let sysinfo = match &d.ignition_path {
+        Some(path) => {
+            let entries: String = IGNITION_FW_CFG_NAMES
+                .iter()
+                .map(|name| format!("    <entry name='{name}' file='{}'/>\n", escape(path)))
+                .collect();
+            format!("  <sysinfo type='fwcfg'>\n{entries}  </sysinfo>\n")
+        }
+        None => String::new(),
+    };
     let log = match &d.console_log_path {
         Some(path) => format!("\n      <log file='{}' append='on'/>", escape(path)),
         None => String::new(),
@@ -173,7 +191,7 @@ pub fn domain_xml(d: &DomainDefinition) -> String {
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
   <vcpu placement='static'>{vcpu}</vcpu>
-  <os{os_firmware}>
+{sysinfo}  <os{os_firmware}>
     <type arch='{arch}'{machine}>hvm</type>
 {firmware_features}    <boot dev='hd'/>
   </os>
@@ -263,7 +281,9 @@ pub struct DomainInfo {
     pub uuid: String,
     /// Our marker, when the domain carries one.
     pub owner: Option<OwnerMarker>,
-    /// `<source file=..>` of every disk and cdrom.
+    /// The files the domain reads: `<source file=..>` of every disk and
+    /// cdrom, and the file of every firmware config entry (`<sysinfo
+    /// type='fwcfg'>`).
     pub disk_paths: Vec<String>,
     /// The same of the disks the guest can write: neither a cdrom nor
     /// marked `<readonly/>`.
@@ -298,7 +318,17 @@ pub fn parse_domain(xml: &str) -> Result<DomainInfo, String> {
         .filter(|(disk, _)| disk.attr("device") != Some("cdrom") && disk.child("readonly").is_none())
         .map(|(_, path)| path.clone())
         .collect();
-    let disk_paths = file_disks.into_iter().map(|(_, path)| path).collect();
+    let fw_cfg_files = root
+        .children_named("sysinfo")
+        .filter(|s| s.attr("type") == Some("fwcfg"))
+        .flat_map(|s| s.children_named("entry"))
+        .filter_map(|entry| entry.attr("file").map(str::to_string));
+    let mut disk_paths: Vec<String> = file_disks.into_iter().map(|(_, path)| path).collect();
+    for file in fw_cfg_files {
+        if !disk_paths.contains(&file) {
+            disk_paths.push(file);
+        }
+    }
     let macs = devices
         .into_iter()
         .flat_map(|d| d.children_named("interface"))

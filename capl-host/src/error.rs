@@ -167,6 +167,12 @@ pub enum HostError {
     DiskTooSmall { disk_gib: u64, image: String, image_bytes: u64, min_gib: u64 },
 
     #[error(
+        "the bootstrap data is an Ignition config, and Ignition does not read the seed's network-config that static addresses from IPAM (spec.addressesFromPools, or addressesFromPools of an additional network) need: give the machine its addresses by DHCP, or use a bootstrap format of cloud-init (cloud-config); nothing was created on the host"
+    )]
+    /// The caller names the LibvirtMachine (once) in front of this message.
+    IgnitionWithStaticAddresses,
+
+    #[error(
         "spec.dataDisks {detail}; nothing was created on the host; since spec.dataDisks cannot be changed, roll out a new LibvirtMachineTemplate (or a new LibvirtMachine) with it put right"
     )]
     /// `spec.dataDisks` contradicts itself (the API server refuses the same).
@@ -315,7 +321,8 @@ impl HostError {
             | HostError::HostnameTooLong { .. }
             | HostError::GuestHardwareContradiction { .. }
             | HostError::GuestHardwareUnavailable { .. }
-            | HostError::DataDiskInvalid { .. } => FailureKind::InvalidMachineSpec,
+            | HostError::DataDiskInvalid { .. }
+            | HostError::IgnitionWithStaticAddresses => FailureKind::InvalidMachineSpec,
             HostError::Collision { kind: ObjectKind::Domain, .. } => FailureKind::DomainCollision,
             HostError::Collision { .. } => FailureKind::ObjectCollision,
             HostError::Unreachable { .. } | HostError::NoAnswer { .. } | HostError::ThreadsUsedUp { .. } => {

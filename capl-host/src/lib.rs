@@ -43,7 +43,7 @@ pub use domain_xml::DomainTypePreference;
 pub use error::{FailureKind, HostError, HostResult, ObjectKind};
 pub use infra::{InfraSpec, check_infrastructure};
 pub use machine::{
-    AdditionalNic, CreateStep, LeftOnHost, MachineAddress, MachineReport, MachineSpec, NicAttachment, create_machine,
-    delete_machine, observe_machine, refresh_reservation, run_create_steps, start_machine,
+    AdditionalNic, BootstrapFormat, CreateStep, LeftOnHost, MachineAddress, MachineReport, MachineSpec, NicAttachment,
+    create_machine, delete_machine, observe_machine, refresh_reservation, run_create_steps, start_machine,
 };
 pub use naming::MachineNames;

@@ -232,6 +232,12 @@ impl MachineNames {
         format!("{SEED_VOLUME_PREFIX}{}{SEED_VOLUME_SUFFIX}", self.domain)
     }
 
+    /// The Ignition config of a machine whose bootstrap data is Ignition:
+    /// `ignition-<domain>.ign`, the file of its firmware config entry.
+    pub fn ignition_volume(&self) -> String {
+        format!("ignition-{}.ign", self.domain)
+    }
+
     /// The first MAC the machine tries: derived from the domain name. The MAC
     /// it uses is the first of [`Self::mac_candidates`] free on the network
     /// when it reserved its address, read back from its DHCP entry or domain.

@@ -6,8 +6,9 @@
 //! UEFI boot path `systemd-boot-efi` (the EFI stub) and `binutils` (objcopy).
 //!
 //! The guest is a kernel plus a busybox initramfs whose `/init`:
-//! 1. loads the virtio (with virtio-scsi), IDE, AHCI, SCSI disk, cdrom, isofs and ext4 modules (whatever of them the kernel has
-//!    as modules, dependencies first, resolved from `modules.dep`);
+//! 1. loads the virtio (with virtio-scsi), IDE, AHCI, SCSI disk, cdrom, isofs,
+//!    ext4 and fw_cfg modules (whatever of them the kernel has as modules,
+//!    dependencies first, resolved from `modules.dep`);
 //! 2. mounts the NoCloud seed (the ISO labelled `cidata`, an IDE or SATA cdrom, `/dev/sr0`);
 //! 3. prints one line to the serial console that tests grep for:
 //!    `CAPL-GUEST instance-id=<id> local-hostname=<name> user-data-sha256=<hex>`;
@@ -19,15 +20,18 @@
 //!    each static one, and runs `udhcpc` on each DHCP one; without one, brings
 //!    `eth0` up and runs `udhcpc -x hostname:<local-hostname>` on it; udhcpc
 //!    prints `CAPL-GUEST dhcp bound ip=<address>` when it has a lease;
-//! 5. prints each disk but the seed, `CAPL-GUEST disk <dev> serial=<serial>
+//! 5. prints the SHA-256 of each firmware config entry Ignition reads that
+//!    QEMU has (`CAPL-GUEST fw_cfg opt/com.coreos/config sha256=<hex>`, and
+//!    the same for `opt/org.flatcar-linux/config`);
+//! 6. prints each disk but the seed, `CAPL-GUEST disk <dev> serial=<serial>
 //!    bytes=<size>`; for each serial a `#capl-mount <serial>...` line of the
 //!    user-data names, makes a file system on that disk, mounts it and
 //!    writes and reads back a file, printing `CAPL-GUEST mounted serial=<serial>
 //!    dev=<dev> at /data/<serial>`;
-//! 6. pings every address a `#capl-ping <address>...` line of the user-data
+//! 7. pings every address a `#capl-ping <address>...` line of the user-data
 //!    names (but its own) until it answers, printing `CAPL-GUEST ping <address> ok`
 //!    (or `failed` after 5 minutes): tests see guests reach each other;
-//! 7. stays alive.
+//! 8. stays alive.
 //!
 //! The disk is a FAT "superfloppy" written with mtools (no loop devices, no
 //! mounts), then converted to qcow2. It boots with BIOS firmware (syslinux in
@@ -58,8 +62,19 @@ pub const CACHE_ENV: &str = capl_testbed::env::GUEST_CACHE_DIR;
 
 /// Modules the guest needs, by name; each is loaded with its dependencies
 /// unless the kernel has it built in.
-const NEEDED_MODULES: &[&str] =
-    &["virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "ata_piix", "ahci", "sd_mod", "sr_mod", "isofs", "ext4"];
+const NEEDED_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "virtio_blk",
+    "virtio_scsi",
+    "ata_piix",
+    "ahci",
+    "sd_mod",
+    "sr_mod",
+    "isofs",
+    "ext4",
+    "qemu_fw_cfg",
+];
 
 /// Size of the FAT image in KiB (kernel ~10 MiB, initramfs ~3 MiB).
 const FAT_KIB: &str = "65536";
@@ -150,6 +165,11 @@ else
   ip link set eth0 up || say "error: no eth0"
   dhcp_on eth0
 fi
+# The firmware config entries Ignition reads (QEMU's fw_cfg, in sysfs).
+for entry in opt/com.coreos/config opt/org.flatcar-linux/config; do
+  f="/sys/firmware/qemu_fw_cfg/by_name/$entry/raw"
+  [ -f "$f" ] && say "fw_cfg $entry sha256=$(sha256sum "$f" | cut -d' ' -f1)"
+done
 # Every disk but the seed, with its serial: virtio's from sysfs, SATA's and
 # SCSI's from the unit serial number page (VPD 0x80, after its 4-byte header).
 serial_of() {

@@ -103,6 +103,7 @@ impl MachineRun<'_> {
             nested_feature: nested_feature.map(str::to_string),
             firmware: self.spec.firmware,
             data_disks: self.data_disk_devices()?,
+            ignition_path: self.ignition_path()?,
         };
         match self.hv.domain_define(&domain_xml(&definition)) {
             Ok(_) => {

@@ -7,7 +7,7 @@
 //!
 //! The flow lives here; its parts, one file each, are the [`domain`], the
 //! root [`disks`] (and the volume calls they share with the seed), the
-//! [`data_disks`], the cloud-init [`seed`] ISO, the DHCP [`reservation`] (and the address
+//! [`data_disks`], the cloud-init [`seed`] ISO, the [`ignition`] config, the DHCP [`reservation`] (and the address
 //! read from the leases), and the additional [`nics`].
 //!
 //! # What is ours
@@ -76,13 +76,17 @@
 //! uses what they read (a create resumed without the checks reads both again).
 //! Each data disk adds three calls to a create (lookup, create, read back)
 //! and two to a delete (read, delete); each pool a data disk names besides
-//! the domain pool adds two to a create's checks (pool XML, active).
+//! the domain pool adds two to a create's checks (pool XML, active). An
+//! Ignition config adds four to a create (lookup, create, read back,
+//! upload) and two to a delete (read, delete); a delete whose domain is
+//! already gone looks for one (one call).
 //!
 //! [`METADATA_NAMESPACE`]: crate::domain_xml::METADATA_NAMESPACE
 
 mod data_disks;
 mod disks;
 mod domain;
+mod ignition;
 mod nics;
 mod reservation;
 mod seed;
@@ -96,6 +100,7 @@ use crate::error::{HostError, HostResult, ObjectKind};
 use crate::guest_hardware::{CpuSettings, FirmwareSettings, check_settings};
 use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
 use crate::naming::{MachineNames, NameScheme};
+pub use ignition::IGNITION_SEED_USER_DATA;
 pub use seed::MAX_SEED_BYTES;
 
 /// Everything the host layer needs to know about one machine, in plain Rust.
@@ -145,6 +150,25 @@ pub struct MachineSpec {
     pub firmware: Option<FirmwareSettings>,
     /// `spec.dataDisks`, in order, each with its pool resolved.
     pub data_disks: Vec<DataDisk>,
+    /// What the bootstrap data is: cloud-init's user-data (the seed ISO's) or
+    /// an Ignition config (a firmware config entry). Only create reads it.
+    pub bootstrap_format: BootstrapFormat,
+}
+
+/// The format of a machine's bootstrap data (the bootstrap Secret's `format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BootstrapFormat {
+    /// cloud-init user-data (`cloud-config`), the seed ISO's user-data.
+    #[default]
+    CloudConfig,
+    /// An Ignition config, handed to the guest in QEMU's firmware config.
+    Ignition,
+}
+
+impl BootstrapFormat {
+    pub fn is_ignition(self) -> bool {
+        self == BootstrapFormat::Ignition
+    }
 }
 
 /// A NIC after the first: where it is plugged in and how the guest addresses it.
@@ -170,6 +194,10 @@ impl MachineSpec {
         check_settings(self.cpu.as_ref(), self.firmware.as_ref(), self.vcpu)
             .map_err(|c| HostError::GuestHardwareContradiction { field: c.field, detail: c.detail })?;
         crate::data_disk::check(&self.data_disks).map_err(|detail| HostError::DataDiskInvalid { detail })?;
+        let static_nics = self.ipam || self.additional_nics.iter().any(|nic| !nic.static_addresses.is_empty());
+        if self.bootstrap_format.is_ignition() && static_nics {
+            return Err(HostError::IgnitionWithStaticAddresses);
+        }
         if self.name.chars().count() > HOSTNAME_MAX {
             return Err(HostError::HostnameTooLong {
                 hostname: self.name.clone(),
@@ -218,6 +246,7 @@ pub enum CreateStep {
     DataDisks,
     CloudInitVolume,
     CloudInitUpload,
+    IgnitionConfig,
     DhcpReservation,
     Define,
     Autostart,
@@ -232,6 +261,7 @@ impl CreateStep {
             CreateStep::DataDisks => "data_disks",
             CreateStep::CloudInitVolume => "iso_volume",
             CreateStep::CloudInitUpload => "iso_upload",
+            CreateStep::IgnitionConfig => "ignition",
             CreateStep::DhcpReservation => "reservation",
             CreateStep::Define => "define",
             CreateStep::Autostart => "autostart",
@@ -239,11 +269,12 @@ impl CreateStep {
         }
     }
 
-    pub const ALL: [CreateStep; 8] = [
+    pub const ALL: [CreateStep; 9] = [
         CreateStep::RootDisk,
         CreateStep::DataDisks,
         CreateStep::CloudInitVolume,
         CreateStep::CloudInitUpload,
+        CreateStep::IgnitionConfig,
         CreateStep::DhcpReservation,
         CreateStep::Define,
         CreateStep::Autostart,
@@ -291,7 +322,8 @@ pub struct DataDiskReport {
 }
 
 /// Creates the machine, seeded with the bootstrap data `user_data` (the
-/// cloud-init user-data): root disk, data disks, seed ISO, DHCP reservation, domain,
+/// cloud-init user-data, or the Ignition config when the spec's
+/// [`BootstrapFormat`] says so): root disk, data disks, seed ISO, Ignition config, DHCP reservation, domain,
 /// autostart, start ([`CreateStep::ALL`]). Each step first checks whether it
 /// is done, so a create after a crash at any point finishes the job. When the
 /// domain exists already nothing is created: it is started when stopped, as
@@ -370,8 +402,8 @@ pub fn refresh_reservation(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResul
 }
 
 /// Removes the domain (destroy, undefine with managed save, snapshot
-/// metadata and NVRAM), the root disk, the data disks, the cloud-init ISO
-/// and the DHCP reservation. Each step tolerates "already gone".
+/// metadata and NVRAM), the root disk, the data disks, the Ignition config,
+/// the cloud-init ISO and the DHCP reservation. Each step tolerates "already gone".
 ///
 /// An object at one of our names that is not ours (a foreign domain, a
 /// volume or DHCP entry that fails the ownership rules, or a volume or DHCP
@@ -399,6 +431,7 @@ pub fn delete_machine(hv: &dyn Hypervisor, spec: &MachineSpec) -> HostResult<Vec
     let reservation = if spec.is_static() { Ok(None) } else { run.remove_reservation(foreign.as_ref()) };
     let mut disks = vec![run.remove_overlay(ours.as_ref(), foreign.as_ref())];
     disks.extend(run.remove_data_disks(ours.as_ref(), foreign.as_ref()));
+    disks.push(run.remove_ignition(ours.as_ref(), foreign.as_ref()));
     // The seed records whose the disks are: it goes only once every disk is
     // gone (or known not to be ours), never before one.
     let unsettled = disks.iter().any(|d| matches!(d, Err(e) if !matches!(e, HostError::Collision { .. })));
@@ -452,6 +485,8 @@ struct MachineRun<'a> {
     overlay_path: Option<String>,
     /// The data disks' paths, in order, once this run made or found them.
     data_disk_paths: Option<Vec<String>>,
+    /// The Ignition config's path, once this run wrote it.
+    ignition_path: Option<String>,
     seed_path: Option<String>,
     /// Set when this run defined the domain (so it is known to be shut off).
     defined_now: bool,
@@ -481,6 +516,7 @@ impl<'a> MachineRun<'a> {
             domain_absent: false,
             overlay_path: None,
             data_disk_paths: None,
+            ignition_path: None,
             seed_path: None,
             defined_now: false,
             mac: None,
@@ -527,8 +563,11 @@ impl<'a> MachineRun<'a> {
         }
     }
 
-    /// One create step; only the create flows run these, and they have the seed.
-    fn step(&mut self, step: CreateStep, user_data: &[u8]) -> HostResult<()> {
+    /// One create step; only the create flows run these, and they have the
+    /// bootstrap data (the seed's user-data, or the Ignition config).
+    fn step(&mut self, step: CreateStep, bootstrap: &[u8]) -> HostResult<()> {
+        let ignition = self.spec.bootstrap_format.is_ignition();
+        let user_data = if ignition { IGNITION_SEED_USER_DATA } else { bootstrap };
         match step {
             CreateStep::RootDisk => self.ensure_root_disk(),
             CreateStep::DataDisks => self.ensure_data_disks(),
@@ -538,6 +577,8 @@ impl<'a> MachineRun<'a> {
             CreateStep::CloudInitUpload if self.domain_defined()? => Ok(()),
             CreateStep::CloudInitVolume => self.ensure_seed_volume(user_data),
             CreateStep::CloudInitUpload => self.upload_seed(user_data),
+            CreateStep::IgnitionConfig if !ignition || self.domain_defined()? => Ok(()),
+            CreateStep::IgnitionConfig => self.ensure_ignition(bootstrap),
             CreateStep::DhcpReservation if self.spec.is_static() => Ok(()),
             CreateStep::DhcpReservation => self.ensure_reservation().map(|_| ()),
             CreateStep::Define => self.ensure_defined(),
@@ -635,6 +676,7 @@ mod tests {
             cpu: None,
             firmware: None,
             data_disks: Vec::new(),
+            bootstrap_format: BootstrapFormat::CloudConfig,
         }
     }
 
@@ -738,6 +780,24 @@ mod tests {
             }),
             nested_virtualization: nested,
         }
+    }
+
+    /// Ignition does not read the seed's network-config, so a machine with
+    /// static addresses cannot get them from an Ignition config: refused
+    /// before anything is created.
+    #[test]
+    fn ignition_with_static_addresses_is_refused_before_anything_is_created() {
+        let uri = "sim:///ignition-static";
+        let _host = sim_host::register(uri).unwrap();
+        let hv = SimHypervisor::connect(uri).unwrap();
+        let mut bad = spec("worker-0");
+        bad.bootstrap_format = BootstrapFormat::Ignition;
+        let err = create_machine(&hv, &bad, b"{}").unwrap_err();
+        assert_eq!(err, HostError::IgnitionWithStaticAddresses);
+        assert_eq!(err.kind(), crate::FailureKind::InvalidMachineSpec);
+        assert!(err.to_string().contains("spec.addressesFromPools"), "{err}");
+        assert_eq!(hv.domain_list().unwrap(), Vec::<String>::new());
+        assert_eq!(hv.volume_list(sim_host::DOMAIN_POOL).unwrap(), Vec::<String>::new());
     }
 
     #[test]

@@ -108,6 +108,7 @@ pub fn spec(fx: &Fixture, namespace: &str, name: &str) -> MachineSpec {
         cpu: None,
         firmware: None,
         data_disks: Vec::new(),
+        bootstrap_format: capl_host::BootstrapFormat::CloudConfig,
     }
 }
 
@@ -122,7 +123,7 @@ pub fn leftovers(hv: &dyn HostAdmin, fx: &Fixture, specs: &[MachineSpec]) -> Vec
         if domains.contains(&names.domain) {
             left.push(format!("domain {}", names.domain));
         }
-        for volume in [names.overlay_volume(), names.cloud_init_volume()] {
+        for volume in [names.overlay_volume(), names.cloud_init_volume(), names.ignition_volume()] {
             if volumes.contains(&volume) {
                 left.push(format!("volume {volume}"));
             }

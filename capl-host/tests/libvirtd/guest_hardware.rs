@@ -61,6 +61,7 @@ fn definition(h: &LibvirtHypervisor, name: &str, uuid: &str) -> DomainDefinition
         nested_feature: None,
         firmware: None,
         data_disks: Vec::new(),
+        ignition_path: None,
     }
 }
 
@@ -131,15 +132,15 @@ fn uefi_firmware_gets_an_efi_loader() {
 /// How long a UEFI guest's console may take to show what a test waits for (OVMF and the kernel under TCG).
 const UEFI_GUEST_WITHIN: Duration = Duration::from_secs(300);
 
-/// Creates the machine `name` from the test guest as `shape` makes it, its
-/// user-data followed by the lines `extra` (the test guest's commands), and
-/// its serial console logged; runs `check` on it (the host, the spec, the
-/// console log's path), then deletes it: nothing of it may be left on the
-/// host. Returns what `check` returned.
+/// Creates the machine `name` from the test guest as `shape` makes it, with
+/// the bootstrap data `bootstrap` makes of its spec and its serial console
+/// logged; runs `check` on it (the host, the spec, the console log's path),
+/// then deletes it: nothing of it may be left on the host. Returns what
+/// `check` returned.
 fn on_a_guest_with<T>(
     name: &str,
     shape: impl FnOnce(&mut MachineSpec),
-    extra: &str,
+    bootstrap: impl FnOnce(&MachineSpec) -> Vec<u8>,
     check: impl FnOnce(&LibvirtHypervisor, &MachineSpec, &Path) -> T,
 ) -> T {
     let _daemon = crate::share_real_daemon_blocking();
@@ -154,7 +155,7 @@ fn on_a_guest_with<T>(
     shape(&mut spec);
     let _ = capl_host::delete_machine(&h, &spec);
     let console = logs.join(format!("{}-console.log", spec.names().domain));
-    let seed = [user_data(&spec), extra.as_bytes().to_vec()].concat();
+    let seed = bootstrap(&spec);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         create_machine(&h, &spec, &seed).unwrap_or_else(|e| panic!("create machine {name}: {e}"));
         check(&h, &spec, &console)
@@ -195,7 +196,7 @@ fn a_machine_with_uefi_firmware_boots_and_reads_its_seed() {
     on_a_guest_with(
         "uefi-boot",
         |s| s.firmware = Some(firmware),
-        "",
+        user_data,
         |h, spec, console| {
             let xml = h.domain_xml(&spec.names().domain).expect("domain XML");
             assert!(xml.contains("firmware='efi'") && xml.contains("<loader"), "no EFI loader: {xml}");
@@ -223,7 +224,7 @@ fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
     let state_files = on_a_guest_with(
         "secure-boot",
         |s| s.firmware = Some(firmware),
-        "",
+        user_data,
         |h, spec, console| {
             let domain = spec.names().domain;
             assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
@@ -288,7 +289,8 @@ fn a_guest_sees_mounts_and_writes_its_data_disks() {
             })
             .collect();
     };
-    on_a_guest_with("data-disks", shape, "#capl-mount etcd images logs\n", |h, spec, console| {
+    let mount = |spec: &MachineSpec| [user_data(spec), b"#capl-mount etcd images logs\n".to_vec()].concat();
+    on_a_guest_with("data-disks", shape, mount, |h, spec, console| {
         let volumes = h.volume_list(DISK_POOL).unwrap();
         for disk in &spec.data_disks {
             let volume = spec.names().data_volume(&disk.name, disk.format.as_str());
@@ -309,6 +311,38 @@ fn a_guest_sees_mounts_and_writes_its_data_disks() {
             Ok(all)
         });
     });
+}
+
+/// A machine whose bootstrap data is an Ignition config boots, and its guest
+/// reads the config back from QEMU's firmware config in sysfs, where
+/// Ignition reads it, under both names (Fedora CoreOS's and Flatcar's). The
+/// seed is there too: the guest prints the identity it records.
+#[test]
+fn a_guest_reads_its_ignition_config_from_the_firmware_config() {
+    use sha2::{Digest, Sha256};
+
+    let config = br#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/capl","contents":{"source":"data:,ok"}}]}}"#;
+    let digest: String = Sha256::digest(config).iter().map(|b| format!("{b:02x}")).collect();
+    let shape = |spec: &mut MachineSpec| spec.bootstrap_format = capl_host::BootstrapFormat::Ignition;
+    on_a_guest_with(
+        "ignition",
+        shape,
+        |_| config.to_vec(),
+        |_, spec, console| {
+            let identity = format!("CAPL-GUEST instance-id={} ", spec.identity);
+            watch_console(console, "the Ignition config read back", |log| {
+                if let Some(line) =
+                    log.lines().find(|l| l.contains("CAPL-GUEST fw_cfg") && !l.trim_end().ends_with(&digest))
+                {
+                    return Err(format!("the guest read another config: {line}"));
+                }
+                let both = ["opt/com.coreos/config", "opt/org.flatcar-linux/config"]
+                    .iter()
+                    .all(|entry| log.contains(&format!("CAPL-GUEST fw_cfg {entry} sha256={digest}")));
+                Ok(both && log.contains(&identity))
+            });
+        },
+    );
 }
 
 /// Where a file of the daemon's state is seen from the tests: the private

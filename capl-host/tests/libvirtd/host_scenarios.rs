@@ -99,6 +99,7 @@ const SCENARIOS: &[Scenario] = &[
         scenarios::another_identitys_disk_is_not_adopted(c.hv, c.fx, &c.namespace)
     }),
     both("data_disks", "data", |c| scenarios::data_disks(c.hv, c.fx, &c.namespace)),
+    both("ignition_config", "ign", |c| scenarios::ignition_config(c.hv, c.fx, &c.namespace)),
     both("data_disk_problems", "baddata", |c| scenarios::data_disk_problems(c.hv, c.fx, &c.namespace)),
     both("legacy_names_are_kept", "legacy", |c| scenarios::legacy_names_are_kept(c.hv, c.fx, &c.namespace)),
     both("unusable_network_fails_before_anything_is_made", "unnet", |c| {

@@ -152,6 +152,20 @@ fn each_data_disk_adds_three_calls_to_a_create_and_two_to_a_delete() {
     assert_eq!((two.0 - plain.0, two.1 - plain.1), (3 + 3 + 2, 2 + 2), "two disks, two pools: {calls:?}");
 }
 
+/// An Ignition config costs four calls more on create (lookup, create, read
+/// back, upload) and two on delete (read, delete), found from the domain's
+/// XML with no lookup of its own.
+#[test]
+fn an_ignition_config_adds_four_calls_to_a_create_and_two_to_a_delete() {
+    let (host, hv, fx) = sim("ignition-counts");
+    let plain = spec(&fx, "sim-ign-counts", "plain-0");
+    let mut ignition = spec(&fx, "sim-ign-counts", "ign-0");
+    ignition.bootstrap_format = capl_host::BootstrapFormat::Ignition;
+    let calls = create_and_delete_calls(&host, &hv, &[&plain, &ignition]);
+    let (plain, ignition) = (calls[0], calls[1]);
+    assert_eq!((ignition.0 - plain.0, ignition.1 - plain.1), (4, 2), "create and delete calls: {calls:?}");
+}
+
 /// The simulator operations of creating, then deleting, each machine in turn.
 fn create_and_delete_calls(host: &Host, hv: &SimHypervisor, specs: &[&capl_host::MachineSpec]) -> Vec<(u64, u64)> {
     let counters = host.counters();

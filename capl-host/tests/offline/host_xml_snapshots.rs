@@ -38,6 +38,7 @@ fn definition(domain_type: &str, console_log_path: Option<String>) -> DomainDefi
         nested_feature: None,
         firmware: None,
         data_disks: Vec::new(),
+        ignition_path: None,
     }
 }
 
@@ -131,6 +132,20 @@ fn domain_xml_with_data_disks_on_each_bus() {
     let info = parse_domain(&xml).unwrap();
     let data: Vec<String> = d.data_disks.iter().map(|x| x.path.clone()).collect();
     assert_eq!(info.writable_disk_paths, [vec![d.overlay_path.clone()], data].concat());
+    insta::assert_snapshot!(xml);
+}
+
+/// An Ignition config is a file the domain reads (named in two firmware
+/// config entries), not a disk the guest writes.
+#[test]
+fn domain_xml_with_an_ignition_config() {
+    let mut d = definition("qemu", None);
+    let path = format!("/var/lib/libvirt/capi/disks/{}", names().ignition_volume());
+    d.ignition_path = Some(path.clone());
+    let xml = domain_xml(&d);
+    let info = parse_domain(&xml).unwrap();
+    assert_eq!(info.disk_paths, vec![d.overlay_path.clone(), d.iso_path.clone(), path]);
+    assert_eq!(info.writable_disk_paths, vec![d.overlay_path.clone()]);
     insta::assert_snapshot!(xml);
 }
 

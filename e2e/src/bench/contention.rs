@@ -70,6 +70,7 @@ fn spec(i: usize) -> MachineSpec {
         cpu: None,
         firmware: None,
         data_disks: Vec::new(),
+        bootstrap_format: capl_host::BootstrapFormat::CloudConfig,
     }
 }
 

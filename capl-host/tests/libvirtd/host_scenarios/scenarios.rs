@@ -1055,3 +1055,75 @@ pub fn legacy_names_are_kept(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) 
     delete_machine(hv, &fresh).unwrap();
     assert_eq!(leftovers(hv, fx, &[fresh]), Vec::<String>::new());
 }
+
+/// A machine whose bootstrap data is an Ignition config: the config goes into
+/// a volume of its own, byte for byte, which the domain's firmware config
+/// entries name (where Ignition's QEMU platform reads it); the seed is made
+/// as for any machine, with a user-data that only says where the config is.
+/// A create that stopped after any step finishes; a delete at any point
+/// removes the config; a volume of someone else's at its name is left alone.
+pub fn ignition_config(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    use capl_host::cloud_init::{meta_data, nocloud_iso};
+    use capl_host::domain_xml::parse_domain;
+    use capl_host::machine::IGNITION_SEED_USER_DATA;
+
+    let config = br#"{"ignition":{"version":"3.4.0"}}"#.to_vec();
+    let ignition = |name: &str| {
+        let mut spec = spec(fx, namespace, name);
+        spec.bootstrap_format = capl_host::BootstrapFormat::Ignition;
+        let _ = delete_machine(hv, &spec);
+        spec
+    };
+    let spec = ignition("ign-0");
+    let names = spec.names();
+    create_machine(hv, &spec, &config).expect("create with an Ignition config");
+    let volume = names.ignition_volume();
+    assert_eq!(hv.volume_download(&fx.domain_pool, &volume).unwrap(), config);
+    let path = capl_host::volume_xml::parse_volume(&hv.volume_xml(&fx.domain_pool, &volume).unwrap()).unwrap().path;
+    let xml = hv.domain_xml(&names.domain).unwrap();
+    for entry in capl_host::domain_xml::IGNITION_FW_CFG_NAMES {
+        assert!(xml.contains(&format!("<entry name='{entry}' file='{path}'/>")), "{entry}: {xml}");
+    }
+    assert!(parse_domain(&xml).unwrap().disk_paths.contains(&path), "the config is a file the domain reads");
+    let seed = hv.volume_download(&fx.domain_pool, &names.cloud_init_volume()).unwrap();
+    let expected = nocloud_iso(IGNITION_SEED_USER_DATA, meta_data(names.instance_id(), names.hostname()).as_bytes());
+    assert!(seed.starts_with(&expected), "the seed records the identity, its user-data points at the config");
+    assert!(!create_machine(hv, &spec, &config).unwrap().created, "a second create made the machine again");
+    assert_eq!(delete_machine(hv, &spec).expect("delete"), []);
+    assert!(!hv.volume_list(&fx.domain_pool).unwrap().contains(&volume), "the config outlived its machine");
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+
+    // A create or a delete that stopped after the config was written.
+    let upto = CreateStep::ALL.iter().position(|s| *s == CreateStep::IgnitionConfig).unwrap() + 1;
+    for (i, finish_create) in [true, false].into_iter().enumerate() {
+        let spec = ignition(&format!("ign-crash-{i}"));
+        run_create_steps(hv, &spec, &config, &CreateStep::ALL[..upto]).unwrap();
+        assert!(hv.volume_list(&fx.domain_pool).unwrap().contains(&spec.names().ignition_volume()));
+        if finish_create {
+            create_machine(hv, &spec, &config).expect("create after a crash after the config");
+        }
+        assert_eq!(delete_machine(hv, &spec).expect("delete"), []);
+        let volumes = hv.volume_list(&fx.domain_pool).unwrap();
+        assert!(!volumes.contains(&spec.names().ignition_volume()), "finish create {finish_create}: {volumes:?}");
+        assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+    }
+
+    // Someone's qcow2 volume at the config's name.
+    let spec = ignition("ign-foreign-0");
+    let volume = spec.names().ignition_volume();
+    let _ = hv.volume_delete(&fx.domain_pool, &volume);
+    let xml = format!(
+        "<volume><name>{volume}</name><capacity unit='bytes'>1048576</capacity><target><format type='qcow2'/></target></volume>"
+    );
+    hv.volume_create(&fx.domain_pool, &xml).unwrap();
+    let err = create_machine(hv, &spec, &config).expect_err("create must refuse a foreign volume");
+    assert!(
+        matches!(&err, HostError::Collision { kind: ObjectKind::Volume, object, .. } if object.ends_with(&volume)),
+        "{err}"
+    );
+    let left = delete_machine(hv, &spec).expect("delete leaves the foreign volume and finishes");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].object.ends_with(&volume) && left[0].why.contains("not a raw Ignition config"), "{left:?}");
+    hv.volume_delete(&fx.domain_pool, &volume).unwrap();
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
