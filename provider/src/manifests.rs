@@ -773,6 +773,7 @@ pub fn generated_flavors(default_flavor: &str) -> Result<Vec<(&'static str, Stri
         (BRIDGED_FLAVOR, bridged_flavor(default_flavor)?),
         (POOL_IMAGE_FLAVOR, pool_image_flavor(default_flavor)?),
         (DATA_DISKS_FLAVOR, data_disks_flavor(default_flavor)?),
+        (FLATCAR_FLAVOR, flatcar_flavor(default_flavor)?),
     ])
 }
 
@@ -1005,4 +1006,102 @@ pub fn data_disks_flavor(default_flavor: &str) -> Result<String, String> {
         "{header}{}",
         body.replace(CONTROL_PLANE_DISK, CONTROL_PLANE_DISKS).replace(KUBEADM_INIT, ETCD_ON_ITS_DISK)
     ))
+}
+
+/// The flavor `flatcar`: the default flavor for a Flatcar Container Linux
+/// node image, bootstrapped by Ignition instead of cloud-init.
+pub const FLATCAR_FLAVOR: &str = "templates/cluster-template-flatcar.yaml";
+
+/// The kubelet's provider ID in the default flavor: cloud-init's instance-id.
+const CLOUD_INIT_PROVIDER_ID: &str = "value: \"libvirt://{{ ds.meta_data.instance_id }}\"\n";
+/// The same under Ignition, which has no templating: a placeholder the first
+/// command of kubeadm's script replaces with the machine's SMBIOS system
+/// UUID, which is the domain UUID, which is the machine's identity.
+const IGNITION_PROVIDER_ID: &str = "value: libvirt://__CAPL_INSTANCE_ID__\n";
+const SET_INSTANCE_ID: &str =
+    "sed -i \"s/__CAPL_INSTANCE_ID__/$(tr A-F a-f < /sys/class/dmi/id/product_uuid)/\" /etc/kubeadm.yml";
+/// Where the KubeadmControlPlane's and the workers' bootstrap settings start.
+const KCP_CONFIG_START: &str = "  kubeadmConfigSpec:\n";
+const WORKER_CONFIG_START: &str = "    spec:\n      joinConfiguration:\n";
+/// The default flavor's kube-vip commands find the node that runs kubeadm
+/// init by cloud-init's kubeadm config file; under Ignition it is
+/// /etc/kubeadm.yml, which kubeadm's script moves to /tmp before the post
+/// commands, and only the init node's holds an InitConfiguration.
+const CLOUD_INIT_PRE: &str = "    - \"if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/admin.conf#path: /etc/kubernetes/super-admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi\"\n";
+const CLOUD_INIT_POST: &str = "    - \"if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/super-admin.conf#path: /etc/kubernetes/admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi\"\n";
+
+/// The Ignition settings both bootstrap configs get: CABPK writes kubeadm's
+/// commands into /etc/kubeadm.sh and a kubeadm.service that runs it; the
+/// unit is enabled here, after containerd.
+fn ignition_settings(indent: &str) -> String {
+    let lines = [
+        "format: ignition",
+        "ignition:",
+        "  containerLinuxConfig:",
+        "    additionalConfig: |",
+        "      systemd:",
+        "        units:",
+        "        - name: kubeadm.service",
+        "          enabled: true",
+        "          dropins:",
+        "          - name: 10-flatcar.conf",
+        "            contents: |",
+        "              [Unit]",
+        "              Requires=containerd.service",
+        "              After=containerd.service",
+    ];
+    lines.iter().map(|line| format!("{indent}{line}\n")).collect()
+}
+
+/// The flavor `flatcar` from the text of the default flavor: both bootstrap
+/// configs in format `ignition` (the provider hands the config to the guest
+/// in QEMU's firmware config), the kubelet's provider ID from the machine's
+/// SMBIOS UUID, and kube-vip's init-node test on Ignition's kubeadm config
+/// file; everything else is the default flavor's. The node image must be a
+/// Flatcar image with Kubernetes (kubernetes-sigs/image-builder's Flatcar
+/// builds), named by `CAPL_IMAGE_URL` as in the default flavor.
+pub fn flatcar_flavor(default_flavor: &str) -> Result<String, String> {
+    let body = body_after_header(default_flavor)?;
+    let expected = [
+        (CLOUD_INIT_PROVIDER_ID, 3, "the kubelet's provider ID (init, control-plane join, worker join)"),
+        (KCP_CONFIG_START, 1, "the KubeadmControlPlane's kubeadmConfigSpec"),
+        (WORKER_CONFIG_START, 1, "the KubeadmConfigTemplate's spec"),
+        (CLOUD_INIT_PRE, 1, "kube-vip's preKubeadmCommand"),
+        (CLOUD_INIT_POST, 1, "kube-vip's postKubeadmCommand"),
+    ];
+    for (text, count, what) in expected {
+        if body.matches(text).count() != count {
+            return Err(format!(
+                "{DEFAULT_FLAVOR} must hold {what} {count} time(s), as\n{text}(the flatcar flavor replaces it); \
+                 update provider/src/manifests.rs with the template"
+            ));
+        }
+    }
+    let pre = format!(
+        "    - '{SET_INSTANCE_ID}'\n    - \"if grep -q 'kind: InitConfiguration' /etc/kubeadm.yml; then sed -i 's#path: /etc/kubernetes/admin.conf#path: /etc/kubernetes/super-admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi\"\n"
+    );
+    let post = "    - \"if grep -q 'kind: InitConfiguration' /tmp/kubeadm.yml; then sed -i 's#path: /etc/kubernetes/super-admin.conf#path: /etc/kubernetes/admin.conf#' /etc/kubernetes/manifests/kube-vip.yaml; fi\"\n";
+    let worker = format!(
+        "    spec:\n{}      preKubeadmCommands:\n      - '{SET_INSTANCE_ID}'\n      joinConfiguration:\n",
+        ignition_settings("      ")
+    );
+    let header = format!(
+        "# GENERATED by `cargo xtask manifests` from {DEFAULT_FLAVOR}: edit that file.\n\
+         # Flavor `flatcar`: the default flavor for a Flatcar Container Linux node\n\
+         # image with Kubernetes, bootstrapped by Ignition: the provider hands each\n\
+         # machine its Ignition config in QEMU's firmware config\n\
+         # (clusterctl generate cluster NAME --flavor flatcar).\n\
+         # Variables are documented in docs/src/flavors.md.\n"
+    );
+    let body = body
+        .replace(CLOUD_INIT_PROVIDER_ID, IGNITION_PROVIDER_ID)
+        .replace(KCP_CONFIG_START, &format!("{KCP_CONFIG_START}{}", ignition_settings("    ")))
+        .replace(WORKER_CONFIG_START, &worker)
+        .replace(CLOUD_INIT_PRE, &pre)
+        .replace(CLOUD_INIT_POST, post)
+        .replace(
+            "    # On the node that runs kubeadm init (the one with /run/kubeadm/kubeadm.yaml),",
+            "    # On the node that runs kubeadm init (its /etc/kubeadm.yml holds an InitConfiguration),",
+        );
+    Ok(format!("{header}{body}"))
 }

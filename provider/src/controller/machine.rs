@@ -28,7 +28,9 @@ use crate::api::{
 use crate::image::{ImageRequest, ImageState};
 use capl_host::error::HostError;
 use capl_host::guest_hardware::{self, CpuSettings, FirmwareSettings};
-use capl_host::machine::{self as host_machine, AdditionalNic, MachineReport, MachineSpec, NicAttachment};
+use capl_host::machine::{
+    self as host_machine, AdditionalNic, BootstrapFormat, MachineReport, MachineSpec, NicAttachment,
+};
 use capl_host::naming::NameScheme;
 
 /// While the bootstrap Secret is missing, look again this often even without
@@ -86,35 +88,37 @@ async fn gather(object: &LibvirtMachine, ctx: &Context, ns: &str) -> Result<Gath
     Ok(Gathered { machine, cluster, libvirt_cluster, addresses: Default::default() })
 }
 
-/// The bootstrap data: `Machine.spec.bootstrap.dataSecretName` -> Secret key `value`.
-async fn bootstrap_data(ctx: &Context, ns: &str, machine: &Machine) -> Result<(Bootstrap, Vec<u8>), Error> {
+/// The bootstrap data: `Machine.spec.bootstrap.dataSecretName` -> Secret key
+/// `value`, in the format of its key `format` (cloud-config when absent).
+async fn bootstrap_data(
+    ctx: &Context,
+    ns: &str,
+    machine: &Machine,
+) -> Result<(Bootstrap, Vec<u8>, BootstrapFormat), Error> {
+    let nothing = |state| Ok((state, Vec::new(), BootstrapFormat::CloudConfig));
     let Some(name) = machine.spec.bootstrap.data_secret_name.clone() else {
-        return Ok((Bootstrap::NotSet, Vec::new()));
+        return nothing(Bootstrap::NotSet);
     };
     let Some(secret) = get_optional(&Api::<Secret>::namespaced(ctx.client.clone(), ns), &name).await? else {
-        return Ok((Bootstrap::SecretMissing(name), Vec::new()));
+        return nothing(Bootstrap::SecretMissing(name));
     };
     let data = secret.data.unwrap_or_default();
     match data.get("value") {
         Some(value) if !value.0.is_empty() => {
-            if let Some(format) = data.get("format").map(|f| String::from_utf8_lossy(&f.0).to_string())
-                && format != "cloud-config"
-            {
-                return Ok((
-                    Bootstrap::Invalid(format!(
-                        "bootstrap Secret {ns}/{name} has format {format:?}; this provider seeds cloud-init NoCloud and needs format \"cloud-config\": use a bootstrap provider configured for cloud-init"
-                    )),
-                    Vec::new(),
-                ));
-            }
-            Ok((Bootstrap::Ready, value.0.clone()))
+            let format = match data.get("format").map(|f| String::from_utf8_lossy(&f.0).to_string()).as_deref() {
+                None | Some("cloud-config") => BootstrapFormat::CloudConfig,
+                Some("ignition") => BootstrapFormat::Ignition,
+                Some(other) => {
+                    return nothing(Bootstrap::Invalid(format!(
+                        "bootstrap Secret {ns}/{name} has format {other:?}; this provider takes \"cloud-config\" (cloud-init's user-data, on the seed ISO) and \"ignition\" (an Ignition config, in QEMU's firmware config): configure the bootstrap provider for one of them"
+                    )));
+                }
+            };
+            Ok((Bootstrap::Ready, value.0.clone(), format))
         }
-        _ => Ok((
-            Bootstrap::Invalid(format!(
-                "bootstrap Secret {ns}/{name} has no non-empty key \"value\": put the cloud-init user-data under data.value (CAPI bootstrap providers do this)"
-            )),
-            Vec::new(),
-        )),
+        _ => nothing(Bootstrap::Invalid(format!(
+            "bootstrap Secret {ns}/{name} has no non-empty key \"value\": put the bootstrap data (cloud-init user-data or an Ignition config) under data.value (CAPI bootstrap providers do this)"
+        ))),
     }
 }
 
@@ -275,6 +279,8 @@ fn host_spec(
             .flatten()
             .map(|disk| data_disk(disk, &location.domain_pool))
             .collect(),
+        // What the bootstrap Secret says, set by the create that read it.
+        bootstrap_format: BootstrapFormat::CloudConfig,
     }
 }
 
@@ -410,6 +416,7 @@ async fn reconcile_inner(object: &LibvirtMachine, ctx: &Context) -> Result<Actio
         snapshot,
         report: None,
         user_data: Vec::new(),
+        bootstrap_format: BootstrapFormat::CloudConfig,
         held: None,
     };
     let plan = loop {
@@ -587,6 +594,8 @@ struct Acting<'a> {
     report: Option<MachineReport>,
     /// The bootstrap data, read when the host said the domain is absent.
     user_data: Vec<u8>,
+    /// The format of `user_data` (the bootstrap Secret's `format`).
+    bootstrap_format: BootstrapFormat,
     /// The object as this reconcile's last metadata write left it, once there is one.
     held: Option<LibvirtMachine>,
 }
@@ -689,9 +698,10 @@ async fn observe_host(a: &mut Acting<'_>) -> Result<Step, Error> {
         && !a.snapshot.provisioned
         && let Some(machine) = &a.g.machine
     {
-        let (bootstrap, data) = bootstrap_data(ctx, &a.ns, machine).await?;
+        let (bootstrap, data, format) = bootstrap_data(ctx, &a.ns, machine).await?;
         a.snapshot.bootstrap = bootstrap;
         a.user_data = data;
+        a.bootstrap_format = format;
     }
     Ok(Step::Again)
 }
@@ -701,7 +711,8 @@ async fn act_creation(a: &mut Acting<'_>) -> Result<Step, Error> {
     if let Some(step) = wait_for_image(a).await {
         return Ok(step);
     }
-    let spec = a.host_spec();
+    let mut spec = a.host_spec();
+    spec.bootstrap_format = a.bootstrap_format;
     let metrics = a.ctx.metrics.clone();
     // The bootstrap data was read when the host said the domain is absent.
     let seed = std::mem::take(&mut a.user_data);

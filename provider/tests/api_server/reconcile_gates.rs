@@ -143,6 +143,52 @@ async fn secret_without_value_is_invalid_and_not_retried_in_a_loop() {
     assert!(runs <= 1, "{runs} reconciles in 6 s of a machine waiting for a fixed Secret: a hot loop");
 }
 
+/// Bootstrap data in format `ignition` (CABPK's Flatcar output) reaches the
+/// guest as the firmware config entries Ignition reads: a volume holding the
+/// config byte for byte, named by the domain's fw_cfg entries; the seed ISO
+/// is there too (it records the machine's identity). A format the provider
+/// does not know is refused, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignition_bootstrap_data_goes_into_the_firmware_config() {
+    let w = World::new("rg-ignition").await;
+    let _manager = w.start_manager();
+    provisioned_cluster(&w, "demo").await;
+    let config = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/hostname","contents":{"source":"data:,m0"}}]}}"#;
+    create_bootstrap_secret(
+        &w,
+        "m0-bootstrap",
+        BTreeMap::from([("value".to_string(), config.to_string()), ("format".to_string(), "ignition".to_string())]),
+    )
+    .await;
+    machine_pair(&w, "demo", "m0", Some("m0-bootstrap")).await;
+    let lm = w.wait_for::<LibvirtMachine>("m0", "Ready with Ignition", machine_ready).await;
+    let domain = lm.status.unwrap().domain_name.unwrap();
+    let hv = w.inspect();
+    let volume = format!("ignition-{domain}.ign");
+    assert_eq!(hv.volume_download(DOMAIN_POOL, &volume).unwrap(), config.as_bytes(), "the config, byte for byte");
+    let xml = hv.domain_xml(&domain).unwrap();
+    for entry in ["opt/com.coreos/config", "opt/org.flatcar-linux/config"] {
+        assert!(xml.contains(&format!("<entry name='{entry}' file='")), "no fw_cfg entry {entry}: {xml}");
+    }
+    assert!(hv.volume_list(DOMAIN_POOL).unwrap().contains(&format!("cloudinit-{domain}.iso")), "the seed");
+
+    create_bootstrap_secret(
+        &w,
+        "m1-bootstrap",
+        BTreeMap::from([("value".to_string(), "x".to_string()), ("format".to_string(), "butane".to_string())]),
+    )
+    .await;
+    machine_pair(&w, "demo", "m1", Some("m1-bootstrap")).await;
+    let lm = wait_reason(&w, "m1", "DomainProvisioningReady", "False", "InvalidBootstrapData").await;
+    let text = message(&lm, "DomainProvisioningReady");
+    assert!(text.contains("m1-bootstrap") && text.contains("\"butane\"") && text.contains("\"ignition\""), "{text}");
+    assert!(!hv.domain_list().unwrap().iter().any(|d| is_domain_of(&w, "m1", d)), "a domain was made for m1");
+
+    w.delete::<LibvirtMachine>("m0").await;
+    w.wait_gone::<LibvirtMachine>("m0").await;
+    assert!(!hv.volume_list(DOMAIN_POOL).unwrap().contains(&volume), "the Ignition config outlived its machine");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_cluster_creates_nothing_until_unpaused() {
     let w = World::new("rg-paused").await;

@@ -318,6 +318,70 @@ fn the_data_disks_flavor_puts_etcd_on_its_own_disk_and_changes_nothing_else() {
     assert!(variables.contains("CAPL_ETCD_DISK_GIB"), "{variables:?}");
 }
 
+/// The flatcar flavor is the default flavor with both bootstrap configs in
+/// format ignition, kubeadm's unit enabled, and the kubelet's provider ID
+/// taken from the machine's SMBIOS UUID by the first command of each
+/// config, since Ignition has no cloud-init templating; the rest of each
+/// document is the default flavor's.
+#[test]
+fn the_flatcar_flavor_bootstraps_with_ignition_and_changes_nothing_else() {
+    let root = repo_root();
+    let default_flavor = std::fs::read_to_string(root.join(manifests::DEFAULT_FLAVOR)).unwrap();
+    let flavor = manifests::flatcar_flavor(&default_flavor).unwrap();
+    assert!(!flavor.contains("{{"), "cloud-init templating left in an Ignition flavor");
+    let docs = |text: &str| -> Vec<Value> {
+        let (text, _) = crate::clusterctl_template::substitute(text);
+        crate::clusterctl_template::parse_documents(&text)
+    };
+    let (default_docs, flavor_docs) = (docs(&default_flavor), docs(&flavor));
+    assert_eq!(default_docs.len(), flavor_docs.len());
+    let mut configs = 0;
+    for (before, after) in default_docs.iter().zip(&flavor_docs) {
+        let path: &[&str] = match after["kind"].as_str().unwrap() {
+            "KubeadmControlPlane" => &["spec", "kubeadmConfigSpec"],
+            "KubeadmConfigTemplate" => &["spec", "template", "spec"],
+            _ => {
+                assert_eq!(before, after, "only the bootstrap configs change");
+                continue;
+            }
+        };
+        configs += 1;
+        let config = path.iter().fold(after, |v, key| &v[*key]);
+        assert_eq!(config["format"], "ignition", "{config}");
+        let units = config["ignition"]["containerLinuxConfig"]["additionalConfig"].as_str().unwrap();
+        assert!(units.contains("- name: kubeadm.service\n    enabled: true"), "{units}");
+        let first = config["preKubeadmCommands"][0].as_str().unwrap();
+        assert!(first.contains("/sys/class/dmi/id/product_uuid") && first.contains("/etc/kubeadm.yml"), "{first}");
+        let ids: Vec<&Value> = ["initConfiguration", "joinConfiguration"]
+            .iter()
+            .filter_map(|c| config[*c]["nodeRegistration"]["kubeletExtraArgs"].as_array())
+            .flatten()
+            .filter(|arg| arg["name"] == "provider-id")
+            .map(|arg| &arg["value"])
+            .collect();
+        assert!(!ids.is_empty() && ids.iter().all(|v| *v == "libvirt://__CAPL_INSTANCE_ID__"), "{ids:?}");
+        assert!(first.contains("__CAPL_INSTANCE_ID__"), "the placeholder the first command replaces: {first}");
+        // Everything else as in the default flavor, but the kube-vip commands' test for the init node.
+        let strip = |doc: &Value| {
+            let mut doc = doc.clone();
+            let config = path.iter().fold(&mut doc, |v, key| &mut v[*key]).as_object_mut().unwrap();
+            for key in [
+                "format",
+                "ignition",
+                "preKubeadmCommands",
+                "postKubeadmCommands",
+                "initConfiguration",
+                "joinConfiguration",
+            ] {
+                config.remove(key);
+            }
+            doc
+        };
+        assert_eq!(strip(before), strip(after));
+    }
+    assert_eq!(configs, 2, "the control plane's and the workers' bootstrap configs");
+}
+
 fn crd_json(kind: &str) -> Value {
     let crd = manifests::crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap();
     serde_json::to_value(crd).unwrap()
