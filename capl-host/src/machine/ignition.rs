@@ -15,6 +15,12 @@ use super::{LeftOnHost, MAX_SEED_BYTES, MachineRun};
 pub const IGNITION_SEED_USER_DATA: &[u8] = b"#cloud-config\n# The bootstrap data of this machine is an Ignition config, in QEMU's firmware config\n# entries opt/com.coreos/config and opt/org.flatcar-linux/config.\n";
 
 impl MachineRun<'_> {
+    /// The seed's user-data given the bootstrap data: the data itself, or
+    /// for an Ignition config, [`IGNITION_SEED_USER_DATA`].
+    pub(super) fn seed_user_data<'b>(&self, bootstrap: &'b [u8]) -> &'b [u8] {
+        if self.spec.bootstrap_format.is_ignition() { IGNITION_SEED_USER_DATA } else { bootstrap }
+    }
+
     /// Creates the config's volume (or finds ours) and writes the config into
     /// it. Rewritten while the domain is not yet defined, as the seed is.
     pub(super) fn ensure_ignition(&mut self, config: &[u8]) -> HostResult<()> {

@@ -7,8 +7,9 @@
 //!
 //! The flow lives here; its parts, one file each, are the [`domain`], the
 //! root [`disks`] (and the volume calls they share with the seed), the
-//! [`data_disks`], the cloud-init [`seed`] ISO, the [`ignition`] config, the DHCP [`reservation`] (and the address
-//! read from the leases), and the additional [`nics`].
+//! [`data_disks`], the cloud-init [`seed`] ISO, the [`ignition`] config, the
+//! DHCP [`reservation`] (and the address read from the leases), and the
+//! additional [`nics`].
 //!
 //! # What is ours
 //!
@@ -35,6 +36,8 @@
 //!   image labelled `cidata`: a seed we wrote. Checking this downloads the
 //!   volume, which only happens when recovering from a crash or deleting a
 //!   machine whose domain is already gone.
+//! - Ignition config: it is a raw volume of at most [`MAX_SEED_BYTES`] with
+//!   no backing file, and the seed, when there is one, records our identity.
 //!
 //! A **DHCP host entry** is ours when its name is our domain name and its MAC
 //! one of our MAC candidates ([`crate::naming::mac_candidates`]). An entry
@@ -567,7 +570,7 @@ impl<'a> MachineRun<'a> {
     /// bootstrap data (the seed's user-data, or the Ignition config).
     fn step(&mut self, step: CreateStep, bootstrap: &[u8]) -> HostResult<()> {
         let ignition = self.spec.bootstrap_format.is_ignition();
-        let user_data = if ignition { IGNITION_SEED_USER_DATA } else { bootstrap };
+        let user_data = self.seed_user_data(bootstrap);
         match step {
             CreateStep::RootDisk => self.ensure_root_disk(),
             CreateStep::DataDisks => self.ensure_data_disks(),
