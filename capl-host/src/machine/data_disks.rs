@@ -138,15 +138,9 @@ impl MachineRun<'_> {
         domain: Option<&DomainInfo>,
         foreign: Option<&DomainInfo>,
     ) -> HostResult<Option<LeftOnHost>> {
-        let name = self.data_volume(disk);
-        let Some(volume) = self.lookup_volume_for_delete(&disk.pool, &name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(&disk.pool, &volume, foreign) {
-            return Ok(Some(kept));
-        }
-        if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
-            self.check_data_volume_is_ours(disk, &volume)?;
-            self.check_disk_identity(&disk.pool, &volume)?;
-        }
-        self.delete_volume(&disk.pool, &name).map(|()| None)
+        self.remove_volume_if_ours(&disk.pool, &self.data_volume(disk), domain, foreign, |volume| {
+            self.check_data_volume_is_ours(disk, volume)?;
+            self.check_disk_identity(&disk.pool, volume)
+        })
     }
 }

@@ -4,7 +4,7 @@
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostError, HostResult, ObjectKind};
 use crate::hypervisor::{ErrorKind, HypervisorError};
-use crate::volume_xml::{BackingStore, GIB, VolumeInfo, overlay_volume_xml, parse_volume};
+use crate::volume_xml::{BackingStore, GIB, VolumeInfo, iso_volume_xml, overlay_volume_xml, parse_volume};
 
 use super::seed::SeedIdentity;
 use super::{LeftOnHost, MachineRun};
@@ -233,22 +233,58 @@ impl MachineRun<'_> {
         domain: Option<&DomainInfo>,
         foreign: Option<&DomainInfo>,
     ) -> HostResult<Option<LeftOnHost>> {
-        let name = self.names.overlay_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&self.spec.domain_pool, &name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(&self.spec.domain_pool, &volume, foreign) {
-            return Ok(Some(kept));
-        }
-        let used_by_our_domain = domain.is_some_and(|d| d.disk_paths.contains(&volume.path));
-        if !used_by_our_domain {
+        let pool = &self.spec.domain_pool;
+        self.remove_volume_if_ours(pool, &self.names.overlay_volume(), domain, foreign, |volume| {
             let base = match self.lookup_volume(&self.spec.base_pool, &self.spec.image) {
                 Ok(base) => base,
                 Err(HostError::PoolMissing { .. }) => None,
                 Err(e) => return Err(e),
             };
-            self.check_overlay_is_ours(&volume, base.as_ref())?;
-            self.check_disk_identity(&self.spec.domain_pool, &volume)?;
+            self.check_overlay_is_ours(volume, base.as_ref())?;
+            self.check_disk_identity(pool, volume)
+        })
+    }
+
+    /// Removes volume `name` of `pool` when it is ours; absent (or its pool
+    /// gone), there is nothing to do. One the foreign domain at our name uses
+    /// is left and returned; one our domain uses is ours; any other must pass
+    /// `is_ours` (an error leaves it).
+    pub(super) fn remove_volume_if_ours(
+        &self,
+        pool: &str,
+        name: &str,
+        domain: Option<&DomainInfo>,
+        foreign: Option<&DomainInfo>,
+        is_ours: impl FnOnce(&VolumeInfo) -> HostResult<()>,
+    ) -> HostResult<Option<LeftOnHost>> {
+        let Some(volume) = self.lookup_volume_for_delete(pool, name)? else { return Ok(None) };
+        if let Some(kept) = self.used_by_foreign(pool, &volume, foreign) {
+            return Ok(Some(kept));
         }
-        self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
+        if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
+            is_ours(&volume)?;
+        }
+        self.delete_volume(pool, name).map(|()| None)
+    }
+
+    /// Volume `name` of `pool`, raw and exactly `size` bytes: one found there
+    /// must pass `is_ours`, and is replaced when it has another size (it was
+    /// made for other bootstrap data); else it is created.
+    pub(super) fn ensure_sized_volume(
+        &self,
+        pool: &str,
+        name: &str,
+        size: u64,
+        is_ours: impl FnOnce(&VolumeInfo) -> HostResult<()>,
+    ) -> HostResult<VolumeInfo> {
+        if let Some(existing) = self.lookup_volume(pool, name)? {
+            is_ours(&existing)?;
+            if existing.capacity == size {
+                return Ok(existing);
+            }
+            self.delete_volume(pool, name)?;
+        }
+        self.create_volume(pool, name, &iso_volume_xml(name, size))
     }
 
     /// A volume (in `pool`) of ours by name that the foreign domain at our

@@ -7,7 +7,7 @@
 
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
-use crate::volume_xml::{VolumeInfo, iso_volume_xml};
+use crate::volume_xml::VolumeInfo;
 
 use super::{LeftOnHost, MAX_SEED_BYTES, MachineRun};
 
@@ -27,23 +27,7 @@ impl MachineRun<'_> {
         let pool = self.spec.domain_pool.clone();
         let name = self.names.ignition_volume();
         let size = config.len() as u64;
-        let found = match self.lookup_volume(&pool, &name)? {
-            Some(existing) => {
-                self.check_ignition_is_ours(&existing)?;
-                if existing.capacity == size {
-                    Some(existing)
-                } else {
-                    // Ours, but sized for other bootstrap data: replace it.
-                    self.delete_volume(&pool, &name)?;
-                    None
-                }
-            }
-            None => None,
-        };
-        let volume = match found {
-            Some(existing) => existing,
-            None => self.create_volume(&pool, &name, &iso_volume_xml(&name, size))?,
-        };
+        let volume = self.ensure_sized_volume(&pool, &name, size, |found| self.check_ignition_is_ours(found))?;
         self.hv
             .volume_upload(&pool, &name, config)
             .map_err(|e| self.pool_error("upload", ObjectKind::Volume, &pool, &name, e))?;
@@ -100,13 +84,6 @@ impl MachineRun<'_> {
         {
             return Ok(None);
         }
-        let Some(volume) = self.lookup_volume_for_delete(pool, &name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(pool, &volume, foreign) {
-            return Ok(Some(kept));
-        }
-        if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
-            self.check_ignition_is_ours(&volume)?;
-        }
-        self.delete_volume(pool, &name).map(|()| None)
+        self.remove_volume_if_ours(pool, &name, domain, foreign, |volume| self.check_ignition_is_ours(volume))
     }
 }

@@ -7,7 +7,7 @@ use crate::cloud_init::{
 };
 use crate::domain_xml::DomainInfo;
 use crate::error::{HostResult, ObjectKind};
-use crate::volume_xml::{VolumeInfo, iso_volume_xml};
+use crate::volume_xml::VolumeInfo;
 
 use super::{LeftOnHost, MachineRun};
 
@@ -38,20 +38,11 @@ impl MachineRun<'_> {
     }
 
     pub(super) fn ensure_seed_volume(&mut self, user_data: &[u8]) -> HostResult<()> {
-        let pool = self.spec.domain_pool.clone();
-        let name = self.names.cloud_init_volume();
         let size = self.seed_bytes(user_data)?.len() as u64;
-        if let Some(existing) = self.lookup_volume(&pool, &name)? {
-            self.check_seed_is_ours(&existing)?;
-            if existing.capacity == size {
-                self.seed_path = Some(existing.path);
-                return Ok(());
-            }
-            // Ours, but sized for other user-data: replace it.
-            self.delete_volume(&pool, &name)?;
-        }
-        let created = self.create_volume(&pool, &name, &iso_volume_xml(&name, size))?;
-        self.seed_path = Some(created.path);
+        let name = self.names.cloud_init_volume();
+        let volume =
+            self.ensure_sized_volume(&self.spec.domain_pool, &name, size, |found| self.check_seed_is_ours(found))?;
+        self.seed_path = Some(volume.path);
         Ok(())
     }
 
@@ -136,13 +127,8 @@ impl MachineRun<'_> {
         foreign: Option<&DomainInfo>,
     ) -> HostResult<Option<LeftOnHost>> {
         let name = self.names.cloud_init_volume();
-        let Some(volume) = self.lookup_volume_for_delete(&self.spec.domain_pool, &name)? else { return Ok(None) };
-        if let Some(kept) = self.used_by_foreign(&self.spec.domain_pool, &volume, foreign) {
-            return Ok(Some(kept));
-        }
-        if !domain.is_some_and(|d| d.disk_paths.contains(&volume.path)) {
-            self.check_seed_is_ours(&volume)?;
-        }
-        self.delete_volume(&self.spec.domain_pool, &name).map(|()| None)
+        self.remove_volume_if_ours(&self.spec.domain_pool, &name, domain, foreign, |volume| {
+            self.check_seed_is_ours(volume)
+        })
     }
 }
