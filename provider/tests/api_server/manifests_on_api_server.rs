@@ -718,13 +718,7 @@ async fn the_clusterclass_renders_the_endpoint_and_the_pod_network() {
 #[tokio::test]
 async fn the_api_server_enforces_the_image_url_rules() {
     let (_, _, raw) = untyped_in_fresh_namespace::<capl::api::LibvirtMachine>("image-url").await;
-    let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
-            "metadata": {"name": name}, "spec": spec
-        }))
-        .unwrap()
-    };
+    let machine = |name: &str, spec: serde_json::Value| untyped("LibvirtMachine", name, spec);
     let sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
     let url =
         |u: &str, checksum: &str, kind: &str| serde_json::json!({"url": u, "checksum": checksum, "checksumType": kind});
@@ -798,11 +792,7 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
     let machine = |name: &str, spec: serde_json::Value| -> DynamicObject {
         let mut full = serde_json::json!({"image": "b.qcow2"});
         full.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
-            "metadata": {"name": name}, "spec": full
-        }))
-        .unwrap()
+        untyped("LibvirtMachine", name, full)
     };
 
     // Accepted, with the server's defaults filled in.
@@ -880,12 +870,8 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
         &namespace,
         &kube::discovery::ApiResource::erase::<capl::api::LibvirtMachineTemplate>(&()),
     );
-    let template = |name: &str, spec: serde_json::Value| -> DynamicObject {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
-            "metadata": {"name": name}, "spec": {"template": {"spec": spec}}
-        }))
-        .unwrap()
+    let template = |name: &str, spec: serde_json::Value| {
+        untyped("LibvirtMachineTemplate", name, serde_json::json!({"template": {"spec": spec}}))
     };
     let ok = serde_json::json!({"image": "b.qcow2", "firmware": {"type": "uefi", "secureBoot": true}});
     templates.create(&Default::default(), &template("uefi", ok)).await.unwrap();
@@ -912,12 +898,8 @@ async fn the_api_server_enforces_the_cpu_and_firmware_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_server_enforces_the_data_disk_rules() {
     let (client, namespace, raw) = untyped_in_fresh_namespace::<capl::api::LibvirtMachine>("data-disks").await;
-    let machine = |name: &str, disks: serde_json::Value| -> DynamicObject {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
-            "metadata": {"name": name}, "spec": {"image": "b.qcow2", "dataDisks": disks}
-        }))
-        .unwrap()
+    let machine = |name: &str, disks: serde_json::Value| {
+        untyped("LibvirtMachine", name, serde_json::json!({"image": "b.qcow2", "dataDisks": disks}))
     };
 
     let created = raw
@@ -975,12 +957,12 @@ async fn the_api_server_enforces_the_data_disk_rules() {
         &namespace,
         &kube::discovery::ApiResource::erase::<capl::api::LibvirtMachineTemplate>(&()),
     );
-    let template: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
-        "metadata": {"name": "twice"}, "spec": {"template": {"spec": {"image": "b.qcow2",
-            "dataDisks": [{"name": "etcd", "sizeGiB": 1}, {"name": "etcd", "sizeGiB": 2}]}}}
-    }))
-    .unwrap();
+    let disks = serde_json::json!([{"name": "etcd", "sizeGiB": 1}, {"name": "etcd", "sizeGiB": 2}]);
+    let template = untyped(
+        "LibvirtMachineTemplate",
+        "twice",
+        serde_json::json!({"template": {"spec": {"image": "b.qcow2", "dataDisks": disks}}}),
+    );
     let err = templates.create(&Default::default(), &template).await.unwrap_err().to_string();
     assert!(err.contains("spec.dataDisks names a disk twice"), "{err}");
 }
@@ -997,4 +979,14 @@ where
     let namespace = env.unique_namespace(label).await.unwrap();
     let api = Api::namespaced_with(env.client(), &namespace, &kube::discovery::ApiResource::erase::<K>(&()));
     (env.client(), namespace, api)
+}
+
+/// Object `name` of our `kind` with `spec`, untyped: what a user applies,
+/// whatever serde would make of it.
+fn untyped(kind: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": kind,
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap()
 }
