@@ -8,7 +8,7 @@
 //!   connection cache ([`hypervisor::connections`]).
 //! - [`naming`]: the names and identity table.
 //! - [`infra`]: the LibvirtCluster check (missing vs inactive).
-//! - [`machine`]: create / start / observe / delete of one machine.
+//! - [`machine`]: create / start / observe / reboot / delete of one machine.
 //! - [`domain_xml`], [`volume_xml`], [`network_xml`]: the XML written and read.
 //! - [`dhcp`]: address choice and the per-network lock.
 //! - [`cloud_init`]: the NoCloud seed ISO.
@@ -44,6 +44,7 @@ pub use error::{FailureKind, HostError, HostResult, ObjectKind};
 pub use infra::{InfraSpec, check_infrastructure};
 pub use machine::{
     AdditionalNic, BootstrapFormat, CreateStep, LeftOnHost, MachineAddress, MachineReport, MachineSpec, NicAttachment,
-    create_machine, delete_machine, observe_machine, refresh_reservation, run_create_steps, start_machine,
+    Reboot, RebootMethod, create_machine, delete_machine, observe_machine, reboot_machine, refresh_reservation,
+    run_create_steps, start_machine,
 };
 pub use naming::MachineNames;

@@ -733,6 +733,7 @@ impl Connection {
                 persistent: true,
                 autostart: false,
                 started_at: None,
+                resets: 0,
             },
         );
         self.host.events.emit(&name, DomainEventKind::Defined, event_detail::DEFINED_ADDED);
@@ -817,6 +818,7 @@ impl Connection {
                 persistent: false,
                 autostart: false,
                 started_at: None,
+                resets: 0,
             },
         );
         self.start_locked(&mut state, &name)?;
@@ -848,6 +850,17 @@ impl Connection {
         self.host.events.emit(name, DomainEventKind::Stopped, event_detail::STOPPED_DESTROYED);
         self.after_stop(&mut state, name);
         Ok(())
+    }
+
+    /// `virDomainReset`: an immediate hardware reset (QEMU's `system_reset`) of an active
+    /// domain. Its QEMU process stays: same id, same state (a paused domain stays paused;
+    /// a crashed one becomes paused, reason crashed), leases and DHCP requests kept.
+    /// libvirt reports it with `VIR_DOMAIN_EVENT_ID_REBOOT` only, no lifecycle event, so
+    /// the simulator emits none. [`Host::domain_resets`](crate::Host::domain_resets)
+    /// counts the resets.
+    pub fn domain_reset(&self, name: &str) -> Result<()> {
+        let mut state = self.call(Op::DomainReset)?;
+        domain_mut(&mut state, name)?.reset()
     }
 
     /// `virDomainShutdown`: the simulated guest powers off at once.

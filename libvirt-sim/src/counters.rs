@@ -56,6 +56,7 @@ ops!(
     DomainCreate,
     DomainCreateXml,
     DomainDestroy,
+    DomainReset,
     DomainShutdown,
     DomainSuspend,
     DomainResume,

@@ -310,6 +310,8 @@ pub(crate) struct Domain {
     pub autostart: bool,
     /// Host clock reading when the domain last started (drives the DHCP delay).
     pub started_at: Option<Duration>,
+    /// How many times the domain was reset (`virDomainReset`) since it was defined.
+    pub resets: u64,
 }
 
 impl Domain {
@@ -331,6 +333,21 @@ impl Domain {
             return Err(Error::invalid("domain is not running"));
         }
         self.stop(2); // VIR_DOMAIN_SHUTOFF_DESTROYED
+        Ok(())
+    }
+
+    /// `virDomainReset`: QEMU's `system_reset` in the same process, so the id stays and
+    /// so does the state (a paused domain stays paused). Only a crashed domain changes:
+    /// libvirt's QEMU driver marks it paused (reason crashed) after the reset.
+    pub fn reset(&mut self) -> Result<()> {
+        if !self.state.is_active() {
+            return Err(Error::invalid("domain is not running"));
+        }
+        if self.state == DomainState::Crashed {
+            self.state = DomainState::Paused;
+            self.reason = 10; // VIR_DOMAIN_PAUSED_CRASHED
+        }
+        self.resets += 1;
         Ok(())
     }
 
@@ -424,13 +441,19 @@ mod tests {
             persistent: true,
             autostart: false,
             started_at: None,
+            resets: 0,
         };
         assert_eq!(d.destroy().unwrap_err().code(), ErrorCode::OperationInvalid);
         assert_eq!(d.suspend().unwrap_err().code(), ErrorCode::OperationInvalid);
+        assert_eq!(d.reset().unwrap_err().code(), ErrorCode::OperationInvalid);
         d.start(1, Duration::ZERO).unwrap();
         assert_eq!(d.start(2, Duration::ZERO).unwrap_err().code(), ErrorCode::OperationInvalid);
+        d.reset().unwrap();
+        assert_eq!((d.state, d.reason, d.id, d.resets), (DomainState::Running, 1, Some(1), 1));
         d.suspend().unwrap();
         assert_eq!(d.state, DomainState::Paused);
+        d.reset().unwrap();
+        assert_eq!((d.state, d.reason, d.resets), (DomainState::Paused, 1, 2), "a reset keeps a paused domain paused");
         assert_eq!(d.start(2, Duration::ZERO).unwrap_err().code(), ErrorCode::OperationInvalid);
         d.resume().unwrap();
         d.shutdown().unwrap();

@@ -410,6 +410,15 @@ impl Host {
     pub fn domain_count(&self) -> usize {
         self.inner.lock().domains.len()
     }
+
+    /// How many times the domain `name` was reset
+    /// ([`Connection::domain_reset`](crate::Connection::domain_reset)) since it was defined:
+    /// how a test sees that a guest was rebooted in place, which no libvirt call tells. Not
+    /// a libvirt call: not counted, no faults.
+    pub fn domain_resets(&self, name: &str) -> Result<u64> {
+        let state = self.inner.lock();
+        Ok(state.domains.get(name).ok_or_else(|| Error::no_domain(name))?.resets)
+    }
 }
 
 /// The error `connect` gives for a URI no host is registered under.

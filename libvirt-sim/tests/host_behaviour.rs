@@ -295,6 +295,48 @@ fn crash_suspend_resume_and_shutdown() {
     assert_eq!(conn.domain_get_state("d").unwrap(), (DomainState::Shutoff, 1));
 }
 
+/// A reset restarts the guest in the same QEMU process: the domain keeps its id, its
+/// state (a paused one stays paused) and its lease, no lifecycle event is emitted, and
+/// the host counts it. A crashed domain becomes paused; a shut-off one cannot be reset.
+#[test]
+fn a_reset_keeps_the_domain_its_state_and_its_lease() {
+    let host = host("sim:///behaviour-reset");
+    let conn = connect(host.uri()).unwrap();
+    conn.domain_define_xml(&domain("r", "52:54:00:00:07:01")).unwrap();
+    assert_eq!(
+        conn.domain_reset("r").unwrap_err().to_string(),
+        "Requested operation is not valid: domain is not running (libvirt error 55)"
+    );
+    conn.domain_create("r").unwrap();
+    host.advance_clock(Duration::from_secs(5));
+    let leased = leases(&conn);
+    assert_eq!(leased.len(), 1);
+    let id = conn.domain_lookup_by_name("r").unwrap().id;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _events = conn.domain_event_register(move |e| tx.send(e.clone()).unwrap()).unwrap();
+
+    conn.domain_reset("r").unwrap();
+    assert_eq!(conn.domain_get_state("r").unwrap(), (DomainState::Running, 1));
+    assert_eq!(conn.domain_lookup_by_name("r").unwrap().id, id, "a reset keeps the QEMU process");
+    assert_eq!(leases(&conn), leased);
+    conn.domain_suspend("r").unwrap();
+    conn.domain_reset("r").unwrap();
+    assert_eq!(conn.domain_get_state("r").unwrap(), (DomainState::Paused, 1), "a reset keeps a paused domain paused");
+    conn.domain_resume("r").unwrap();
+    host.crash_domain("r").unwrap();
+    conn.domain_reset("r").unwrap();
+    assert_eq!(conn.domain_get_state("r").unwrap(), (DomainState::Paused, 10), "VIR_DOMAIN_PAUSED_CRASHED");
+    assert_eq!(host.domain_resets("r").unwrap(), 3);
+    assert_eq!(host.counters().calls(Op::DomainReset), 4);
+    let kinds: Vec<_> =
+        std::iter::from_fn(|| rx.recv_timeout(Duration::from_millis(300)).ok()).map(|e| e.kind).collect();
+    use libvirt_sim::DomainEventKind as K;
+    assert_eq!(kinds, [K::Suspended, K::Resumed, K::Crashed], "the resets emitted lifecycle events");
+
+    assert_eq!(conn.domain_reset("absent").unwrap_err().code(), ErrorCode::NoDomain);
+    assert_eq!(host.domain_resets("absent").unwrap_err().code(), ErrorCode::NoDomain);
+}
+
 #[test]
 fn volumes_keep_uploaded_bytes_and_check_backing_stores() {
     let host = host("sim:///behaviour-volumes");

@@ -383,6 +383,10 @@ impl Hypervisor for LibvirtHypervisor {
         self.domain(name)?.destroy().map_err(from_virt)
     }
 
+    fn domain_reset(&self, name: &str) -> Result<()> {
+        self.domain(name)?.reset().map_err(from_virt)
+    }
+
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()> {
         let mut raw = 0;
         if flags.managed_save {
@@ -467,6 +471,10 @@ impl HostAdmin for LibvirtHypervisor {
 
     fn domain_shutdown(&self, name: &str) -> Result<()> {
         self.domain(name)?.shutdown().map_err(from_virt)
+    }
+
+    fn domain_suspend(&self, name: &str) -> Result<()> {
+        self.domain(name)?.suspend().map_err(from_virt)
     }
 }
 

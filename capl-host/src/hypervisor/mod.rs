@@ -319,6 +319,14 @@ pub trait Hypervisor: Send + Sync {
     fn domain_start(&self, name: &str) -> Result<()>;
     /// `virDomainDestroy`
     fn domain_destroy(&self, name: &str) -> Result<()>;
+    /// `virDomainReset`: an immediate hardware reset of an active domain, as
+    /// the reset button of a PC does. The guest OS is not asked and gets no
+    /// chance to flush anything: its disks are left as after a power cut. The
+    /// QEMU process stays (same domain id, same console log), and the domain
+    /// keeps its state: a paused domain stays paused. libvirt reports no
+    /// lifecycle event for it (only `VIR_DOMAIN_EVENT_ID_REBOOT`).
+    /// `OperationInvalid` (55, "domain is not running") on a shut-off domain.
+    fn domain_reset(&self, name: &str) -> Result<()>;
     /// `virDomainUndefineFlags`
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()>;
     fn domain_autostart(&self, name: &str) -> Result<bool>;
@@ -432,4 +440,8 @@ pub trait HostAdmin: Hypervisor {
     /// `virDomainShutdown`: asks the guest to power off (ACPI power button on QEMU);
     /// returns once asked, not once the guest is off.
     fn domain_shutdown(&self, name: &str) -> Result<()>;
+
+    /// `virDomainSuspend`: pauses the domain's vCPUs (QEMU's process stays);
+    /// a paused domain stays paused.
+    fn domain_suspend(&self, name: &str) -> Result<()>;
 }

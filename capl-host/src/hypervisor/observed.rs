@@ -146,6 +146,9 @@ where
     fn domain_destroy(&self, name: &str) -> Result<()> {
         self.run(Rpc::lengthy("domain_destroy"), |h| h.domain_destroy(name))
     }
+    fn domain_reset(&self, name: &str) -> Result<()> {
+        self.run(Rpc::quick("domain_reset"), |h| h.domain_reset(name))
+    }
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()> {
         self.run(Rpc::quick("domain_undefine"), |h| h.domain_undefine(name, flags))
     }

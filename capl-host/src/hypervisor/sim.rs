@@ -221,6 +221,10 @@ impl Hypervisor for SimHypervisor {
         self.conn.domain_destroy(name).map_err(|e| self.err(e))
     }
 
+    fn domain_reset(&self, name: &str) -> Result<()> {
+        self.conn.domain_reset(name).map_err(|e| self.err(e))
+    }
+
     fn domain_undefine(&self, name: &str, flags: UndefineFlags) -> Result<()> {
         use libvirt_sim::undefine_flags as f;
         let mut raw = 0;
@@ -329,6 +333,10 @@ impl HostAdmin for SimHypervisor {
 
     fn domain_shutdown(&self, name: &str) -> Result<()> {
         self.conn.domain_shutdown(name).map_err(|e| self.err(e))
+    }
+
+    fn domain_suspend(&self, name: &str) -> Result<()> {
+        self.conn.domain_suspend(name).map_err(|e| self.err(e))
     }
 }
 

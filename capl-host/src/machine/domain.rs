@@ -197,16 +197,22 @@ impl MachineRun<'_> {
             Ok(()) => Ok(()),
             // Started by someone else between our state read and this call.
             Err(e) if e.is_already_running() => Ok(()),
-            Err(e) if e.missing_device().is_some() => Err(HostError::BridgeMissing {
+            Err(e) => Err(self.start_failed(e)),
+        }
+    }
+
+    /// What a failed start of our domain means: the network's missing bridge
+    /// or the missing console log directory, named; else libvirt's error.
+    pub(super) fn start_failed(&self, e: HypervisorError) -> HostError {
+        if let Some(device) = e.missing_device() {
+            return HostError::BridgeMissing {
                 network: self.spec.network.clone(),
-                device: e.missing_device().unwrap_or_default().to_string(),
+                device: device.to_string(),
                 uri: self.uri.clone(),
                 detail: e.to_string(),
-            }),
-            Err(e) => Err(self
-                .console_log_error(&e)
-                .unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))),
+            };
         }
+        self.console_log_error(&e).unwrap_or_else(|| self.error("start", ObjectKind::Domain, &self.names.domain, e))
     }
 
     pub(super) fn remove_domain(&self) -> HostResult<()> {

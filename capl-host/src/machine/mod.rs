@@ -1,15 +1,16 @@
 //! One LibvirtMachine on a host: create (each step idempotent and safe to
-//! repeat after a crash at any point), start, observe, delete.
+//! repeat after a crash at any point), start, observe, reboot, delete.
 //!
 //! Create and start are different verbs: [`create_machine`] takes the
 //! bootstrap data (the seed's user-data) and makes everything;
 //! [`start_machine`] only starts a domain that exists and never creates.
+//! [`reboot_machine`] neither: it resets or power-cycles a domain that exists.
 //!
 //! The flow lives here; its parts, one file each, are the [`domain`], the
 //! root [`disks`] (and the volume calls they share with the seed), the
 //! [`data_disks`], the cloud-init [`seed`] ISO, the [`ignition`] config, the
-//! DHCP [`reservation`] (and the address read from the leases), and the
-//! additional [`nics`].
+//! DHCP [`reservation`] (and the address read from the leases), the
+//! additional [`nics`], and the [`reboot`] of a machine for remediation.
 //!
 //! # What is ours
 //!
@@ -67,6 +68,8 @@
 //! | create of a new machine       | 19          | 20         |
 //! | steady state of a running one | 3           | 3          |
 //! | delete of a running machine   | 10          | 11         |
+//! | reboot of a running machine   | 3           | 3          |
+//! | reboot of a paused machine    | 4           | 4          |
 //!
 //! Create: domain lookup; checks first (base image read, network XML, leases);
 //! base image read; overlay lookup, create, read back;
@@ -74,6 +77,9 @@
 //! capabilities, define, autostart, start. Steady state: domain XML (the
 //! ownership check), state, leases. Delete: domain XML, state, destroy,
 //! undefine; overlay read, delete; ISO read, delete; network XML, DHCP update.
+//! Reboot: domain XML (the ownership check), state, then reset (running or
+//! blocked), or destroy and start (paused, crashed, ..., or a running one
+//! whose reset failed: 5 calls), or start (shut off: 3 calls).
 //! A machine with CPU or firmware settings makes one more call on create:
 //! its checks read the capabilities and the domain capabilities, and define
 //! uses what they read (a create resumed without the checks reads both again).
@@ -91,6 +97,7 @@ mod disks;
 mod domain;
 mod ignition;
 mod nics;
+mod reboot;
 mod reservation;
 mod seed;
 
@@ -104,6 +111,7 @@ use crate::guest_hardware::{CpuSettings, FirmwareSettings, check_settings};
 use crate::hypervisor::{DomainState, Hypervisor, HypervisorError};
 use crate::naming::{MachineNames, NameScheme};
 pub use ignition::IGNITION_SEED_USER_DATA;
+pub use reboot::{Reboot, RebootMethod, reboot_machine};
 pub use seed::MAX_SEED_BYTES;
 
 /// Everything the host layer needs to know about one machine, in plain Rust.

@@ -209,3 +209,13 @@ pub fn our_entry(hv: &dyn HostAdmin, fx: &Fixture, names: &MachineNames) -> (Str
 pub fn reserved_ip(hv: &dyn HostAdmin, fx: &Fixture, names: &MachineNames) -> Ipv4Addr {
     our_entry(hv, fx, names).2.parse().unwrap()
 }
+
+/// The id of the running domain `domain` (`<domain ... id='N'>` of its XML):
+/// the same for as long as its QEMU process lives, a new one after each
+/// start; `None` when it is not running.
+pub fn domain_id(hv: &dyn HostAdmin, domain: &str) -> Option<u32> {
+    let xml = hv.domain_xml(domain).unwrap_or_else(|e| panic!("domain XML of {domain}: {e}"));
+    let head = &xml[..xml.find('>')?];
+    let (_, rest) = head.split_once(" id='")?;
+    rest.split('\'').next()?.parse().ok()
+}

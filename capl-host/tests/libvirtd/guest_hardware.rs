@@ -17,9 +17,9 @@ use capl_host::domain_capabilities::DomainCapabilities;
 use capl_host::domain_xml::{DomainDefinition, OwnerMarker, domain_xml, host_kvm_support, parse_domain};
 use capl_host::guest_hardware::{CpuMode, CpuSettings, CpuTopology, FirmwareSettings, FirmwareType, machine_type};
 use capl_host::hypervisor::libvirt::LibvirtHypervisor;
-use capl_host::hypervisor::{ErrorKind, HostAdmin, Hypervisor, UndefineFlags};
-use capl_host::{FailureKind, HostError, MachineSpec, create_machine};
-use capl_host_test_support::host::{fresh_spec, user_data};
+use capl_host::hypervisor::{DomainState, ErrorKind, HostAdmin, Hypervisor, UndefineFlags};
+use capl_host::{FailureKind, HostError, MachineSpec, RebootMethod, create_machine, reboot_machine};
+use capl_host_test_support::host::{domain_id, fresh_spec, user_data};
 use capl_host_test_support::real_host::{connect_checked, fixture, guest_image_volume_in, ours_on_host};
 use testenv::test_host::{BASE_POOL, DISK_POOL, NETWORK};
 
@@ -227,7 +227,7 @@ fn a_machine_with_secure_boot_and_a_tpm_runs_and_refuses_an_unsigned_loader() {
         user_data,
         |h, spec, console| {
             let domain = spec.names().domain;
-            assert_eq!(h.domain_state(&domain).unwrap(), capl_host::hypervisor::DomainState::Running);
+            assert_eq!(h.domain_state(&domain).unwrap(), DomainState::Running);
             let xml = h.domain_xml(&domain).expect("domain XML");
             for part in ["<feature enabled='yes' name='secure-boot'/>", "<smm state='on'/>", "<backend type='emulator'"]
             {
@@ -341,6 +341,38 @@ fn a_guest_reads_its_ignition_config_from_the_firmware_config() {
                     .all(|entry| log.contains(&format!("CAPL-GUEST fw_cfg {entry} sha256={digest}")));
                 Ok(both && log.contains(&identity))
             });
+        },
+    );
+}
+
+/// A machine rebooted while its guest runs is reset, and its guest boots
+/// again: the console shows the guest reading its seed a second time, after
+/// the first boot's lines in the same log (the QEMU process and its console
+/// stay across a reset, so the log is appended to), and the domain runs on
+/// with the same id.
+#[test]
+fn a_guest_boots_again_when_its_machine_is_rebooted() {
+    on_a_guest_with(
+        "reboot",
+        |_| {},
+        user_data,
+        |h, spec, console| {
+            let domain = spec.names().domain;
+            let booted = format!("CAPL-GUEST instance-id={} ", spec.identity);
+            let boots = |log: &str| log.matches(&booted).count();
+            watch_console(console, "the guest's first boot", |log| Ok(boots(log) >= 1));
+            let id = domain_id(h, &domain).expect("the guest runs");
+            let first = std::fs::read_to_string(console).expect("the console log");
+            let done = reboot_machine(h, spec).expect("reboot").expect("the machine exists");
+            assert_eq!((done.method, done.was), (RebootMethod::Reset, DomainState::Running), "{}", done.describe());
+            watch_console(console, "the guest's second boot", |log| {
+                if !log.starts_with(&first) {
+                    return Err("the console log was not appended to across the reset".into());
+                }
+                Ok(boots(log) >= 2)
+            });
+            assert_eq!(h.domain_state(&domain).unwrap(), DomainState::Running);
+            assert_eq!(domain_id(h, &domain), Some(id), "a reset keeps the QEMU process");
         },
     );
 }

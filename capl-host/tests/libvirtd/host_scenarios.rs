@@ -72,6 +72,7 @@ const SCENARIOS: &[Scenario] = &[
     both("full_cycle", "full", |c| scenarios::full_cycle(c.hv, c.fx, &c.namespace)),
     both("stopped_machine_is_started", "stopped", |c| scenarios::stopped_machine_is_started(c.hv, c.fx, &c.namespace)),
     both("start_never_creates", "start", |c| scenarios::start_never_creates(c.hv, c.fx, &c.namespace)),
+    both("reboot_by_domain_state", "reboot", |c| scenarios::reboot_by_domain_state(c.hv, c.fx, &c.namespace)),
     both("crash_after_every_step", "crash", |c| scenarios::crash_after_every_step(c.hv, c.fx, &c.namespace)),
     both("delete_after_partial_create", "partial", |c| {
         scenarios::delete_after_partial_create(c.hv, c.fx, &c.namespace)

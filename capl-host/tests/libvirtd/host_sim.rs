@@ -215,19 +215,106 @@ fn libvirt_call_counts_match_the_book() {
     let (cluster, cluster_one_pool) = (infra(&fx.domain_pool), infra(&fx.base_pool));
 
     eprintln!("simulator operations: create {create}, steady state {steady}, delete {delete}, cluster {cluster}");
+    assert_eq!(book_row("create a new machine"), [create], "design.md: create");
+    assert_eq!(book_row("steady-state check"), [steady], "design.md: steady state");
+    assert_eq!(book_row("delete a running machine"), [delete], "design.md: delete");
+    assert_eq!(book_row("LibvirtCluster host check"), [cluster, cluster_one_pool], "design.md: cluster check");
+}
+
+/// The numbers of the row of the design page's cost table whose label starts with `label`.
+fn book_row(label: &str) -> Vec<u64> {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/design.md")).unwrap();
     let table = cost_table(&page);
-    let row = |label: &str| -> Vec<u64> {
-        let (_, numbers) = table
-            .iter()
-            .find(|(l, _)| l.starts_with(label))
-            .unwrap_or_else(|| panic!("design.md's cost table has no row {label:?}: {table:?}"));
-        numbers.clone()
+    let (_, numbers) = table
+        .iter()
+        .find(|(l, _)| l.starts_with(label))
+        .unwrap_or_else(|| panic!("design.md's cost table has no row {label:?}: {table:?}"));
+    numbers.clone()
+}
+
+/// A reboot costs what the machine module's docs and the design page's cost
+/// table say: a running machine is reset (domain XML, state, reset: 3), a
+/// paused one destroyed and started (domain XML, state, destroy, start: 4),
+/// a shut-off one started (domain XML, state, start: 3). None opens a
+/// connection.
+#[test]
+fn reboot_call_counts_match_the_book() {
+    use capl_host::{RebootMethod, reboot_machine};
+
+    let (host, hv, fx) = sim("reboot-counts");
+    let spec = spec(&fx, "sim-reboot-counts", "reboot-0");
+    create_machine(&hv, &spec, &user_data(&spec)).unwrap();
+    let domain = spec.names().domain;
+    let counters = host.counters();
+    let opened = counters.connections_opened();
+    let reboot = |expected: RebootMethod| {
+        let before = counters.total_calls();
+        let done = reboot_machine(&hv, &spec).unwrap().expect("the machine exists");
+        assert_eq!(done.method, expected, "{}", done.describe());
+        counters.total_calls() - before
     };
-    assert_eq!(row("create a new machine"), [create], "design.md: create");
-    assert_eq!(row("steady-state check"), [steady], "design.md: steady state");
-    assert_eq!(row("delete a running machine"), [delete], "design.md: delete");
-    assert_eq!(row("LibvirtCluster host check"), [cluster, cluster_one_pool], "design.md: cluster check");
+    let running = reboot(RebootMethod::Reset);
+    assert_eq!(host.domain_resets(&domain).unwrap(), 1);
+    hv.connection().domain_suspend(&domain).unwrap();
+    let paused = reboot(RebootMethod::PowerCycle);
+    hv.domain_destroy(&domain).unwrap();
+    let shut_off = reboot(RebootMethod::Start);
+    assert_eq!(host.domain_resets(&domain).unwrap(), 1, "only the running machine was reset");
+    assert_eq!(counters.connections_opened(), opened, "a reboot opened a connection");
+    eprintln!("simulator operations of a reboot: running {running}, paused {paused}, shut off {shut_off}");
+    assert_eq!((running, paused, shut_off), (3, 4, 3), "reboot: running, paused, shut off");
+    assert_eq!(book_row("reboot a running machine"), [running], "design.md: reboot of a running machine");
+    assert_eq!(book_row("reboot a paused machine"), [paused], "design.md: reboot of a paused machine");
+}
+
+/// A running machine whose reset fails is destroyed and started instead, and
+/// says why; a reset that fails because the connection is lost is not (the
+/// caller retries on a new connection). A crashed machine is destroyed and
+/// started: a reset would leave it paused. Another identity's domain at the
+/// machine's name is never touched.
+#[test]
+fn a_failed_reset_falls_back_to_a_power_cycle() {
+    use capl_host::hypervisor::DomainState;
+    use capl_host::{FailureKind, RebootMethod, reboot_machine};
+    use libvirt_sim::{Error, ErrorCode, Op};
+
+    let (host, hv, fx) = sim("reboot-fallback");
+    let spec = spec(&fx, "sim-reboot-fallback", "fallback-0");
+    create_machine(&hv, &spec, &user_data(&spec)).unwrap();
+    let domain = spec.names().domain;
+    let counters = host.counters();
+
+    host.fail_nth(Op::DomainReset, 1, Error::new(ErrorCode::OperationFailed, "injected: QEMU did not answer"));
+    let before = counters.total_calls();
+    let done = reboot_machine(&hv, &spec).unwrap().expect("the machine exists");
+    assert_eq!((done.method, done.was), (RebootMethod::PowerCycle, DomainState::Running));
+    assert_eq!(
+        done.describe(),
+        "destroyed and started after the reset failed: operation failed: injected: QEMU did not answer (libvirt error 9)"
+    );
+    assert_eq!(counters.total_calls() - before, 5, "domain XML, state, reset, destroy, start");
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
+    assert_eq!(host.domain_resets(&domain).unwrap(), 0);
+
+    host.fail_nth(Op::DomainReset, 1, Error::new(ErrorCode::NoConnect, "injected: connection gone"));
+    let destroys = counters.calls(Op::DomainDestroy);
+    let err = reboot_machine(&hv, &spec).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::HostUnreachable, "{err}");
+    assert!(err.to_string().contains(&format!("reset domain \"{domain}\"")), "{err}");
+    assert_eq!(counters.calls(Op::DomainDestroy), destroys, "a lost connection was answered with a destroy");
+
+    host.crash_domain(&domain).unwrap();
+    let done = reboot_machine(&hv, &spec).unwrap().expect("the machine exists");
+    assert_eq!(done.describe(), "destroyed and started (was crashed)");
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Running);
+    assert_eq!(host.domain_resets(&domain).unwrap(), 0, "a crashed domain was reset");
+
+    host.fail_nth(Op::DomainCreate, 1, Error::new(ErrorCode::InternalError, "injected: qemu exited"));
+    hv.domain_destroy(&domain).unwrap();
+    let err = reboot_machine(&hv, &spec).unwrap_err();
+    assert!(err.to_string().contains(&format!("start domain \"{domain}\"")), "{err}");
+    assert_eq!(hv.domain_state(&domain).unwrap(), DomainState::Shutoff);
+    delete_machine(&hv, &spec).unwrap();
 }
 
 /// The rows of the design page's "Cost on the host" table: (label, the

@@ -165,6 +165,7 @@ pub const ALL: &[Scenario] = &[
         not_on: &[(Backend::TestDriver, TEST_DRIVER_NO_LEASES)],
     },
     Scenario { name: "domain lifecycle events", run: domain_lifecycle_events, not_on: &[] },
+    Scenario { name: "domain reset", run: domain_reset, not_on: &[] },
     Scenario { name: "node memory counts defined domains", run: node_memory_counts_defined_domains, not_on: &[] },
     Scenario { name: "dns host entries: one per address, deleted by address and name", run: dns_hosts, not_on: &[] },
     Scenario {
@@ -953,6 +954,7 @@ const STOPPED_DESTROYED: i32 = 1;
 const SHUTDOWN_HOST: i32 = 2;
 const SHUTDOWN_GUEST: i32 = 1;
 const STOPPED_SHUTDOWN: i32 = 0;
+const SUSPENDED_PAUSED: i32 = 0;
 
 /// The events of a start. QEMU starts with its CPUs paused and libvirt reports them
 /// resumed (QEMU's RESUME event) before the domain started; the test driver has no
@@ -1011,6 +1013,34 @@ fn domain_lifecycle_events(ctx: &Ctx) {
     drop(subscription);
     ctx.define(&domain_xml(&ctx.name("after"), None, None, ""));
     expect_no_more_events(&rx, "dropping the subscription");
+}
+
+/// A reset (`virDomainReset`) restarts the guest where it is: the domain keeps its
+/// state (QEMU's system_reset leaves a paused domain paused), and libvirt reports no
+/// lifecycle event for it (only `VIR_DOMAIN_EVENT_ID_REBOOT`). A shut-off domain cannot
+/// be reset.
+fn domain_reset(ctx: &Ctx) {
+    let (_subscription, rx) = subscribe_own_events(ctx);
+    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    let d = name.as_str();
+    ctx.hv.domain_start(d).unwrap();
+    let mut expected = vec![(d.to_string(), DomainEventKind::Defined, DEFINED_ADDED)];
+    expected.extend(start_events(ctx, d));
+    expect_events(&rx, "define and start", &expected);
+    ctx.hv.domain_reset(d).unwrap();
+    assert_eq!(ctx.hv.domain_state(d).unwrap(), DomainState::Running);
+    expect_no_more_events(&rx, "the reset of a running domain");
+    ctx.hv.domain_suspend(d).unwrap();
+    expect_events(&rx, "suspend", &[(d, DomainEventKind::Suspended, SUSPENDED_PAUSED)]);
+    ctx.hv.domain_reset(d).unwrap();
+    assert_eq!(ctx.hv.domain_state(d).unwrap(), DomainState::Paused, "a reset keeps a paused domain paused");
+    expect_no_more_events(&rx, "the reset of a paused domain");
+    ctx.hv.domain_destroy(d).unwrap();
+    expect_events(&rx, "destroy", &destroy_events(ctx, d));
+    expect_err(ctx.hv.domain_reset(d), ErrorKind::OperationInvalid, Some(55), "reset a stopped domain");
+    assert_eq!(ctx.hv.domain_state(d).unwrap(), DomainState::Shutoff);
+    expect_err(ctx.hv.domain_reset(&ctx.name("nodom")), ErrorKind::NoDomain, Some(42), "reset a missing domain");
+    expect_no_more_events(&rx, "the refused resets");
 }
 
 /// A guest that powers off when asked: QEMU reports the guest's own shutdown, then the

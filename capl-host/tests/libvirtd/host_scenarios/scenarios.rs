@@ -8,12 +8,12 @@ use capl_host::hypervisor::{DomainState, HostAdmin, UndefineFlags};
 use capl_host::infra::check_network;
 use capl_host::network_xml::parse_network;
 use capl_host::{
-    CreateStep, FailureKind, HostError, MachineAddress, MachineSpec, ObjectKind, create_machine, delete_machine,
-    observe_machine, run_create_steps, start_machine,
+    CreateStep, FailureKind, HostError, MachineAddress, MachineSpec, ObjectKind, RebootMethod, create_machine,
+    delete_machine, observe_machine, reboot_machine, run_create_steps, start_machine,
 };
 use capl_host_test_support::host::{
-    Fixture, assert_created_once, dhcp_hosts, fresh_spec, leftovers, our_entry, reserved_ip, spec, uid_for, user_data,
-    with_data_disk,
+    Fixture, assert_created_once, dhcp_hosts, domain_id, fresh_spec, leftovers, our_entry, reserved_ip, spec, uid_for,
+    user_data, with_data_disk,
 };
 
 /// create -> running -> steady state -> delete, nothing left behind; delete again is a no-op.
@@ -59,6 +59,70 @@ pub fn stopped_machine_is_started(hv: &dyn HostAdmin, fx: &Fixture, namespace: &
     assert_eq!(hv.domain_state(&names.domain).unwrap(), DomainState::Running);
     assert_eq!(reserved_ip(hv, fx, &names), ip);
     delete_machine(hv, &spec).expect("delete");
+    assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
+}
+
+/// A machine is rebooted as its domain is found: a running one is reset (the
+/// same domain id: the same QEMU process), a paused one destroyed and started
+/// (a new process), a shut-off one started; each runs afterwards. A domain
+/// at its name that another identity's metadata claims is a collision and
+/// stays as it was; without a domain there is nothing to reboot.
+pub fn reboot_by_domain_state(hv: &dyn HostAdmin, fx: &Fixture, namespace: &str) {
+    let spec = fresh_spec(hv, fx, namespace, "reboot-0");
+    let names = spec.names();
+    let domain = names.domain.as_str();
+    assert_eq!(reboot_machine(hv, &spec).expect("reboot of an absent machine"), None);
+    create_machine(hv, &spec, &user_data(&spec)).expect("create");
+    let reboot = || reboot_machine(hv, &spec).expect("reboot").expect("the domain exists");
+
+    let first = domain_id(hv, domain).expect("the created domain runs");
+    let done = reboot();
+    assert_eq!((done.method, done.was, done.reset_error.as_deref()), (RebootMethod::Reset, DomainState::Running, None));
+    assert_eq!(done.describe(), "reset (was running)");
+    assert_eq!(hv.domain_state(domain).unwrap(), DomainState::Running);
+    assert_eq!(domain_id(hv, domain), Some(first), "a reset keeps the QEMU process");
+
+    hv.domain_suspend(domain).unwrap();
+    assert_eq!(hv.domain_state(domain).unwrap(), DomainState::Paused);
+    let done = reboot();
+    assert_eq!((done.method, done.was), (RebootMethod::PowerCycle, DomainState::Paused), "{}", done.describe());
+    assert_eq!(done.describe(), "destroyed and started (was paused)");
+    assert_eq!(hv.domain_state(domain).unwrap(), DomainState::Running);
+    let second = domain_id(hv, domain).expect("the power-cycled domain runs");
+    assert_ne!(second, first, "a power cycle starts a new QEMU process");
+
+    hv.domain_destroy(domain).unwrap();
+    let done = reboot();
+    assert_eq!((done.method, done.was), (RebootMethod::Start, DomainState::Shutoff), "{}", done.describe());
+    assert_eq!(done.describe(), "started (was shut off)");
+    assert_eq!(hv.domain_state(domain).unwrap(), DomainState::Running);
+    assert_created_once(hv, fx, &spec);
+    delete_machine(hv, &spec).expect("delete");
+    assert_eq!(reboot_machine(hv, &spec).expect("reboot of a deleted machine"), None);
+    assert_eq!(leftovers(hv, fx, std::slice::from_ref(&spec)), Vec::<String>::new());
+
+    // A running domain at the machine's name whose metadata names another identity.
+    let other = uid_for(namespace, "reboot-0-other");
+    let foreign = format!(
+        "<domain type='qemu'><name>{domain}</name><uuid>{other}</uuid><metadata>\
+         <capl:machine xmlns:capl='{ns}'><capl:namespace>{namespace}</capl:namespace>\
+         <capl:name>{name}</capl:name><capl:uid>{other}</capl:uid><capl:cluster>host-tests</capl:cluster>\
+         </capl:machine></metadata><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type></os><devices/></domain>",
+        ns = capl_host::domain_xml::METADATA_NAMESPACE,
+        name = spec.name,
+    );
+    hv.domain_define(&foreign).expect("define the other identity's domain");
+    hv.domain_start(domain).expect("start the other identity's domain");
+    let (before_xml, before_id) = (hv.domain_xml(domain).unwrap(), domain_id(hv, domain));
+    let err = reboot_machine(hv, &spec).expect_err("a reboot must refuse another identity's domain");
+    assert_collision(&err, domain);
+    assert!(err.to_string().contains(&other), "the error names the other identity: {err}");
+    assert_eq!(hv.domain_state(domain).unwrap(), DomainState::Running, "the other identity's domain was stopped");
+    assert_eq!(domain_id(hv, domain), before_id, "the other identity's domain was restarted");
+    assert_eq!(hv.domain_xml(domain).unwrap(), before_xml, "the other identity's domain was changed");
+    hv.domain_destroy(domain).unwrap();
+    hv.domain_undefine(domain, UndefineFlags::all()).unwrap();
     assert_eq!(leftovers(hv, fx, &[spec]), Vec::<String>::new());
 }
 
