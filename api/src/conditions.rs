@@ -22,12 +22,17 @@ pub const MACHINE_CREATED: &str = "MachineCreated";
 /// LibvirtMachine: the domain is running.
 pub const DOMAIN_RUNNING: &str = "DomainRunning";
 
+/// LibvirtRemediation: the Machine's domain was rebooted (False: the
+/// reboot failed, could not be attempted, or the provider gave up).
+pub const REBOOTED: &str = "Rebooted";
+
 /// Every condition type per kind, in the order the book's conditions table
 /// lists them.
 pub const CLUSTER_CONDITIONS: &[&str] =
     &[CONTROL_PLANE_ENDPOINT_READY, INFRASTRUCTURE_READY, HOSTS_READY, READY, PAUSED];
 pub const MACHINE_CONDITIONS: &[&str] =
     &[INFRASTRUCTURE_READY, DOMAIN_PROVISIONING_READY, MACHINE_CREATED, DOMAIN_RUNNING, READY, PAUSED];
+pub const REMEDIATION_CONDITIONS: &[&str] = &[REBOOTED];
 
 /// Reasons.
 pub mod reasons {
@@ -121,4 +126,20 @@ pub mod reasons {
     /// LibvirtMachine: the downloaded body is not an image of
     /// spec.imageURL's format; retried.
     pub const IMAGE_FORMAT_MISMATCH: &str = "ImageFormatMismatch";
+
+    // LibvirtRemediation (Rebooted).
+    /// A running domain was reset (virDomainReset).
+    pub const RESET: &str = "Reset";
+    /// A domain that was paused, crashed or whose reset failed was destroyed and started.
+    pub const POWER_CYCLED: &str = "PowerCycled";
+    /// A shut-off domain was started.
+    pub const STARTED: &str = "Started";
+    /// The host refused or did not answer the reboot; the next attempt counts against retryLimit.
+    pub const REBOOT_FAILED: &str = "RebootFailed";
+    /// The LibvirtRemediation has no owner Machine, or the Machine no LibvirtMachine.
+    pub const MACHINE_NOT_FOUND: &str = "MachineNotFound";
+    /// The Machine's domain is not on its host: a reboot cannot help; the Machine is handed to its owner.
+    pub const DOMAIN_NOT_FOUND: &str = "DomainNotFound";
+    /// retryLimit reboots did not make the Machine healthy; it is handed to its owner for replacement.
+    pub const RETRIES_EXHAUSTED: &str = "RetriesExhausted";
 }

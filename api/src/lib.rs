@@ -1,5 +1,5 @@
 //! capl-api: the `infrastructure.cluster.x-k8s.io/v1alpha1` API of
-//! cluster-api-provider-libvirt: LibvirtCluster, LibvirtMachine and their
+//! cluster-api-provider-libvirt: LibvirtCluster, LibvirtMachine, LibvirtRemediation and their
 //! templates, their condition types and reasons, plus the slices of CAPI's own
 //! `cluster.x-k8s.io/v1beta2` kinds (Cluster, Machine) and
 //! `ipam.cluster.x-k8s.io/v1beta2` kinds that the reconcilers read and write.
@@ -39,6 +39,7 @@ mod cluster;
 pub mod conditions;
 pub mod ipam;
 mod machine;
+mod remediation;
 mod shared;
 mod templates;
 
@@ -48,6 +49,10 @@ pub use cluster::{
 pub use machine::{
     AdditionalNetwork, ChecksumType, CpuMode, CpuSpec, CpuTopology, DataDisk, DataDiskFormat, DataDiskStatus, DiskBus,
     FirmwareSpec, FirmwareType, ImageFormat, ImageUrl, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
+};
+pub use remediation::{
+    LibvirtRemediation, LibvirtRemediationSpec, LibvirtRemediationStatus, LibvirtRemediationTemplate,
+    LibvirtRemediationTemplateResource, LibvirtRemediationTemplateSpec,
 };
 pub use shared::{
     ApiEndpoint, FailureDomain, Initialization, MachineAddress, ObjectMeta as TemplateObjectMeta, PoolReference,
@@ -85,5 +90,12 @@ pub const ENDPOINT_DNS_HOST_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/
 /// Every CRD this crate defines, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![LibvirtCluster::crd(), LibvirtClusterTemplate::crd(), LibvirtMachine::crd(), LibvirtMachineTemplate::crd()]
+    vec![
+        LibvirtCluster::crd(),
+        LibvirtClusterTemplate::crd(),
+        LibvirtMachine::crd(),
+        LibvirtMachineTemplate::crd(),
+        LibvirtRemediation::crd(),
+        LibvirtRemediationTemplate::crd(),
+    ]
 }

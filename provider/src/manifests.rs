@@ -171,11 +171,15 @@ fn service_account() -> Value {
 /// Every API request the manager makes, as RBAC rules, and nothing more
 /// (least privilege). The reconcilers watch and patch our two kinds (finalizers,
 /// `spec.providerID`, the endpoint; a machine reads its LibvirtCluster, a
-/// LibvirtMachine is only ever read from the watch cache), patch their status, read CAPI's Cluster and
+/// LibvirtMachine reconcile reads its own object from the watch cache), patch their status, read CAPI's Cluster and
 /// Machine and the bootstrap Secrets, and publish `events.k8s.io` Events (kube's
 /// recorder creates an Event and patches it when the same one repeats). Of the
 /// templates, the manager watches LibvirtMachineTemplates and writes their
-/// status (capacity and node info for scaling from zero); CAPI copies them into objects. A
+/// status (capacity and node info for scaling from zero); CAPI copies them into objects.
+/// A LibvirtRemediation's reconcile reads its Machine and that Machine's
+/// LibvirtMachine (GET), writes its own status, and sets the Machine's
+/// `ExternallyRemediated` and `OwnerRemediated` conditions (a server-side
+/// apply of the Machine's status). A
 /// machine with `addressesFromPools` creates, watches and deletes its IPAddressClaims and
 /// reads the IPAddress bound to each (CAPI's IPAM contract). The
 /// API-server test `manager_binary_with_the_simulated_host_provisions_a_machine`
@@ -190,22 +194,32 @@ fn manager_rules() -> Value {
         {
             "apiGroups": [api::GROUP],
             "resources": ["libvirtmachines"],
-            "verbs": ["list", "watch", "patch"]
+            "verbs": ["get", "list", "watch", "patch"]
         },
         {
             "apiGroups": [api::GROUP],
-            "resources": ["libvirtmachinetemplates"],
+            "resources": ["libvirtmachinetemplates", "libvirtremediations"],
             "verbs": ["list", "watch"]
         },
         {
             "apiGroups": [api::GROUP],
-            "resources": ["libvirtclusters/status", "libvirtmachines/status", "libvirtmachinetemplates/status"],
+            "resources": [
+                "libvirtclusters/status",
+                "libvirtmachines/status",
+                "libvirtmachinetemplates/status",
+                "libvirtremediations/status"
+            ],
             "verbs": ["patch"]
         },
         {
             "apiGroups": ["cluster.x-k8s.io"],
             "resources": ["clusters", "machines"],
             "verbs": ["get", "list", "watch"]
+        },
+        {
+            "apiGroups": ["cluster.x-k8s.io"],
+            "resources": ["machines/status"],
+            "verbs": ["patch"]
         },
         {
             "apiGroups": [""],

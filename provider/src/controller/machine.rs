@@ -154,6 +154,32 @@ pub fn machine_domain_name(object: &LibvirtMachine, identity: &str) -> String {
     capl_host::naming::domain_name_in(name_scheme(object, identity), &ns, &object.name_any(), identity)
 }
 
+/// How to reach a machine that exists on its host: the URI and credentials
+/// Secret its status recorded (with the credentials its LibvirtCluster now
+/// gives that host, when it is at hand), and the host spec that names its
+/// objects. Enough for an action on the existing domain (a reboot), not for a
+/// create: it carries no bootstrap data and no addresses. `Ok(None)` when no
+/// host was recorded (nothing was ever created); `Err` for a provider ID this
+/// provider did not set.
+pub(super) struct RecordedMachine {
+    pub uri: String,
+    pub credentials: Option<String>,
+    pub spec: MachineSpec,
+}
+
+pub(super) fn recorded_machine(
+    object: &LibvirtMachine,
+    libvirt_cluster: Option<&LibvirtCluster>,
+    ctx: &Context,
+) -> Result<Option<RecordedMachine>, String> {
+    let identity = machine_identity(object)?;
+    let Some(location) = HostLocation::recorded(object) else { return Ok(None) };
+    let location = location.with_current_credentials(libvirt_cluster);
+    let gathered = Gathered { machine: None, cluster: None, libvirt_cluster: None, addresses: Default::default() };
+    let spec = host_spec(object, &identity, &location, &gathered, ctx);
+    Ok(Some(RecordedMachine { uri: location.uri, credentials: location.credentials, spec }))
+}
+
 /// Where a machine lives: the host and the network and pools its objects are in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HostLocation {

@@ -1,4 +1,4 @@
-//! The LibvirtCluster and LibvirtMachine reconcilers.
+//! The LibvirtCluster, LibvirtMachine and LibvirtRemediation reconcilers.
 //!
 //! Each reconcile runs four phases: **gather** (read the Kubernetes objects
 //! into a snapshot), **decide** (a pure function of the snapshot returning the
@@ -29,6 +29,7 @@ mod object_patch;
 pub mod own_changes;
 mod owners;
 pub mod placement;
+pub mod remediation;
 pub mod reservations;
 pub mod template;
 mod watch_mapping;
@@ -43,7 +44,7 @@ use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, controller::Act
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::capi::{Cluster, Machine};
-use crate::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate};
+use crate::api::{LibvirtCluster, LibvirtMachine, LibvirtMachineTemplate, LibvirtRemediation};
 pub use capl_host::uri_policy::UriPolicy;
 pub use context::{CONTROLLER_NAME, Context, DEFAULT_RESYNC_INTERVAL, DEFAULT_SWEEP_INTERVAL, InputCaches, Settings};
 pub use error::Error;
@@ -72,7 +73,7 @@ fn error_policy<K: ResourceExt>(object: Arc<K>, error: &Error, ctx: Arc<Context>
     Action::requeue(Duration::from_secs(15))
 }
 
-/// Runs both controllers until `shutdown` resolves.
+/// Runs the controllers until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static) {
     let shutdown_signal = shutdown.clone();
     let client = ctx.client.clone();
@@ -146,6 +147,20 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(%err, "libvirtmachinetemplate controller event");
+            }
+        });
+    // LibvirtRemediations: reboots for a MachineHealthCheck; a reconcile
+    // requeues itself for the next step, so only their creation and spec
+    // changes are watched.
+    let (remediation_store, remediation_writer) = reflector::store::<LibvirtRemediation>();
+    let remediation_stream = own_objects(api::<LibvirtRemediation>(&client, &ns), remediation_writer);
+    let remediation_controller = Controller::for_stream(remediation_stream, remediation_store)
+        .with_config(config.clone())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(remediation::reconcile, |o, e, c| error_policy(o, e, c, "libvirtremediation"), ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(%err, "libvirtremediation controller event");
             }
         });
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
@@ -234,7 +249,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
         }
     };
-    tokio::join!(cluster_controller, machine_controller, template_controller, sweep, check_connections);
+    tokio::join!(
+        cluster_controller,
+        machine_controller,
+        template_controller,
+        remediation_controller,
+        sweep,
+        check_connections
+    );
 }
 
 /// Every object of `api`, watched, without `metadata.managedFields`: nothing

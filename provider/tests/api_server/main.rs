@@ -9,6 +9,7 @@ use capl_test_support::{api_server as support, clusterctl_template};
 
 mod faults_at_scale;
 mod kcp_failure_domains;
+mod machine_health_check;
 mod manager_binary;
 mod manifests_on_api_server;
 mod reconcile_bounded_state;
@@ -26,6 +27,7 @@ mod reconcile_machine;
 mod reconcile_manager_binary;
 mod reconcile_move;
 mod reconcile_network_endpoint;
+mod reconcile_remediation;
 mod reconcile_restart;
 mod reconcile_template;
 mod reconcile_uri_policy;

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeSet;
 
-use capl::api::{LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine, LibvirtMachineTemplate};
+use capl::api::{
+    LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine, LibvirtMachineTemplate, LibvirtRemediation,
+    LibvirtRemediationTemplate,
+};
 use serde_json::Value;
 
 use crate::clusterctl_template::{parse_documents, repo_root, substitute, template_files};
@@ -32,6 +35,8 @@ fn check_our_kind(doc: &Value, origin: &str) {
         "LibvirtMachine" => serde_json::from_value::<LibvirtMachine>(doc.clone()).map(|_| ()),
         "LibvirtClusterTemplate" => serde_json::from_value::<LibvirtClusterTemplate>(doc.clone()).map(|_| ()),
         "LibvirtMachineTemplate" => serde_json::from_value::<LibvirtMachineTemplate>(doc.clone()).map(|_| ()),
+        "LibvirtRemediation" => serde_json::from_value::<LibvirtRemediation>(doc.clone()).map(|_| ()),
+        "LibvirtRemediationTemplate" => serde_json::from_value::<LibvirtRemediationTemplate>(doc.clone()).map(|_| ()),
         other => panic!("{origin}: unexpected kind {other} in our group"),
     };
     if let Err(err) = result {
