@@ -82,3 +82,20 @@ var _ = Describe("quick-start with data disks", Label("quick-start-data-disks"),
 		return input
 	})
 })
+
+// remediation-reboot: the provider's remediation by reboot, a
+// LibvirtRemediationTemplate in a MachineHealthCheck of the workers
+// (remediation_reboot_test.go): a worker whose guest was paused is rebooted
+// and stays the same Machine; a worker whose Node condition a reboot cannot
+// clear is rebooted once, then replaced by its MachineSet.
+var _ = Describe("remediation-reboot", Label("remediation-reboot"), func() {
+	remediationRebootSpec(ctx, func() remediationRebootSpecInput {
+		return remediationRebootSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+		}
+	})
+})

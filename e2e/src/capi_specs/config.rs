@@ -30,7 +30,14 @@ const FLAVOR_FILES: &[(&str, &str, Option<&str>)] = &[
     ("cluster-template-data-disks.yaml", "cluster-template-data-disks.yaml", None),
     ("cluster-template-md-remediation.yaml", "cluster-template.yaml", Some("md-remediation.yaml")),
     ("cluster-template-kcp-md-taints.yaml", "cluster-template.yaml", Some("kcp-md-taints.yaml")),
+    ("cluster-template-remediation-reboot.yaml", "cluster-template.yaml", Some("remediation-reboot.yaml")),
 ];
+
+/// The e2e config variable with the URI through which virsh on this machine
+/// reaches the specs' libvirt host (its unix socket): remediation-reboot
+/// pauses a worker's domain with `virsh -c URI suspend`. The flavors do not
+/// use it.
+pub const VIRSH_URI_VARIABLE: &str = "CAPL_E2E_VIRSH_URI";
 
 /// What `clusterctl init` of the management cluster gets besides what the
 /// kind suite sets: CAPI core and KCP accept and propagate `spec.taints` of
@@ -53,6 +60,14 @@ const INTERVALS: &[(&str, [&str; 2])] = &[
     ("default/wait-machine-upgrade", ["30m", "10s"]),
     ("default/wait-delete-cluster", ["15m", "10s"]),
     ("default/wait-nodes-ready", ["15m", "10s"]),
+    // remediation-reboot: a Node turning unhealthy (about 2 minutes after its
+    // guest is paused), a reboot and the boot to a Ready Node (2 to 4
+    // minutes), or a reboot and the remediation's timeout (480 s).
+    ("default/wait-reboot-remediation", ["20m", "10s"]),
+    // remediation-reboot: a LibvirtRemediation shows `Failed` only from the
+    // moment the provider gives up until its Machine, deleted by the
+    // MachineSet at once, is gone with it: looked at every 2 s.
+    ("default/wait-remediation-given-up", ["20m", "2s"]),
 ];
 
 /// The node image as a user offers it: a file on a web server, named by URL and sha256.
@@ -78,6 +93,8 @@ pub struct Inputs<'a> {
     pub release_dir: &'a Path,
     pub image: &'a ServedImage,
     pub tls: &'a TlsClient,
+    /// The URI through which virsh on this machine reaches the host.
+    pub virsh_uri: &'a str,
 }
 
 /// Writes the flavors and the e2e config into the work directory; returns the config's path.
@@ -135,6 +152,7 @@ pub fn write(inputs: &Inputs) -> Result<PathBuf> {
         // Guests whose CPUs QEMU emulates share 2 host cores: a worker with one
         // vCPU leaves the control plane (2 vCPUs) enough to keep answering.
         "CAPL_WORKER_VCPU": "1",
+        VIRSH_URI_VARIABLE: inputs.virsh_uri,
     });
     let intervals: serde_json::Map<String, Value> =
         INTERVALS.iter().map(|(name, interval)| (name.to_string(), json!(interval))).collect();
@@ -278,6 +296,67 @@ mod tests {
         assert_eq!(kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["kind"], "LibvirtMachineTemplate");
         assert!(kcp["spec"]["kubeadmConfigSpec"].is_mapping());
         assert_eq!(md["spec"]["template"]["spec"]["infrastructureRef"]["kind"], "LibvirtMachineTemplate");
+    }
+
+    #[test]
+    fn the_remediation_reboot_flavor_hands_the_labelled_workers_to_the_reboot_template() {
+        let source = crate::repo_root().join("templates/cluster-template.yaml");
+        let text = flavor(&source, Some(&patches_dir().join("remediation-reboot.yaml"))).unwrap();
+        let docs = documents(&text).unwrap();
+        let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+        let md = find("MachineDeployment");
+        let mhc = find("MachineHealthCheck");
+        let template = find("LibvirtRemediationTemplate");
+        assert_eq!(mhc["spec"]["selector"]["matchLabels"], md["spec"]["template"]["metadata"]["labels"]);
+        assert_eq!(md["spec"]["template"]["spec"]["infrastructureRef"]["kind"], "LibvirtMachineTemplate");
+        let reference = &mhc["spec"]["remediation"]["templateRef"];
+        assert_eq!(reference["apiVersion"], template["apiVersion"]);
+        assert_eq!(reference["kind"], "LibvirtRemediationTemplate");
+        assert_eq!(reference["name"], template["metadata"]["name"]);
+        assert_eq!(template["metadata"]["namespace"], mhc["metadata"]["namespace"]);
+        let spec = &template["spec"]["template"]["spec"];
+        assert_eq!((spec["retryLimit"].as_i64(), spec["timeoutSeconds"].as_i64()), (Some(1), Some(480)));
+        let checks: Vec<(&str, &str)> = mhc["spec"]["checks"]["unhealthyNodeConditions"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|c| (c["type"].as_str().unwrap(), c["status"].as_str().unwrap()))
+            .collect();
+        assert_eq!(checks, [("Ready", "Unknown"), ("Ready", "False"), ("e2e.remediation.condition", "False")]);
+    }
+
+    /// The suite's Go files, as one text.
+    fn suite_sources() -> String {
+        let dir = crate::repo_root().join("e2e/capi");
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "go"))
+            .collect();
+        names.sort();
+        names.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect()
+    }
+
+    #[test]
+    fn every_interval_the_suite_asks_for_by_itself_is_configured() {
+        let sources = suite_sources();
+        let asked: Vec<&str> = sources
+            .split("GetIntervals(specName, \"")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap_or_default())
+            .collect();
+        assert!(asked.contains(&"wait-remediation-given-up"), "{asked:?}");
+        for key in asked {
+            assert!(
+                INTERVALS.iter().any(|(name, _)| *name == format!("default/{key}")),
+                "the suite waits with the interval {key}, which INTERVALS lacks"
+            );
+        }
+    }
+
+    #[test]
+    fn the_suite_reads_the_virsh_uri_from_the_variable_the_config_sets() {
+        assert!(suite_sources().contains(&format!("const virshURIVariable = \"{VIRSH_URI_VARIABLE}\"")));
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //!    machine and the kind node get a route to the guests' subnet through the
 //!    container. The framework (on this machine) and CAPI's controllers (in
 //!    kind) reach each workload cluster's API server as they would on a lab
-//!    network;
+//!    network. The specs that act on the host themselves (remediation-reboot
+//!    pauses a guest) get the daemon's unix socket URI for virsh in the e2e
+//!    config ([`config::VIRSH_URI_VARIABLE`]);
 //! 3. the node image served over HTTP on this machine's address on the docker
 //!    network, named in the flavors by URL and checksum (the provider downloads
 //!    it into the host's base pool);
@@ -90,6 +92,13 @@ pub const SPECS: &[Spec] = &[
                whose cloud-init log shows the disk formatted and mounted",
         default: false,
     },
+    Spec {
+        id: "remediation-reboot",
+        what: "the provider's remediation by reboot, a MachineHealthCheck naming a LibvirtRemediationTemplate: a \
+               worker whose guest was paused is rebooted and stays the same Machine; a worker whose Node condition a \
+               reboot cannot clear is rebooted once, then replaced by its MachineSet",
+        default: false,
+    },
 ];
 
 /// The specs `focus` names (every default one when empty, all with `all`);
@@ -159,6 +168,7 @@ pub fn run(specs: &[Spec]) -> Result<bool> {
         release_dir: &work_dir.join("kind/repository"),
         image: &image,
         tls: &tls,
+        virsh_uri: daemon.uri(),
     })?;
 
     // 5. The specs; the control planes get about the CPU weight the workload scenario gives them.
