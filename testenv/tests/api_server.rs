@@ -218,6 +218,8 @@ async fn project_crds_are_accepted() -> Result<()> {
             "libvirtclustertemplates.infrastructure.cluster.x-k8s.io",
             "libvirtmachines.infrastructure.cluster.x-k8s.io",
             "libvirtmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "libvirtremediations.infrastructure.cluster.x-k8s.io",
+            "libvirtremediationtemplates.infrastructure.cluster.x-k8s.io",
         ]
     );
     Ok(())
