@@ -33,6 +33,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::condition_list::{self, ConditionUpdate, Status};
 use super::context::{CONTROLLER_NAME, Context, cached_or_get};
 use super::credentials;
 use super::error::Error;
@@ -215,29 +216,16 @@ fn condition(status: &LibvirtRemediationStatus) -> Option<&Condition> {
     status.conditions.as_ref()?.iter().find(|c| c.type_ == REBOOTED)
 }
 
+/// Sets the `Rebooted` condition through the reconcilers' shared condition list.
 fn set_condition(
     status: &mut LibvirtRemediationStatus,
     generation: Option<i64>,
     ok: bool,
-    reason: &str,
+    reason: &'static str,
     message: &str,
 ) {
-    let value = if ok { "True" } else { "False" };
-    let conditions = status.conditions.get_or_insert_with(Vec::new);
-    let since = conditions
-        .iter()
-        .find(|c| c.type_ == REBOOTED && c.status == value)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
-    conditions.retain(|c| c.type_ != REBOOTED);
-    conditions.push(Condition {
-        type_: REBOOTED.into(),
-        status: value.into(),
-        reason: reason.into(),
-        message: message.chars().take(10_000).collect(),
-        observed_generation: generation,
-        last_transition_time: since,
-    });
+    let update = ConditionUpdate::new(REBOOTED, Status::from_bool(ok), reason, message);
+    condition_list::apply(status.conditions.get_or_insert_with(Vec::new), &[update], generation, Timestamp::now());
 }
 
 /// The owner Machine, or what a reboot needs, cannot be found: said on the
@@ -247,7 +235,7 @@ async fn not_found(
     ctx: &Context,
     ns: &str,
     mut status: LibvirtRemediationStatus,
-    reason: &str,
+    reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
     if condition(&status).is_none_or(|c| c.reason != reason || c.message != message) {
@@ -383,7 +371,7 @@ async fn give_up(
     ns: &str,
     machine_name: &str,
     mut status: LibvirtRemediationStatus,
-    reason: &str,
+    reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
     set_machine_conditions(

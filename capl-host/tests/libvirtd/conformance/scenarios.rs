@@ -1015,18 +1015,25 @@ fn domain_lifecycle_events(ctx: &Ctx) {
     expect_no_more_events(&rx, "dropping the subscription");
 }
 
+/// A domain defined and started while subscribed to events, its define and
+/// start events already seen: (subscription, receiver, domain name).
+fn started_with_events(ctx: &Ctx) -> (EventSubscription, Receiver<DomainEvent>, String) {
+    let (subscription, rx) = subscribe_own_events(ctx);
+    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    ctx.hv.domain_start(&name).unwrap();
+    let mut expected = vec![(name.clone(), DomainEventKind::Defined, DEFINED_ADDED)];
+    expected.extend(start_events(ctx, &name));
+    expect_events(&rx, "define and start", &expected);
+    (subscription, rx, name)
+}
+
 /// A reset (`virDomainReset`) restarts the guest where it is: the domain keeps its
 /// state (QEMU's system_reset leaves a paused domain paused), and libvirt reports no
 /// lifecycle event for it (only `VIR_DOMAIN_EVENT_ID_REBOOT`). A shut-off domain cannot
 /// be reset.
 fn domain_reset(ctx: &Ctx) {
-    let (_subscription, rx) = subscribe_own_events(ctx);
-    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    let (_subscription, rx, name) = started_with_events(ctx);
     let d = name.as_str();
-    ctx.hv.domain_start(d).unwrap();
-    let mut expected = vec![(d.to_string(), DomainEventKind::Defined, DEFINED_ADDED)];
-    expected.extend(start_events(ctx, d));
-    expect_events(&rx, "define and start", &expected);
     ctx.hv.domain_reset(d).unwrap();
     assert_eq!(ctx.hv.domain_state(d).unwrap(), DomainState::Running);
     expect_no_more_events(&rx, "the reset of a running domain");
@@ -1046,13 +1053,8 @@ fn domain_reset(ctx: &Ctx) {
 /// A guest that powers off when asked: QEMU reports the guest's own shutdown, then the
 /// process ends (libvirt-sim models QEMU's pair; the test driver reports the stop only).
 fn domain_guest_shutdown_events(ctx: &Ctx) {
-    let (_subscription, rx) = subscribe_own_events(ctx);
-    let name = ctx.define(&domain_xml(&ctx.name("dom"), None, None, ""));
+    let (_subscription, rx, name) = started_with_events(ctx);
     let d = name.as_str();
-    ctx.hv.domain_start(d).unwrap();
-    let mut expected = vec![(d.to_string(), DomainEventKind::Defined, DEFINED_ADDED)];
-    expected.extend(start_events(ctx, d));
-    expect_events(&rx, "define and start", &expected);
     ctx.hv.domain_shutdown(d).unwrap();
     let mut expected = Vec::new();
     if ctx.backend != Backend::TestDriver {
