@@ -17,7 +17,15 @@
 //! - ECDSA keys: a TLS handshake signs with the serving key, and an RSA-2048
 //!   signature costs about 10 times as much;
 //! - while `kubeadm init` starts the control plane, the node's daemons get a
-//!   fifth of the CPU weight the pods have, restored after it.
+//!   fifth of the CPU weight the pods have, restored after it;
+//! - kube-router (the CNI the flavors' ClusterResourceSet applies) gets 5
+//!   minutes to answer its health check after it starts, and its liveness
+//!   check then allows 5 s per answer and tolerates 4 minutes of failures: on a
+//!   worker starved by the control-plane guest beside it, kube-router's own
+//!   check (1 s per answer, 10 s to start, 9 s of failures) killed it again and
+//!   again before it wrote the node's pod range into the CNI configuration, so
+//!   no Pod on that node got an address ("no IP ranges specified") for many
+//!   minutes.
 //!
 //! One more piece of tuning is on the host, not in the manifest
 //! ([`favour_control_plane`]): the control-plane guest gets 8 times the CPU
@@ -45,6 +53,14 @@ const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
 /// kube-vip's lease (seconds): duration, renew deadline, retry period.
 const KUBE_VIP_LEASE: [(&str, &str); 3] =
     [("vip_leaseduration", "60"), ("vip_renewdeadline", "40"), ("vip_retryperiod", "5")];
+
+/// The DaemonSet (and its container) of the flavors' CNI, in the ConfigMap a
+/// ClusterResourceSet applies.
+const KUBE_ROUTER: &str = "kube-router";
+/// kube-router's probes: up to 5 minutes to start, then 4 minutes of failures
+/// before a restart; 5 s per answer.
+const KUBE_ROUTER_PROBES: &str = "{startupProbe: {periodSeconds: 5, timeoutSeconds: 5, failureThreshold: 60}, \
+     livenessProbe: {periodSeconds: 10, timeoutSeconds: 5, failureThreshold: 24}}";
 
 /// The CPU weight (cgroup `cpu.shares`) the control-plane guest gets; every
 /// other guest keeps libvirt's 1024.
@@ -92,6 +108,7 @@ fn patch_object(object: &mut Value) -> Result<()> {
             Ok(())
         }
         "ClusterClass" => class_files(object),
+        "ConfigMap" => kube_router_probes(object),
         _ => Ok(()),
     }
 }
@@ -233,6 +250,54 @@ fn files(files: &mut Vec<Value>) -> Result<()> {
     Ok(())
 }
 
+/// A ConfigMap holding kube-router's manifest (for a ClusterResourceSet): its
+/// DaemonSet's container gets [`KUBE_ROUTER_PROBES`], with the same HTTP check
+/// as its liveness probe. Any other ConfigMap is left as it is.
+fn kube_router_probes(config_map: &mut Value) -> Result<()> {
+    let Some(data) = config_map.get_mut("data").and_then(Value::as_mapping_mut) else { return Ok(()) };
+    for (key, text) in data.iter_mut() {
+        let Some(manifest) = text.as_str() else { continue };
+        let mut documents = Vec::new();
+        let mut patched = false;
+        for document in serde_yaml::Deserializer::from_str(manifest) {
+            let mut object =
+                Value::deserialize(document).with_context(|| format!("parsing the ConfigMap's {key:?}"))?;
+            if object["kind"].as_str() == Some("DaemonSet") && object["metadata"]["name"].as_str() == Some(KUBE_ROUTER)
+            {
+                kube_router_container(&mut object)?;
+                patched = true;
+            }
+            documents.push(serde_yaml::to_string(&object)?);
+        }
+        if patched {
+            *text = Value::from(documents.join("---\n"));
+        }
+    }
+    Ok(())
+}
+
+fn kube_router_container(daemon_set: &mut Value) -> Result<()> {
+    let containers = daemon_set["spec"]["template"]["spec"]["containers"]
+        .as_sequence_mut()
+        .context("kube-router's DaemonSet has no containers")?;
+    let container = containers
+        .iter_mut()
+        .find(|c| c["name"].as_str() == Some(KUBE_ROUTER))
+        .and_then(Value::as_mapping_mut)
+        .context("kube-router's DaemonSet has no container named kube-router")?;
+    let check = container
+        .get("livenessProbe")
+        .and_then(|p| p.get("httpGet"))
+        .cloned()
+        .context("kube-router's container has no HTTP liveness probe")?;
+    let Value::Mapping(probes) = yaml(KUBE_ROUTER_PROBES) else { unreachable!("a mapping") };
+    for (name, mut probe) in probes {
+        probe.as_mapping_mut().expect("a mapping").insert(Value::from("httpGet"), check.clone());
+        container.insert(name, probe);
+    }
+    Ok(())
+}
+
 /// `value` as one line of flow YAML (JSON is YAML).
 fn flow(value: &Value) -> Result<String> {
     Ok(serde_json::to_string(value)?)
@@ -356,8 +421,52 @@ mod tests {
         assert_eq!(kube_vip_env(&spec["files"], "address"), "192.168.122.10");
         let worker = &kind(&after, "KubeadmConfigTemplate")["spec"]["template"]["spec"];
         assert_eq!(worker["joinConfiguration"]["timeouts"]["discoverySeconds"], Value::from(900));
-        for other in ["Cluster", "LibvirtCluster", "MachineDeployment", "ClusterResourceSet", "ConfigMap"] {
+        for other in ["Cluster", "LibvirtCluster", "MachineDeployment", "ClusterResourceSet"] {
             assert_eq!(kind(&before, other), kind(&after, other), "{other} is the flavor's");
+        }
+    }
+
+    /// The objects of the manifest a ClusterResourceSet's ConfigMap holds.
+    fn cni_objects(config_map: &Value) -> Vec<Value> {
+        documents(config_map["data"]["kube-router.yaml"].as_str().unwrap())
+    }
+
+    #[test]
+    fn kube_router_gets_time_to_start_and_a_patient_liveness_check_and_nothing_else_changes() {
+        for flavor in ["cluster-template.yaml", "cluster-template-topology.yaml"] {
+            let before = cni_objects(kind(&documents(&rendered(flavor)), "ConfigMap"));
+            let after = cni_objects(kind(&documents(&patch_manifest(&rendered(flavor)).unwrap()), "ConfigMap"));
+            assert_eq!(before.len(), after.len(), "{flavor}");
+            for (old, mut new) in before.into_iter().zip(after) {
+                if new["kind"].as_str() != Some("DaemonSet") {
+                    assert_eq!(old, new, "{flavor}: only kube-router's DaemonSet changes");
+                    continue;
+                }
+                let container = &mut new["spec"]["template"]["spec"]["containers"][0];
+                assert_eq!(container["name"].as_str(), Some("kube-router"));
+                let check = old["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"].clone();
+                assert_eq!(check["port"], Value::from(20244), "{flavor}: the flavor's own health check");
+                let startup = &container["startupProbe"];
+                assert_eq!(startup["httpGet"], check);
+                assert_eq!(
+                    startup["periodSeconds"].as_u64().unwrap() * startup["failureThreshold"].as_u64().unwrap(),
+                    300
+                );
+                let liveness = &container["livenessProbe"];
+                assert_eq!(liveness["httpGet"], check);
+                assert_eq!(liveness["timeoutSeconds"], Value::from(5));
+                assert_eq!(
+                    liveness["periodSeconds"].as_u64().unwrap() * liveness["failureThreshold"].as_u64().unwrap(),
+                    240
+                );
+                let map = container.as_mapping_mut().unwrap();
+                map.remove("startupProbe");
+                map.insert(
+                    Value::from("livenessProbe"),
+                    old["spec"]["template"]["spec"]["containers"][0]["livenessProbe"].clone(),
+                );
+                assert_eq!(old, new, "{flavor}: the rest of kube-router's DaemonSet is the flavor's");
+            }
         }
     }
 
