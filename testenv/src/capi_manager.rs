@@ -184,14 +184,18 @@ const KUBEADM_CONTROL_PLANE: Provider = Provider {
     binary: Assets::capi_kubeadm_control_plane_manager,
     webhook_manifest: Some("kubeadm-control-plane.yaml"),
     flags: Flags::Capi,
-    // KCP reads the workload cluster's etcd members through a port-forward of the
-    // workload API server to the etcd Pod, within a 10 s dial and a 15 s call by
-    // default; one failed read makes the control plane `Available=Unknown`
-    // (InspectionFailed, "Failed to get etcd members"). A control-plane guest whose
-    // CPUs QEMU emulates, sharing 2 host cores with its workers, answers slower than
-    // that for minutes at a time; a minute for each is what such a lab needs.
-    extra_args: &["--etcd-dial-timeout-duration=60s", "--etcd-call-timeout-duration=60s"],
+    extra_args: KCP_ETCD_TIMEOUTS,
 };
+/// KubeadmControlPlane's manager flags for guests under software emulation.
+/// KCP reads the workload cluster's etcd members through a port-forward of the
+/// workload API server to the etcd Pod, within a 10 s dial and a 15 s call by
+/// default; one failed read makes the control plane `Available=Unknown`
+/// (InspectionFailed, "Failed to get etcd members"). A control-plane guest whose
+/// CPUs QEMU emulates, sharing 2 host cores with its workers, answers slower than
+/// that for minutes at a time; a minute for each is what such a lab needs. The
+/// local manager gets them here; KCP on a kind management cluster gets them
+/// through the e2e config of Cluster API's specs.
+pub const KCP_ETCD_TIMEOUTS: &[&str] = &["--etcd-dial-timeout-duration=60s", "--etcd-call-timeout-duration=60s"];
 const IPAM_IN_CLUSTER: Provider = Provider {
     name: "capi-ipam-in-cluster-manager",
     binary: Assets::ipam_in_cluster_manager,

@@ -68,7 +68,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 pub use assets::{Assets, BUILD_COMMAND};
-pub use capi_manager::{CapiManager, CapiOptions};
+pub use capi_manager::{CapiManager, CapiOptions, KCP_ETCD_TIMEOUTS};
 pub use crd_install::{Conversion, FIELD_MANAGER, parse_crds, read_crd_dir};
 
 pub use capl_testbed::certificates::Pki;

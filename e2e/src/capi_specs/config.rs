@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use testenv::container_libvirtd::TlsClient;
-use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_VERSION, KUBERNETES_VERSION};
+use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_VERSION, CapiReleaseProvider, KUBERNETES_VERSION};
 use testenv::test_host::{BASE_POOL, DISK_POOL};
 
 use crate::harness::clusterctl::INFRA_PROVIDER;
@@ -97,6 +97,20 @@ pub struct Inputs<'a> {
     pub virsh_uri: &'a str,
 }
 
+/// The framework's edits of a CAPI release's components (a regular expression
+/// and its replacement each): KubeadmControlPlane's manager gets the etcd
+/// timeouts of [`testenv::KCP_ETCD_TIMEOUTS`] after its first argument.
+fn replacements(provider: &CapiReleaseProvider) -> Vec<Value> {
+    if provider.type_ != "ControlPlaneProvider" {
+        return Vec::new();
+    }
+    let mut new = "${1}- --leader-elect".to_string();
+    for arg in testenv::KCP_ETCD_TIMEOUTS {
+        new.push_str(&format!("\n${{1}}- {arg}"));
+    }
+    vec![json!({ "old": "(?m)^( +)- --leader-elect$", "new": new })]
+}
+
 /// Writes the flavors and the e2e config into the work directory; returns the config's path.
 pub fn write(inputs: &Inputs) -> Result<PathBuf> {
     let release = inputs.release_dir.join(INFRA_PROVIDER).join(CURRENT_VERSION);
@@ -133,6 +147,7 @@ pub fn write(inputs: &Inputs) -> Result<PathBuf> {
                 "type": "url",
                 "contract": CONTRACT,
                 "files": [file(&metadata, "metadata.yaml")],
+                "replacements": replacements(provider),
             }],
         }));
     }
