@@ -189,10 +189,7 @@ mod tests {
             ["init", "single", "md", "pause", "restart", "stopped", "delete", "multihost", "move"]
         );
         let kind = config(Backend::Container, ManagementKind::Kind);
-        assert_eq!(
-            runs(&kind),
-            ["upgrade", "deployed", "single", "md", "pause", "restart", "stopped", "delete", "pod-logs"]
-        );
+        assert_eq!(runs(&kind), ["upgrade", "deployed", "single", "restart", "pod-logs"]);
         let container = config(Backend::Container, ManagementKind::Local);
         assert_eq!(runs(&container), ["init", "single", "md", "pause", "restart", "stopped", "delete"]);
     }
