@@ -84,13 +84,19 @@ pub(crate) fn favour_control_plane(host: &crate::harness::host_view::HostView, d
 
 /// The rendered manifest with the emulation tuning added.
 pub(crate) fn patch_manifest(rendered: &str) -> Result<String> {
+    edit_documents(rendered, patch_object).context("patching the rendered manifest")
+}
+
+/// The YAML documents of `text`, each after `edit`, joined again (empty
+/// documents dropped).
+fn edit_documents(text: &str, mut edit: impl FnMut(&mut Value) -> Result<()>) -> Result<String> {
     let mut out = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(rendered) {
-        let mut value = Value::deserialize(document).context("parsing the rendered manifest")?;
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let mut value = Value::deserialize(document).context("parsing a YAML document")?;
         if value.is_null() {
             continue;
         }
-        patch_object(&mut value)?;
+        edit(&mut value)?;
         out.push(serde_yaml::to_string(&value)?);
     }
     Ok(out.join("---\n"))
@@ -257,20 +263,18 @@ fn kube_router_probes(config_map: &mut Value) -> Result<()> {
     let Some(data) = config_map.get_mut("data").and_then(Value::as_mapping_mut) else { return Ok(()) };
     for (key, text) in data.iter_mut() {
         let Some(manifest) = text.as_str() else { continue };
-        let mut documents = Vec::new();
         let mut patched = false;
-        for document in serde_yaml::Deserializer::from_str(manifest) {
-            let mut object =
-                Value::deserialize(document).with_context(|| format!("parsing the ConfigMap's {key:?}"))?;
+        let edited = edit_documents(manifest, |object| {
             if object["kind"].as_str() == Some("DaemonSet") && object["metadata"]["name"].as_str() == Some(KUBE_ROUTER)
             {
-                kube_router_container(&mut object)?;
+                kube_router_container(object)?;
                 patched = true;
             }
-            documents.push(serde_yaml::to_string(&object)?);
-        }
+            Ok(())
+        })
+        .with_context(|| format!("patching the ConfigMap's {key:?}"))?;
         if patched {
-            *text = Value::from(documents.join("---\n"));
+            *text = Value::from(edited);
         }
     }
     Ok(())
