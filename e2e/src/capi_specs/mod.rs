@@ -138,9 +138,18 @@ pub fn run(specs: &[Spec]) -> Result<bool> {
     std::fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
     say(format!("work directory {} (artifacts, logs, the e2e config)", work_dir.display()));
 
-    // 1. The management cluster.
-    let cluster =
-        KindCluster::create_with(&work_dir.join("kind"), InstalledRelease::Current, config::INIT_VARIABLES, say)?;
+    // 1. The management cluster. KubeadmControlPlane's manager gets the etcd
+    // timeouts of the emulation tuning: its etcd calls go through the
+    // workload API server to etcd on a guest that answers in seconds, not
+    // milliseconds, and its default 15 s per call left `Available` at
+    // "Failed to get etcd members" for minutes.
+    let cluster = KindCluster::create_with(
+        &work_dir.join("kind"),
+        InstalledRelease::Current,
+        config::INIT_VARIABLES,
+        testenv::KCP_ETCD_TIMEOUTS,
+        say,
+    )?;
 
     // 2. The host, its network and the routes to it.
     let console_dir = work_dir.join("console");

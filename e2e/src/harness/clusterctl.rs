@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::Value;
-use testenv::control_plane_versions::CAPI_RELEASE_PROVIDERS;
+use testenv::control_plane_versions::{CAPI_RELEASE_PROVIDERS, CAPI_VERSION, CapiReleaseProvider};
 
 use crate::repo_root;
 
@@ -136,9 +136,20 @@ impl LocalRepository {
     /// serves an Issuer and a Certificate, for at most `timeout`, instead of
     /// downloading its release from GitHub).
     pub fn with_capi_release(self, assets: &testenv::Assets) -> Result<Self> {
+        self.with_capi_release_args(assets, &[])
+    }
+
+    /// [`LocalRepository::with_capi_release`] with `kcp_args` added to the
+    /// arguments of KubeadmControlPlane's manager, in a copy of its release
+    /// under this repository (what an operator who wants a flag on a
+    /// provider from the start does).
+    pub fn with_capi_release_args(self, assets: &testenv::Assets, kcp_args: &[&str]) -> Result<Self> {
         let mut entries = vec![self.provider_entry("libvirt", "InfrastructureProvider", &self.components_url)];
         for provider in CAPI_RELEASE_PROVIDERS {
-            let components = assets.capi_release_components(provider)?;
+            let mut components = assets.capi_release_components(provider)?;
+            if provider.type_ == "ControlPlaneProvider" && !kcp_args.is_empty() {
+                components = self.copy_with_args(&components, provider, kcp_args)?;
+            }
             entries.push(self.provider_entry(
                 provider.name,
                 provider.type_,
@@ -149,6 +160,22 @@ impl LocalRepository {
             format!("cert-manager:\n  externallyProvisioned: \"true\"\n  timeout: {CERT_MANAGER_API_BOUND}\n");
         self.write_config(&entries, &cert_manager)?;
         Ok(self)
+    }
+
+    /// A copy of CAPI's release of `provider` (components and metadata, the
+    /// layout clusterctl reads) under this repository, with `args` after the
+    /// manager's `--leader-elect`; returns the copy's components file.
+    fn copy_with_args(&self, components: &Path, provider: &CapiReleaseProvider, args: &[&str]) -> Result<PathBuf> {
+        let release = components.parent().context("a components file has a directory")?;
+        let to = self.root.join("capi-release").join(provider.label).join(CAPI_VERSION);
+        std::fs::create_dir_all(&to).with_context(|| format!("creating {}", to.display()))?;
+        std::fs::copy(release.join("metadata.yaml"), to.join("metadata.yaml"))
+            .with_context(|| format!("copying {}/metadata.yaml", release.display()))?;
+        let text = std::fs::read_to_string(components).with_context(|| format!("reading {}", components.display()))?;
+        let target = to.join(provider.components);
+        std::fs::write(&target, args_after_leader_elect(&text, args)?)
+            .with_context(|| format!("writing {}", target.display()))?;
+        Ok(target)
     }
 
     fn provider_entry(&self, name: &str, type_: &str, url: &str) -> String {
@@ -250,5 +277,52 @@ impl LocalRepository {
             }
         }
         Ok(documents)
+    }
+}
+
+/// `text` (a provider's components) with `args` added after each
+/// `- --leader-elect` argument, at its indentation: the one manager of a
+/// CAPI provider's components.
+pub fn args_after_leader_elect(text: &str, args: &[&str]) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut found = 0;
+    for line in text.split_inclusive('\n') {
+        out.push_str(line);
+        let (indent, rest) = line.split_at(line.len() - line.trim_start().len());
+        if rest.trim_end() == "- --leader-elect" {
+            found += 1;
+            for arg in args {
+                out.push_str(&format!("{indent}- {arg}\n"));
+            }
+        }
+    }
+    if found != 1 {
+        bail!(
+            "the components have {found} `- --leader-elect` arguments, not one: the arguments {args:?} have no place"
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::args_after_leader_elect;
+
+    #[test]
+    fn args_go_after_leader_elect_at_its_indentation_and_nothing_else_changes() {
+        let components = "spec:\n      containers:\n      - args:\n        - --leader-elect\n        - --diagnostics-address=:8443\n        command:\n";
+        let edited = args_after_leader_elect(components, &["--a=1", "--b=2"]).unwrap();
+        assert_eq!(
+            edited,
+            "spec:\n      containers:\n      - args:\n        - --leader-elect\n        - --a=1\n        - --b=2\n        - --diagnostics-address=:8443\n        command:\n"
+        );
+    }
+
+    #[test]
+    fn components_without_one_leader_elect_are_refused() {
+        let err = args_after_leader_elect("args:\n- --other\n", &["--a=1"]).unwrap_err();
+        assert!(err.to_string().contains("0 `- --leader-elect`"), "{err}");
+        let twice = "- --leader-elect\n- --leader-elect\n";
+        assert!(args_after_leader_elect(twice, &["--a=1"]).is_err());
     }
 }

@@ -183,16 +183,18 @@ impl KindCluster {
 
     /// Steps 1 to 4 of the module's description, in `work_dir` (blocking: minutes).
     pub fn create(work_dir: &Path, from: InstalledRelease, say: impl Fn(String)) -> Result<Self> {
-        Self::create_with(work_dir, from, &[], say)
+        Self::create_with(work_dir, from, &[], &[], say)
     }
 
     /// [`Self::create`] with `variables` (name, value) also set for
     /// `clusterctl init`, e.g. a feature gate of CAPI's providers
-    /// (`EXP_...`) that a spec needs.
+    /// (`EXP_...`) that a spec needs, and `kcp_args` added to the arguments
+    /// of KubeadmControlPlane's manager.
     pub fn create_with(
         work_dir: &Path,
         from: InstalledRelease,
         variables: &[(&str, &str)],
+        kcp_args: &[&str],
         say: impl Fn(String),
     ) -> Result<Self> {
         let assets = testenv::Assets::locate()?;
@@ -267,7 +269,7 @@ impl KindCluster {
             CURRENT_VERSION,
             &image,
         )?
-        .with_capi_release(&assets)?;
+        .with_capi_release_args(&assets, kcp_args)?;
         let version = match &previous {
             None => CURRENT_VERSION,
             Some((_, dir)) => {
