@@ -108,11 +108,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         })
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster::reconcile, |o, e, c| error_policy(o, e, c, "libvirtcluster"), ctx.clone())
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(%err, "libvirtcluster controller event");
-            }
-        });
+        .for_each(|result| log_error(result, "libvirtcluster"));
 
     // The LibvirtMachine controller maps Machines, Clusters, LibvirtClusters and
     // bootstrap Secrets to the LibvirtMachines they concern. A reflector keeps
@@ -144,11 +140,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .with_config(config.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(template::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachinetemplate"), ctx.clone())
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(%err, "libvirtmachinetemplate controller event");
-            }
-        });
+        .for_each(|result| log_error(result, "libvirtmachinetemplate"));
     // LibvirtRemediations: reboots for a MachineHealthCheck; a reconcile
     // requeues itself for the next step, so only their creation and spec
     // changes are watched.
@@ -158,11 +150,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .with_config(config.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(remediation::reconcile, |o, e, c| error_policy(o, e, c, "libvirtremediation"), ctx.clone())
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(%err, "libvirtremediation controller event");
-            }
-        });
+        .for_each(|result| log_error(result, "libvirtremediation"));
     let (libvirt_machines, machines_writer) = reflector::store::<LibvirtMachine>();
     // The reconciler's own writes (finalizer, providerID) are left out as well.
     let seen = ctx.seen_machines.clone();
@@ -213,11 +201,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .owns(api::<crate::api::ipam::IPAddressClaim>(&client, &ns), watcher::Config::default())
         .graceful_shutdown_on(shutdown)
         .run(machine::reconcile, |o, e, c| error_policy(o, e, c, "libvirtmachine"), ctx.clone())
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(%err, "libvirtmachine controller event");
-            }
-        });
+        .for_each(|result| log_error(result, "libvirtmachine"));
     let sweep = {
         let ctx = ctx.clone();
         let shutdown = shutdown_signal.clone();
@@ -337,5 +321,14 @@ pub fn forget_unused(ctx: &Context, clusters: &[Arc<LibvirtCluster>], machines: 
     waits.retain(|uid, _| uids.contains(uid));
     if forgotten > 0 {
         tracing::info!(hosts = forgotten, "closed the connections of hosts no object names any more");
+    }
+}
+
+/// The end of a controller's stream: an error of one reconcile is logged at
+/// debug level (the error policy has already put it on the object's
+/// conditions and events).
+async fn log_error<T, E: std::fmt::Display>(result: Result<T, E>, controller: &'static str) {
+    if let Err(err) = result {
+        tracing::debug!(%err, controller, "controller event");
     }
 }
