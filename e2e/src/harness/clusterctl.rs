@@ -283,7 +283,7 @@ impl LocalRepository {
 /// `text` (a provider's components) with `args` added after each
 /// `- --leader-elect` argument, at its indentation: the one manager of a
 /// CAPI provider's components.
-pub fn args_after_leader_elect(text: &str, args: &[&str]) -> Result<String> {
+fn args_after_leader_elect(text: &str, args: &[&str]) -> Result<String> {
     let mut out = String::with_capacity(text.len());
     let mut found = 0;
     for line in text.split_inclusive('\n') {

@@ -780,8 +780,8 @@ fn stable_volume_xml(xml: &str) -> String {
             in_timestamps = !t.starts_with("</timestamps>");
             continue;
         }
-        let refreshed = ["<compat>", "<clusterSize", "<features"].iter().any(|p| t.starts_with(p));
-        if t.is_empty() || refreshed || (t.starts_with("</features>")) {
+        let refreshed = ["<compat>", "<clusterSize", "<features", "</features>"].iter().any(|p| t.starts_with(p));
+        if t.is_empty() || refreshed {
             continue;
         }
         out.push(line);
